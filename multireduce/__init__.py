@@ -1,0 +1,19 @@
+"""multireduce: reductions and scans of arrays too large for one GPU, through Dask.
+
+>>> import numpy as np, multireduce as mr
+>>> int(mr.sum(np.arange(10)))
+45
+"""
+
+from .api import cumprod, cumsum, max, mean, min, prod, reduce, scan, sum
+from .catalogue import algorithms
+from .operators import Operator, operators, register_operator, unregister_operator
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "sum", "prod", "min", "max", "mean", "reduce",
+    "cumsum", "cumprod", "scan",
+    "register_operator", "unregister_operator", "operators", "Operator", "algorithms",
+    "__version__",
+]

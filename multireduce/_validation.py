@@ -1,0 +1,170 @@
+"""Argument checks for the public API: every error names the argument, what was expected and what came.
+
+All of them run before any work starts, and none modifies what the user passed.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import dtypes as _dt
+from .backends import is_cupy_array
+from .catalogue import CATALOGUE
+from .operators import Operator
+
+try:  # NumPy >= 1.25
+    from numpy.exceptions import AxisError
+except ImportError:  # pragma: no cover
+    from numpy import AxisError
+
+
+def is_dask_array(x) -> bool:
+    return type(x).__module__.split(".")[0] == "dask" and hasattr(x, "__dask_graph__") and hasattr(x, "chunks")
+
+
+def array_kind(x) -> str:
+    """'dask', 'cupy' or 'numpy'; dask arrays whose chunks are neither raise."""
+    if is_dask_array(x):
+        meta = x._meta
+        if is_cupy_array(meta):
+            return "dask-cupy"
+        if type(meta) is np.ndarray:
+            return "dask-numpy"
+        raise TypeError(
+            f"argument 'x' is a dask array with chunks of type {type(meta).__module__}.{type(meta).__name__}; "
+            "expected NumPy or CuPy chunks"
+        )
+    if is_cupy_array(x):
+        return "cupy"
+    return "numpy"
+
+
+def as_array(x, caller: str):
+    """``x`` itself for NumPy, CuPy and Dask arrays; array-likes (lists, scalars) become NumPy arrays."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{caller}: argument 'x' is a masked array; expected a plain array (use x.filled(...))")
+    if is_dask_array(x) or is_cupy_array(x) or type(x) is np.ndarray:
+        array_kind(x)
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        raise TypeError(
+            f"{caller}: argument 'x' is a {type(x).__name__} on the GPU; expected a CuPy array "
+            "(wrap it with cupy.asarray(x), which does not copy)"
+        )
+    try:
+        return np.asarray(x)
+    except Exception as exc:
+        raise TypeError(f"{caller}: argument 'x' must be an array; got {type(x).__name__} ({exc})") from None
+
+
+def check_dtype(x, kinds: str, caller: str, what: str = "argument 'x' has") -> None:
+    dtype = np.dtype(x.dtype)
+    if dtype.kind not in kinds:
+        raise TypeError(f"{caller}: {what} dtype {dtype}; expected a {_dt.describe_kinds(kinds)} dtype")
+
+
+def requested_dtype(dtype, kinds: str, caller: str):
+    if dtype is None:
+        return None
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{caller}: argument 'dtype' must be a NumPy dtype; got {dtype!r}") from None
+    if dt.kind not in kinds:
+        raise TypeError(f"{caller}: argument 'dtype' is {dt}; expected a {_dt.describe_kinds(kinds)} dtype")
+    return dt
+
+
+def check_gpu_dtypes(caller: str, **dtypes) -> None:
+    for label, dt in dtypes.items():
+        if not _dt.gpu_supported(dt):
+            supported = ", ".join(str(d) for d in _dt.GPU_DTYPES)
+            raise TypeError(f"{caller}: {label} {np.dtype(dt)} is not supported on the GPU; supported: {supported}")
+
+
+def normalize_axes(axis, ndim: int, caller: str) -> tuple[int, ...]:
+    """None -> every axis; int or tuple of ints -> sorted non-negative axes; range and repeats are errors."""
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, tuple) else (axis,)
+    out = []
+    for a in items:
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, numbers.Integral):
+            raise TypeError(f"{caller}: argument 'axis' must be None, an int or a tuple of ints; got {axis!r}")
+        a = int(a)
+        if not -ndim <= a < ndim:
+            raise AxisError(a, ndim, msg_prefix=f"{caller}: argument 'axis'")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{caller}: argument 'axis' repeats an axis; got {axis!r}")
+    return tuple(sorted(out))
+
+
+def normalize_scan_axis(axis, ndim: int, caller: str) -> int:
+    if axis is None:
+        return 0
+    if isinstance(axis, tuple):
+        raise TypeError(f"{caller}: argument 'axis' must be None or an int for a scan; got {axis!r}")
+    return normalize_axes(axis, ndim, caller)[0]
+
+
+def check_keepdims(keepdims, caller: str) -> bool:
+    if not isinstance(keepdims, (bool, np.bool_)):
+        raise TypeError(f"{caller}: argument 'keepdims' must be True or False; got {keepdims!r}")
+    return bool(keepdims)
+
+
+def check_inclusive(inclusive, caller: str) -> bool:
+    if not isinstance(inclusive, (bool, np.bool_)):
+        raise TypeError(f"{caller}: argument 'inclusive' must be True or False; got {inclusive!r}")
+    return bool(inclusive)
+
+
+def fan_in(split_every, axes: tuple[int, ...], caller: str) -> int:
+    """The tree's fan-in: ``split_every`` (int >= 2 or dask's {axis: int}), else dask's config, else 16."""
+    if split_every is None:
+        import dask
+
+        split_every = dask.config.get("split_every", None) or 16
+    if isinstance(split_every, dict):
+        values = [split_every.get(a, 1) for a in axes]
+        if not all(isinstance(v, numbers.Integral) and v >= 1 for v in values):
+            raise ValueError(f"{caller}: argument 'split_every' as a dict must map axes to ints >= 1; got {split_every!r}")
+        return max(2, math.prod(int(v) for v in values))
+    if isinstance(split_every, (bool, np.bool_)) or not isinstance(split_every, numbers.Integral) or split_every < 2:
+        raise ValueError(f"{caller}: argument 'split_every' must be an int >= 2 or a dict of axis -> int; got {split_every!r}")
+    return int(split_every)
+
+
+def check_algorithm(algorithm, family: str, kind: str, op: Operator, caller: str) -> str:
+    if not isinstance(algorithm, str):
+        raise TypeError(f"{caller}: argument 'algorithm' must be a string; got {algorithm!r}")
+    if algorithm == "auto":
+        return algorithm
+    entry = CATALOGUE.get(algorithm)
+    if entry is None or entry.family != family:
+        names = ["auto"] + [a.name for a in CATALOGUE.values() if a.family == family]
+        raise ValueError(f"{caller}: argument 'algorithm' must be one of {', '.join(map(repr, names))}; got {algorithm!r}")
+    if "cupy" not in kind:
+        raise ValueError(
+            f"{caller}: argument 'algorithm' is {algorithm!r}, a GPU kernel, but 'x' holds NumPy data; "
+            "use algorithm='auto' or pass CuPy data"
+        )
+    if not op.commutative and not entry.keeps_order:
+        keeping = ", ".join(repr(a.name) for a in CATALOGUE.values() if a.family == family and a.keeps_order)
+        raise ValueError(
+            f"{caller}: argument 'algorithm' is {algorithm!r}, which reorders elements, but operator {op.name!r} "
+            f"is not commutative; use 'auto' or one of {keeping}"
+        )
+    return algorithm
+
+
+def known_empty(x, axes: tuple[int, ...]) -> bool:
+    """True when the shape is known and some reduced axis has length 0."""
+    sizes = [x.shape[a] for a in axes]
+    if any(isinstance(s, float) and math.isnan(s) for s in sizes):
+        return False
+    return math.prod(sizes) == 0

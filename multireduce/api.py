@@ -1,0 +1,174 @@
+"""The public, NumPy-style API over NumPy, CuPy and Dask arrays.
+
+NumPy input is computed now on the CPU, CuPy input now on its GPU with our kernels, and a Dask array
+returns a lazy Dask array whose chunk type matches the input's (like ``dask.array.sum``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+
+import numpy as np
+
+from . import _validation as v
+from . import dtypes as _dt
+from . import graph
+from .core import ReductionPlan, ScanPlan
+from .operators import Operator, get_operator
+
+__all__ = ["sum", "prod", "min", "max", "mean", "reduce", "cumsum", "cumprod", "scan"]
+
+
+def _run_device(kind: str, x):
+    """Eager CuPy work runs on the GPU that holds ``x``."""
+    if kind == "cupy":
+        import cupy
+
+        return cupy.cuda.Device(x.device.id)
+    return contextlib.nullcontext()
+
+
+def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None):
+    x = v.as_array(x, caller)
+    kind = v.array_kind(x)
+    op = get_operator(op, caller=caller)
+    family = "mean" if mean else op.family
+    kinds = _dt.ARITHMETIC_KINDS if mean else op.kinds
+    v.check_dtype(x, kinds, caller)
+    requested = v.requested_dtype(dtype, kinds, caller)
+    axes = v.normalize_axes(axis, x.ndim, caller)
+    keepdims = v.check_keepdims(keepdims, caller)
+    fan_in = v.fan_in(split_every, axes, caller) if kind.startswith("dask") else None
+    algorithm = v.check_algorithm(algorithm, "reduce", kind, op, caller)
+    out_dtype = _dt.result_dtype(family, np.dtype(x.dtype), requested)
+    acc_dtype = _dt.accumulator_dtype(out_dtype)
+    if "cupy" in kind:
+        v.check_gpu_dtypes(caller, **{"argument 'x' has dtype": x.dtype, "the accumulator dtype": acc_dtype,
+                                      "the result dtype": out_dtype})
+        if not op.builtin and not op.cuda:
+            raise ValueError(f"{caller}: operator {op.name!r} has no CUDA expression, so it cannot run on CuPy data; "
+                             "register it with cuda='...'")
+    if op.empty_is_error and v.known_empty(x, axes):
+        ufunc = "minimum" if op.name == "min" else "maximum"
+        raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
+
+    label = label or op.name
+    if op.commutative or len(axes) <= 1:
+        plans = [ReductionPlan(op, axes, acc_dtype, out_dtype, keepdims, mean, algorithm, label)]
+    else:
+        # order matters: fold the last axis first, then the next, which is C order over the axes
+        steps = sorted(axes, reverse=True)
+        plans = [ReductionPlan(op, (a,), acc_dtype, acc_dtype, True, False, algorithm, label) for a in steps[:-1]]
+        plans.append(ReductionPlan(op, (steps[-1],), acc_dtype, out_dtype, True, False, algorithm, label))
+
+    if kind.startswith("dask"):
+        for plan in plans:
+            x = graph.reduction(x, plan, fan_in)
+        return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
+
+    with _run_device(kind, x):
+        for plan in plans:
+            x = plan(x)
+        if len(plans) > 1 and not keepdims:
+            x = x.squeeze(axis=axes)
+    if kind == "numpy" and x.ndim == 0:
+        return x[()]
+    return x
+
+
+def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split_every=None):
+    x = v.as_array(x, caller)
+    kind = v.array_kind(x)
+    op = get_operator(op, caller=caller)
+    v.check_dtype(x, op.kinds, caller)
+    requested = v.requested_dtype(dtype, op.kinds, caller)
+    inclusive = v.check_inclusive(inclusive, caller)
+    if axis is not None:
+        ax = v.normalize_scan_axis(axis, x.ndim, caller)
+    algorithm = v.check_algorithm(algorithm, "scan", kind, op, caller)
+    fan_in = v.fan_in(split_every, (), caller) if kind.startswith("dask") else None
+    out_dtype = _dt.result_dtype(op.family, np.dtype(x.dtype), requested)
+    acc_dtype = _dt.accumulator_dtype(out_dtype)
+    if "cupy" in kind:
+        v.check_gpu_dtypes(caller, **{"argument 'x' has dtype": x.dtype, "the accumulator dtype": acc_dtype,
+                                      "the result dtype": out_dtype})
+        if not op.builtin and not op.cuda:
+            raise ValueError(f"{caller}: operator {op.name!r} has no CUDA expression, so it cannot run on CuPy data; "
+                             "register it with cuda='...'")
+    if axis is None:
+        if kind.startswith("dask") and builtins.any(np.isnan(c) for cs in x.chunks for c in cs) and x.ndim > 1:
+            raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes, so it cannot be flattened for "
+                             "axis=None; call x.compute_chunk_sizes() first or pass an axis")
+        x = x.reshape(-1)
+        ax = 0
+    plan = ScanPlan(op, ax, acc_dtype, out_dtype, inclusive, algorithm, label or f"scan-{op.name}")
+    if kind.startswith("dask"):
+        return graph.scan(x, plan, fan_in)
+    with _run_device(kind, x):
+        return plan(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reductions
+# ------------------------------------------------------------------------------------------------
+def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+    """Reduce ``x`` with ``op`` ("sum", "prod", "min", "max" or a registered operator) over ``axis``.
+
+    ``split_every`` is the fan-in of the Dask tree (dask's config, else 16); ``algorithm`` names a GPU
+    kernel from ``multireduce.algorithms("reduce")`` and only applies to CuPy data.
+    """
+    return _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, caller="multireduce.reduce")
+
+
+def sum(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+    """Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64)."""
+    return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.sum")
+
+
+def prod(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+    """Product of elements, as ``numpy.prod``; integer overflow wraps as in NumPy."""
+    return _reduction(x, "prod", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.prod")
+
+
+def min(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+    """Minimum, as ``numpy.min``: NaN propagates; empty input raises ValueError.
+
+    ``dtype`` (an extension over NumPy) converts the elements before they are compared.
+    """
+    return _reduction(x, "min", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.min")
+
+
+def max(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+    """Maximum, as ``numpy.max``: NaN propagates; empty input raises ValueError."""
+    return _reduction(x, "max", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.max")
+
+
+def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+    """Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32)."""
+    return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.mean",
+                      mean=True, label="mean")
+
+
+# ------------------------------------------------------------------------------------------------
+# Scans
+# ------------------------------------------------------------------------------------------------
+def scan(x, op: str | Operator, axis=None, dtype=None, inclusive=True, algorithm="auto", split_every=None):
+    """Inclusive (default) or exclusive scan of ``x`` with ``op`` along ``axis`` (None flattens).
+
+    ``op`` must be associative; it need not be commutative (element order is kept everywhere).
+    An exclusive scan starts every lane from the operator's identity.
+    """
+    return _scan(x, op, axis, dtype, inclusive, algorithm, caller="multireduce.scan", split_every=split_every)
+
+
+def cumsum(x, axis=None, dtype=None, algorithm="auto", split_every=None):
+    """Cumulative sum, as ``numpy.cumsum`` (``axis=None`` flattens)."""
+    return _scan(x, "sum", axis, dtype, True, algorithm, caller="multireduce.cumsum", label="cumsum",
+                 split_every=split_every)
+
+
+def cumprod(x, axis=None, dtype=None, algorithm="auto", split_every=None):
+    """Cumulative product, as ``numpy.cumprod`` (``axis=None`` flattens)."""
+    return _scan(x, "prod", axis, dtype, True, algorithm, caller="multireduce.cumprod", label="cumprod",
+                 split_every=split_every)

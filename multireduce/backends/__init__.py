@@ -1,0 +1,27 @@
+"""Backends compute on one array in one place: NumPy on the CPU, CuPy (our kernels) on one GPU.
+
+A backend is a module with the same functions (``reduce``, ``combine``, ``scan``, ``stack``, ...);
+``backend_for`` picks it from the array type, so CuPy data always runs on the GPU that holds it.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import numpy_backend
+
+
+def is_cupy_array(x) -> bool:
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def backend_for(x) -> ModuleType:
+    if is_cupy_array(x):
+        from . import cupy_backend
+
+        return cupy_backend
+    return numpy_backend
+
+
+def algorithms_for(x) -> tuple[str, ...]:
+    return backend_for(x).ALGORITHMS

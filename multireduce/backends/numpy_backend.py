@@ -1,0 +1,118 @@
+"""The CPU backend: every operator on NumPy arrays, so the API and the graph run without a GPU.
+
+The functions here have the same signatures as the CuPy backend's; ``core`` calls whichever matches
+the chunk type. Ufunc operators use ``ufunc.reduce`` / ``ufunc.accumulate``; other callables go through
+order-preserving pairwise folds (reduce) and Hillis-Steele doubling (scan), both vectorised so that a
+Python callable is called O(log n) times, not n times.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..operators import Operator
+
+name = "numpy"
+ALGORITHMS: tuple[str, ...] = ("auto",)
+
+
+def asarray(x):
+    return np.asarray(x)
+
+
+def stack(values, axis=0):
+    return np.stack(values, axis=axis)
+
+
+def concatenate(values, axis=0):
+    return np.concatenate(values, axis=axis)
+
+
+def full(shape, value, dtype):
+    return np.full(shape, value, dtype=dtype)
+
+
+def _fold_pairs(x: np.ndarray, op: Operator, identity) -> np.ndarray:
+    """Reduce axis 0 by combining neighbours (0,1), (2,3), ... until one row is left; order is kept."""
+    while x.shape[0] > 1:
+        if x.shape[0] % 2:
+            pad = np.full((1,) + x.shape[1:], identity, dtype=x.dtype)
+            x = np.concatenate([x, pad])
+        x = np.asarray(op.combine(x[0::2], x[1::2])).astype(x.dtype, copy=False)
+    return x
+
+
+def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
+    """Reduce ``axes`` of ``x`` with ``op`` in ``acc_dtype``; the result keeps the reduced axes (size 1).
+
+    Non-commutative operators take one axis at a time, so the caller passes one axis for them.
+    """
+    acc_dtype = np.dtype(acc_dtype)
+    identity = op.identity(acc_dtype)
+    if op.ufunc is not None:
+        return op.ufunc.reduce(x, axis=axes, dtype=acc_dtype, keepdims=True, initial=identity)
+    if len(axes) != 1:
+        # callables reduce one axis after the other, last first, which keeps C order
+        for axis in sorted(axes, reverse=True):
+            x = reduce(x, op, (axis,), acc_dtype)
+        return x
+    (axis,) = axes
+    moved = np.moveaxis(np.asarray(x, dtype=acc_dtype), axis, 0)
+    if moved.shape[0] == 0:
+        folded = np.full((1,) + moved.shape[1:], identity, dtype=acc_dtype)
+    else:
+        folded = _fold_pairs(moved, op, identity)
+    return np.moveaxis(folded, 0, axis)
+
+
+def combine(op: Operator, values: list):
+    """Fold equally shaped partials in order: ``values[0] op values[1] op ...``."""
+    if len(values) == 1:
+        return values[0]
+    dtype = values[0].dtype
+    if op.ufunc is not None:
+        out = values[0]
+        for v in values[1:]:
+            out = op.ufunc(out, v, dtype=dtype)
+        return out
+    return _fold_pairs(np.stack(values), op, op.identity(dtype))[0]
+
+
+def _inclusive_scan(x: np.ndarray, op: Operator, axis: int, acc_dtype) -> np.ndarray:
+    if op.ufunc is not None:
+        return op.ufunc.accumulate(x, axis=axis, dtype=acc_dtype)
+    y = np.moveaxis(np.array(x, dtype=acc_dtype, copy=True), axis, 0)
+    n, offset = y.shape[0], 1
+    while offset < n:
+        # the right-hand side is evaluated before the assignment: every step reads the old values
+        y[offset:] = op.combine(y[: n - offset], y[offset:])
+        offset *= 2
+    return np.moveaxis(y, 0, axis)
+
+
+def scan(
+    x,
+    op: Operator,
+    axis: int,
+    acc_dtype,
+    out_dtype,
+    carry=None,
+    inclusive: bool = True,
+    algorithm: str = "auto",
+):
+    """Scan ``x`` along ``axis``; ``carry`` (keepdims shape) is combined in on the left of every element."""
+    acc_dtype = np.dtype(acc_dtype)
+    scanned = _inclusive_scan(x, op, axis, acc_dtype)
+    if carry is not None:
+        scanned = np.asarray(op.combine(np.asarray(carry, dtype=acc_dtype), scanned)).astype(acc_dtype, copy=False)
+    if not inclusive:
+        shape = list(scanned.shape)
+        shape[axis] = 1
+        first = (
+            np.broadcast_to(np.asarray(carry, dtype=acc_dtype), shape)
+            if carry is not None
+            else np.full(shape, op.identity(acc_dtype), dtype=acc_dtype)
+        )
+        body = np.take(scanned, np.arange(scanned.shape[axis] - 1), axis=axis)
+        scanned = np.concatenate([first, body], axis=axis)
+    return scanned.astype(out_dtype, copy=False)

@@ -1,0 +1,128 @@
+"""Reduction and scan plans: the per-chunk contract shared by the eager path and the Dask graph.
+
+A reduction is ``partial`` (a group of chunks -> one ``Partial``), ``combine`` (partials -> one, in
+order) and ``finalize`` (the last partial -> the result). A partial carries its element count beside
+its value, so ``mean`` and NumPy's "min of nothing is an error" work even where chunk sizes are only
+known at run time.
+
+A scan is ``totals`` (each chunk's reduction along the axis), ``carries`` (an exclusive scan of the
+totals) and ``scan_block`` (each chunk scanned, seeded with its carry). The plans are frozen,
+picklable and tokenizable, so Dask keys are deterministic and the tasks can run on any worker; each
+method dispatches on the chunk type, so CuPy chunks stay on their GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backends import backend_for
+from .operators import Operator
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A partial reduction: ``value`` keeps the reduced axes (size 1); ``count`` elements went into each."""
+
+    value: object
+    count: int
+
+
+@dataclass(frozen=True)
+class ReductionPlan:
+    op: Operator
+    axes: tuple[int, ...]
+    acc_dtype: np.dtype
+    out_dtype: np.dtype
+    keepdims: bool
+    mean: bool = False
+    algorithm: str = "auto"
+    label: str = "reduce"
+
+    def _chunk(self, block) -> Partial:
+        backend = backend_for(block)
+        value = backend.reduce(block, self.op, self.axes, self.acc_dtype, self.algorithm)
+        return Partial(value, math.prod(block.shape[a] for a in self.axes))
+
+    def partial(self, *blocks) -> Partial:
+        """Reduce a group of chunks (in order) to one partial."""
+        return self.combine(*(self._chunk(b) for b in blocks))
+
+    def combine(self, *partials: Partial) -> Partial:
+        if len(partials) == 1:
+            return partials[0]
+        values = [p.value for p in partials]
+        value = backend_for(values[0]).combine(self.op, values)
+        return Partial(value, sum(p.count for p in partials))
+
+    def finalize(self, partial: Partial):
+        value = partial.value
+        if partial.count == 0 and self.op.empty_is_error:
+            # NumPy's own words, so code that catches NumPy's error catches ours
+            ufunc = "minimum" if self.op.name == "min" else "maximum"
+            raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
+        if self.mean:
+            if partial.count == 0:
+                warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
+                value = value * np.nan
+            else:
+                value = value / self.acc_dtype.type(partial.count)
+        if not self.keepdims:
+            value = value.squeeze(axis=self.axes)
+        return value.astype(self.out_dtype, copy=False)
+
+    def __call__(self, x):
+        return self.finalize(self.partial(x))
+
+    def __dask_tokenize__(self):
+        from dask.base import tokenize
+
+        return ("multireduce.ReductionPlan", tokenize(self.op), self.axes, str(self.acc_dtype),
+                str(self.out_dtype), self.keepdims, self.mean, self.algorithm)
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    op: Operator
+    axis: int
+    acc_dtype: np.dtype
+    out_dtype: np.dtype
+    inclusive: bool = True
+    algorithm: str = "auto"
+    label: str = "scan"
+
+    def totals(self, *blocks):
+        """Each chunk's total along the axis, concatenated along the axis (one entry per chunk)."""
+        backend = backend_for(blocks[0])
+        parts = [backend.reduce(b, self.op, (self.axis,), self.acc_dtype, self.algorithm) for b in blocks]
+        return parts[0] if len(parts) == 1 else backend.concatenate(parts, axis=self.axis)
+
+    def carries(self, *totals):
+        """Inclusive scan of the totals of chunks 0..n-2: entry k-1 is what chunk k's scan starts from.
+
+        The last chunk's total is never needed, so the graph does not read that chunk twice.
+        """
+        backend = backend_for(totals[0])
+        stacked = totals[0] if len(totals) == 1 else backend.concatenate(list(totals), axis=self.axis)
+        return backend.scan(stacked, self.op, self.axis, self.acc_dtype, self.acc_dtype)
+
+    def scan_block(self, block, carries=None, index: int = 0):
+        """Scan chunk ``index`` of its lane; ``carries`` comes from ``carries`` (None for chunk 0)."""
+        backend = backend_for(block)
+        carry = None
+        if carries is not None and index > 0:
+            carry = carries[(slice(None),) * self.axis + (slice(index - 1, index),)]
+        return backend.scan(block, self.op, self.axis, self.acc_dtype, self.out_dtype, carry,
+                            self.inclusive, self.algorithm)
+
+    def __call__(self, x):
+        return self.scan_block(x)
+
+    def __dask_tokenize__(self):
+        from dask.base import tokenize
+
+        return ("multireduce.ScanPlan", tokenize(self.op), self.axis, str(self.acc_dtype),
+                str(self.out_dtype), self.inclusive, self.algorithm)

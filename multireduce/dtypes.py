@@ -1,0 +1,89 @@
+"""The one dtype table: which dtypes each operator takes, what it returns, what it accumulates in.
+
+Everything else (validation, the NumPy and CuPy backends, the list of kernel instantiations that CI
+compiles) is derived from this table, so adding a dtype is one line here.
+
+NumPy's rules are followed for results: small integers and booleans are summed into the platform
+integer (int64 / uint64), floats keep their width, ``mean`` of integers is float64. Where NumPy
+accumulates float16 in float16, multireduce accumulates in float32 and rounds once at the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: dtype -> the C++ type name used by the CUDA kernels (``mr::half`` is our own 16-bit float).
+CUDA_TYPE_NAMES: dict[np.dtype, str] = {
+    np.dtype(np.bool_): "bool",
+    np.dtype(np.int8): "signed char",
+    np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.int16): "short",
+    np.dtype(np.uint16): "unsigned short",
+    np.dtype(np.int32): "int",
+    np.dtype(np.uint32): "unsigned int",
+    np.dtype(np.int64): "long long",
+    np.dtype(np.uint64): "unsigned long long",
+    np.dtype(np.float16): "mr::half",
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+}
+
+#: Every dtype the GPU kernels are instantiated for, in a stable order.
+GPU_DTYPES: tuple[np.dtype, ...] = tuple(CUDA_TYPE_NAMES)
+
+#: dtype kinds each operator family accepts (NumPy's ``dtype.kind`` letters).
+ARITHMETIC_KINDS = "biufc"  # sum, prod, mean, cumsum, cumprod
+ORDERED_KINDS = "biuf"  # min, max: complex numbers have no order that means anything here
+USER_KINDS = "biuf"  # registered operators, unless they say otherwise
+
+KIND_NAMES = {
+    "b": "boolean",
+    "i": "signed integer",
+    "u": "unsigned integer",
+    "f": "floating",
+    "c": "complex",
+}
+
+
+def describe_kinds(kinds: str) -> str:
+    """'biuf' -> 'boolean, signed integer, unsigned integer or floating'."""
+    names = [KIND_NAMES[k] for k in kinds]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _promote_for_sum(dtype: np.dtype) -> np.dtype:
+    """NumPy's result type of ``add.reduce`` / ``multiply.reduce`` without ``dtype=``."""
+    if dtype.kind == "b":
+        return np.dtype(np.int_)
+    if dtype.kind == "i" and dtype.itemsize < np.dtype(np.int_).itemsize:
+        return np.dtype(np.int_)
+    if dtype.kind == "u" and dtype.itemsize < np.dtype(np.uint).itemsize:
+        return np.dtype(np.uint)
+    return dtype
+
+
+def accumulator_dtype(result: np.dtype) -> np.dtype:
+    """What partial results are held in: the result type, but float16 work happens in float32."""
+    if result == np.float16:
+        return np.dtype(np.float32)
+    if result == np.complex64:
+        return np.dtype(np.complex64)
+    return result
+
+
+def result_dtype(family: str, dtype: np.dtype, requested: np.dtype | None = None) -> np.dtype:
+    """The dtype an operator family returns for input ``dtype`` (``requested`` is the user's ``dtype=``).
+
+    ``family`` is "sum" (also prod, cumsum, cumprod), "order" (min, max), "mean" or "user".
+    """
+    if requested is not None:
+        return requested
+    if family == "sum":
+        return _promote_for_sum(dtype)
+    if family == "mean":
+        return np.dtype(np.float64) if dtype.kind in "biu" else dtype
+    return dtype
+
+
+def gpu_supported(dtype: np.dtype) -> bool:
+    return np.dtype(dtype) in CUDA_TYPE_NAMES
