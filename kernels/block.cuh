@@ -1,0 +1,137 @@
+// multireduce: warp- and block-level reductions and scans.
+//
+// Two families: "commutative" ones may combine any lanes in any order (butterflies); "ordered" ones
+// only ever combine a contiguous earlier range on the left with the next range on the right, so they
+// are exact for non-commutative operators. Every block function must be called by all threads.
+#pragma once
+#include "common.cuh"
+
+namespace mr {
+
+// ---- warp level ---------------------------------------------------------------------------------
+template <class Acc, class Op>
+__device__ __forceinline__ Acc warp_reduce(Acc v, Op op) {  // every lane gets the result
+#pragma unroll
+  for (int mask = kWarp / 2; mask > 0; mask >>= 1) v = op(v, shfl_xor(v, mask));
+  return v;
+}
+
+// Lane 0 gets v[0] op v[1] op ... op v[31]: at each step lane l folds [l, l+2o) from two halves in order.
+template <class Acc, class Op>
+__device__ __forceinline__ Acc warp_reduce_ordered(Acc v, Op op) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    Acc right = shfl_down(v, offset);
+    if (lane + offset < kWarp) v = op(v, right);
+  }
+  return v;
+}
+
+// Inclusive scan across the warp (Hillis-Steele with shuffles); order is kept.
+template <class Acc, class Op>
+__device__ __forceinline__ Acc warp_inclusive_scan(Acc v, Op op) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    Acc left = shfl_up(v, offset);
+    if (lane >= offset) v = op(left, v);
+  }
+  return v;
+}
+
+// ---- block level --------------------------------------------------------------------------------
+// Result valid in thread 0. ``scratch`` holds kWarp values in shared memory.
+template <int BLOCK, class Acc, class Op>
+__device__ __forceinline__ Acc block_reduce(Acc v, Op op, Acc identity, Acc* scratch) {
+  constexpr int kWarps = BLOCK / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = warp_reduce(v, op);
+  if (kWarps == 1) return v;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) v = warp_reduce(lane < kWarps ? scratch[lane] : identity, op);
+  return v;
+}
+
+template <int BLOCK, class Acc, class Op>
+__device__ __forceinline__ Acc block_reduce_ordered(Acc v, Op op, Acc identity, Acc* scratch) {
+  constexpr int kWarps = BLOCK / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = warp_reduce_ordered(v, op);
+  if (kWarps == 1) return v;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) v = warp_reduce_ordered(lane < kWarps ? scratch[lane] : identity, op);
+  return v;
+}
+
+// Exclusive scan of one value per thread across the block; ``*total`` gets the block's fold (all
+// threads). ``scratch`` holds kWarp + 1 values.
+template <int BLOCK, class Acc, class Op>
+__device__ __forceinline__ Acc block_exclusive_scan(Acc v, Op op, Acc identity, Acc* scratch, Acc* total) {
+  constexpr int kWarps = BLOCK / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  Acc inclusive = warp_inclusive_scan(v, op);
+  Acc exclusive = shfl_up(inclusive, 1);
+  if (lane == 0) exclusive = identity;
+  __syncthreads();
+  if (lane == kWarp - 1) scratch[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    Acc w = lane < kWarps ? scratch[lane] : identity;
+    Acc w_inclusive = warp_inclusive_scan(w, op);
+    Acc w_exclusive = shfl_up(w_inclusive, 1);
+    if (lane == 0) w_exclusive = identity;
+    if (lane < kWarps) scratch[lane] = w_exclusive;
+    if (lane == kWarps - 1) scratch[kWarp] = w_inclusive;
+  }
+  __syncthreads();
+  *total = scratch[kWarp];
+  return warp == 0 ? exclusive : op(scratch[warp], exclusive);
+}
+
+// ---- the last-block guard (one launch for all blocks) ---------------------------------------------
+// Every block calls this after writing its partial; true in exactly one block, the last to arrive,
+// which then sees every partial. The counter is left at zero for the next launch on the stream.
+__device__ __forceinline__ bool arrive_last(unsigned int* counter, unsigned int* flag_shared) {
+  __threadfence();  // publish this block's partial before counting it
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int ticket = atomicAdd(counter, 1u);
+    *flag_shared = (ticket == gridDim.x - 1);
+    if (*flag_shared) *counter = 0u;
+  }
+  __syncthreads();
+  if (*flag_shared) __threadfence();  // order the partial loads after the ticket
+  return *flag_shared != 0u;
+}
+
+// ---- ordered fold of a range with coalesced loads ---------------------------------------------------
+// Tiles of BLOCK*ITEMS elements are loaded coalesced into shared memory, each thread folds ITEMS
+// consecutive elements, the block folds the threads in order. Result valid in thread 0.
+template <int BLOCK, int ITEMS, class T, class Acc, class Op>
+__device__ Acc block_fold_ordered(const T* in, index_t begin, index_t end, Acc identity, Op op, Acc* tile,
+                                  Acc* scratch) {
+  constexpr int kTile = BLOCK * ITEMS;
+  Acc running = identity;
+  for (index_t base = begin; base < end; base += kTile) {
+    __syncthreads();  // the previous tile has been read
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      index_t i = base + k * BLOCK + threadIdx.x;
+      tile[k * BLOCK + threadIdx.x] = i < end ? convert<Acc>(in[i]) : identity;
+    }
+    __syncthreads();
+    Acc v = tile[threadIdx.x * ITEMS];
+#pragma unroll
+    for (int k = 1; k < ITEMS; ++k) v = op(v, tile[threadIdx.x * ITEMS + k]);
+    v = block_reduce_ordered<BLOCK>(v, op, identity, scratch);
+    if (threadIdx.x == 0) running = op(running, v);
+  }
+  return running;
+}
+
+}  // namespace mr

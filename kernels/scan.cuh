@@ -1,0 +1,281 @@
+// multireduce: scan kernels. Every one keeps element order (op(earlier, later)), so non-commutative
+// operators scan exactly.
+//
+// Data is viewed as ``rows`` rows of ``K`` contiguous elements (one row for a 1-d scan); no tile
+// crosses a row. Catalogue: Hillis-Steele and Blelloch block scans, made to scan any length by the
+// host's multi-level driver (block scans + scan of the block totals + add back, recursively), with
+// ``scan_finish`` applying carry-ins and exclusive shifts. Production: ``scan_lookback``, one pass with
+// decoupled look-back, carry-in per row read from device memory, row totals written to device memory.
+#pragma once
+#include "block.cuh"
+
+namespace mr {
+
+// ---- catalogue: block scans writing inclusive results and one total per tile -------------------
+// Hillis-Steele: log2(BLOCK) steps, each thread adds the value `offset` to its left; double-buffered.
+template <class T, class Acc, class Op, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) scan_hillis_steele_tiles(const T* in, Acc* out, index_t K,
+                                                                  index_t tiles_per_row, Acc identity, Acc* tile_totals) {
+  __shared__ Acc buf[2][BLOCK];
+  Op op;
+  const index_t row = blockIdx.x / tiles_per_row, tile = blockIdx.x % tiles_per_row;
+  const index_t k = tile * BLOCK + threadIdx.x;
+  const index_t at = row * K + k;
+  int cur = 0;
+  buf[cur][threadIdx.x] = k < K ? convert<Acc>(in[at]) : identity;
+  __syncthreads();
+  for (int offset = 1; offset < BLOCK; offset <<= 1) {
+    Acc v = buf[cur][threadIdx.x];
+    if ((int)threadIdx.x >= offset) v = op(buf[cur][threadIdx.x - offset], v);
+    buf[cur ^ 1][threadIdx.x] = v;
+    cur ^= 1;
+    __syncthreads();
+  }
+  if (k < K) out[at] = buf[cur][threadIdx.x];
+  if (threadIdx.x == BLOCK - 1) tile_totals[blockIdx.x] = buf[cur][BLOCK - 1];
+}
+
+// Blelloch: up-sweep builds a tree of partial folds in place, down-sweep hands each left child its
+// parent's prefix and each right child prefix op left. 2*BLOCK elements per tile; one padding slot
+// every 32 keeps the power-of-two strides off a single shared-memory bank.
+__device__ __forceinline__ int padded(int i) { return i + (i >> 5); }
+
+template <class T, class Acc, class Op, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) scan_blelloch_tiles(const T* in, Acc* out, index_t K, index_t tiles_per_row,
+                                                             Acc identity, Acc* tile_totals) {
+  constexpr int kN = 2 * BLOCK;
+  __shared__ Acc s[kN + (kN >> 5)];
+  Op op;
+  const index_t row = blockIdx.x / tiles_per_row, tile = blockIdx.x % tiles_per_row;
+  const int a = threadIdx.x, b = threadIdx.x + BLOCK;
+  const index_t ka = tile * kN + a, kb = tile * kN + b;
+  const Acc xa = ka < K ? convert<Acc>(in[row * K + ka]) : identity;
+  const Acc xb = kb < K ? convert<Acc>(in[row * K + kb]) : identity;
+  s[padded(a)] = xa;
+  s[padded(b)] = xb;
+  int offset = 1;
+  for (int d = kN >> 1; d > 0; d >>= 1) {  // up-sweep
+    __syncthreads();
+    if ((int)threadIdx.x < d) {
+      int left = offset * (2 * threadIdx.x + 1) - 1, right = offset * (2 * threadIdx.x + 2) - 1;
+      s[padded(right)] = op(s[padded(left)], s[padded(right)]);
+    }
+    offset <<= 1;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tile_totals[blockIdx.x] = s[padded(kN - 1)];
+    s[padded(kN - 1)] = identity;
+  }
+  for (int d = 1; d < kN; d <<= 1) {  // down-sweep
+    offset >>= 1;
+    __syncthreads();
+    if ((int)threadIdx.x < d) {
+      int left = offset * (2 * threadIdx.x + 1) - 1, right = offset * (2 * threadIdx.x + 2) - 1;
+      Acc left_fold = s[padded(left)];
+      s[padded(left)] = s[padded(right)];
+      s[padded(right)] = op(s[padded(right)], left_fold);
+    }
+  }
+  __syncthreads();
+  // exclusive prefixes -> inclusive results
+  if (ka < K) out[row * K + ka] = op(s[padded(a)], xa);
+  if (kb < K) out[row * K + kb] = op(s[padded(b)], xb);
+}
+
+// Multi-level add-back: tile t >= 1 of each row gets the inclusive scan of the totals of tiles < t.
+template <class Acc, class Op>
+__global__ void scan_add_back(Acc* data, index_t K, index_t tile_size, index_t tiles_per_row,
+                              const Acc* scanned_totals) {
+  Op op;
+  const index_t row = blockIdx.x / tiles_per_row, tile = blockIdx.x % tiles_per_row;
+  if (tile == 0) return;
+  const Acc prefix = scanned_totals[blockIdx.x - 1];
+  for (index_t k = tile * tile_size + threadIdx.x; k < (tile + 1) * tile_size && k < K; k += blockDim.x)
+    data[row * K + k] = op(prefix, data[row * K + k]);
+}
+
+// From inclusive results in Acc to the output: carry-in per row on the left, exclusive shift, cast.
+template <class Acc, class Out, class Op>
+__global__ void scan_finish(const Acc* inclusive_scan, Out* out, index_t rows, index_t K, const Acc* carry,
+                            Acc identity, int inclusive) {
+  Op op;
+  const index_t n = rows * K;
+  for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (index_t)gridDim.x * blockDim.x) {
+    const index_t row = i / K, k = i % K;
+    Acc v = inclusive ? inclusive_scan[i] : (k > 0 ? inclusive_scan[i - 1] : identity);
+    if (carry) v = op(carry[row], v);
+    out[i] = convert<Out>(v);
+  }
+}
+
+// ---- production: one pass with decoupled look-back ---------------------------------------------
+// Each tile (BLOCK threads x ITEMS elements) takes the next tile number from a counter, so every
+// tile it waits for has already started. It loads its elements coalesced (16-byte vectors when the
+// tile is aligned) into shared memory, each thread scans ITEMS consecutive elements, the block scans
+// the thread totals, and warp 0 publishes the tile's fold (status AGGREGATE) and then looks back over
+// the preceding tiles 32 at a time until it meets one whose inclusive prefix is known (status PREFIX),
+// folding the aggregates in order on the way. Tiles before a row's first tile read as that row's
+// carry-in with status PREFIX. Status words must be zero before the launch.
+enum : int { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
+
+template <class Acc>
+struct LookbackState {
+  int* status;       // one per tile (and one more: the tile counter)
+  Acc* aggregates;   // the tile's own fold
+  Acc* prefixes;     // the fold of everything up to and including the tile
+};
+
+template <class Acc>
+__device__ __forceinline__ void publish(const LookbackState<Acc>& st, index_t tile, const Acc& v, int status) {
+  store_volatile(status == kStatusPrefix ? st.prefixes + tile : st.aggregates + tile, v);
+  __threadfence();
+  store_volatile(st.status + tile, status);
+}
+
+// Warp 0 only. Returns the fold of every element before ``tile`` (carry-in included) in all lanes.
+template <class Acc, class Op>
+__device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row_first_tile, Acc row_carry,
+                         Acc identity, Op op) {
+  const int lane = threadIdx.x % kWarp;
+  Acc exclusive = identity;
+  for (index_t newest = tile - 1;; newest -= kWarp) {
+    const index_t j = newest - lane;  // lane 0 is the nearest tile
+    int status = kStatusPrefix;
+    Acc v = row_carry;
+    if (j >= row_first_tile) {
+      do {
+        status = load_volatile(st.status + j);
+      } while (status == kStatusNone);
+      __threadfence();
+      v = load_volatile(status == kStatusPrefix ? st.prefixes + j : st.aggregates + j);
+    }
+    const unsigned prefix_lanes = __ballot_sync(kFullMask, status == kStatusPrefix);
+    const int stop = prefix_lanes ? __ffs(prefix_lanes) - 1 : kWarp;
+    if (lane > stop) v = identity;
+    // lanes hold tiles newest-first: fold with the higher (older) lane on the left
+#pragma unroll
+    for (int offset = 1; offset < kWarp; offset <<= 1) {
+      Acc older = shfl_down(v, offset);
+      if (lane + offset < kWarp) v = op(older, v);
+    }
+    exclusive = op(shfl_idx(v, 0), exclusive);
+    if (prefix_lanes) return exclusive;
+  }
+}
+
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS>
+__global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row,
+                                                       Acc identity, const Acc* carry_in, Acc* row_totals,
+                                                       int* status, Acc* aggregates, Acc* prefixes, int inclusive) {
+  constexpr int kTile = BLOCK * ITEMS;
+  constexpr int kBytes = kTile * (sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out));
+  static_assert((kTile * sizeof(T)) % 16 == 0 && (kTile * sizeof(Out)) % 16 == 0, "tiles are whole vectors");
+  __shared__ __align__(16) unsigned char raw[kBytes];
+  __shared__ Acc scratch[kWarp + 1];
+  __shared__ Acc tile_exclusive;
+  __shared__ index_t tile_number;
+  Op op;
+  const int t = threadIdx.x;
+  const LookbackState<Acc> st{status, aggregates, prefixes};
+
+  if (t == 0) tile_number = atomicAdd(st.status + gridDim.x, 1);  // the counter sits after the status words
+  __syncthreads();
+  const index_t tile = tile_number;
+  const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
+  const index_t first = tile_in_row * kTile;
+  const int valid = (int)(K - first < kTile ? K - first : kTile);
+  const index_t base = row * K + first;
+
+  // load, coalesced: vector j of the tile goes to thread j % BLOCK
+  T* s_in = reinterpret_cast<T*>(raw);
+  const bool vector_in = valid == kTile && reinterpret_cast<unsigned long long>(in + base) % 16 == 0;
+  if (vector_in) {
+    constexpr int kVectors = kTile * sizeof(T) / 16;
+    const uint4* src = reinterpret_cast<const uint4*>(in + base);
+    uint4* dst = reinterpret_cast<uint4*>(raw);
+#pragma unroll
+    for (int j = t; j < kVectors; j += BLOCK) dst[j] = __ldg(src + j);
+  } else {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      int j = k * BLOCK + t;
+      if (j < valid) s_in[j] = in[base + j];
+    }
+  }
+  __syncthreads();
+
+  // each thread: ITEMS consecutive elements, scanned in registers
+  Acc items[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int j = t * ITEMS + k;
+    Acc x = j < valid ? convert<Acc>(s_in[j]) : identity;
+    items[k] = k == 0 ? x : op(items[k - 1], x);
+  }
+  Acc aggregate;
+  Acc thread_prefix = block_exclusive_scan<BLOCK>(items[ITEMS - 1], op, identity, scratch, &aggregate);
+
+  // the fold of everything before this tile
+  if (t < kWarp) {
+    const Acc row_carry = carry_in ? carry_in[row] : identity;
+    Acc before;
+    if (tile_in_row == 0) {
+      before = row_carry;
+    } else {
+      if (t == 0) publish(st, tile, aggregate, kStatusAggregate);
+      before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
+    }
+    if (t == 0) {
+      Acc through = op(before, aggregate);
+      if (tile_in_row + 1 < tiles_per_row) publish(st, tile, through, kStatusPrefix);
+      else if (row_totals) row_totals[row] = through;
+      tile_exclusive = before;
+    }
+  }
+  __syncthreads();  // also: every thread has read s_in
+
+  Out* s_out = reinterpret_cast<Out*>(raw);
+  const Acc prefix = op(tile_exclusive, thread_prefix);
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int j = t * ITEMS + k;
+    Acc v = inclusive ? op(prefix, items[k]) : (k == 0 ? prefix : op(prefix, items[k - 1]));
+    if (j < valid) s_out[j] = convert<Out>(v);
+  }
+  __syncthreads();
+  const bool vector_out = valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0;
+  if (vector_out) {
+    constexpr int kVectors = kTile * sizeof(Out) / 16;
+    const uint4* src = reinterpret_cast<const uint4*>(raw);
+    uint4* dst = reinterpret_cast<uint4*>(out + base);
+#pragma unroll
+    for (int j = t; j < kVectors; j += BLOCK) dst[j] = src[j];
+  } else {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      int j = k * BLOCK + t;
+      if (j < valid) out[base + j] = s_out[j];
+    }
+  }
+}
+
+// ---- one axis with inner > 1: one thread per (outer, inner) column, in order ---------------------
+template <class T, class Acc, class Out, class Op>
+__global__ void scan_columns(const T* in, Out* out, index_t outer, index_t K, index_t inner, Acc identity,
+                             const Acc* carry_in, int inclusive) {
+  Op op;
+  const index_t columns = outer * inner;
+  for (index_t c = (index_t)blockIdx.x * blockDim.x + threadIdx.x; c < columns; c += (index_t)gridDim.x * blockDim.x) {
+    const index_t o = c / inner, i = c % inner;
+    const index_t at = o * K * inner + i;
+    Acc running = carry_in ? carry_in[c] : identity;
+    for (index_t k = 0; k < K; ++k) {
+      Acc next = op(running, convert<Acc>(in[at + k * inner]));
+      out[at + k * inner] = convert<Out>(inclusive ? next : running);
+      running = next;
+    }
+  }
+}
+
+}  // namespace mr

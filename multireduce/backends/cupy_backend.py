@@ -1,0 +1,283 @@
+"""The GPU backend: every operator on CuPy arrays through our kernels, on the device that holds them.
+
+Dispatch (written down, as CUB does):
+- reduce, 1-d or a few long rows: commutative -> ``reduce_vectorized`` (one launch; one block when the
+  input is small), otherwise ``reduce_ordered_multi_block``; many rows -> ``reduce_rows``; an axis that
+  is not the last -> ``reduce_columns``, split along K when there are too few columns to fill the GPU.
+- scan: rows -> ``scan_lookback`` (one pass, carry-in per row from device memory); an axis that is not
+  the last -> ``scan_columns`` when there are enough columns, else transposed to rows and back.
+- ``algorithm=`` names a catalogue kernel instead; the catalogue runs on rows.
+Nothing here synchronises with the host: results stay on the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy
+import numpy as np
+
+from .. import kernels as _k
+from ..catalogue import REDUCE_ALGORITHMS, SCAN_ALGORITHMS
+from ..operators import Operator
+from ..tuning import policy as _policy
+
+name = "cupy"
+ALGORITHMS: tuple[str, ...] = ("auto",) + REDUCE_ALGORITHMS + SCAN_ALGORITHMS
+NULL = np.uint64(0)  # a null device pointer as a kernel argument
+
+
+def asarray(x):
+    return cupy.asarray(x)
+
+
+def stack(values, axis=0):
+    return cupy.stack(values, axis=axis)
+
+
+def concatenate(values, axis=0):
+    return cupy.concatenate(values, axis=axis)
+
+
+# ------------------------------------------------------------------------------------------------
+# Device facts and reusable workspace
+# ------------------------------------------------------------------------------------------------
+_device_facts: dict[int, tuple[int, object]] = {}
+_counters: dict[tuple[int, int], cupy.ndarray] = {}
+
+
+def _facts():
+    dev = cupy.cuda.runtime.getDevice()
+    facts = _device_facts.get(dev)
+    if facts is None:
+        attrs = cupy.cuda.Device(dev).attributes
+        facts = (attrs["MultiProcessorCount"], _policy(attrs["ComputeCapabilityMajor"]))
+        _device_facts[dev] = facts
+    return facts
+
+
+def _counter() -> cupy.ndarray:
+    """A zeroed counter for the last-block guard; the last block resets it, so it is reused per stream."""
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    c = _counters.get(key)
+    if c is None:
+        c = _counters[key] = cupy.zeros(1, dtype=np.uint32)
+    return c
+
+
+def _i64(v) -> np.int64:
+    return np.int64(v)
+
+
+def _three_axes(x, axes: tuple[int, ...], commutative: bool):
+    """View ``x`` as a C-contiguous (outer, K, inner) array with ``axes`` in the middle.
+
+    Contiguous data whose reduced axes are adjacent needs no copy; otherwise commutative work moves
+    the axes to the end (one copy), and non-commutative work (one axis) makes ``x`` contiguous.
+    """
+    shape = x.shape
+    a0, a1 = axes[0], axes[-1]
+    adjacent = a1 - a0 + 1 == len(axes)
+    if adjacent and (x.flags.c_contiguous or not commutative):
+        x = cupy.ascontiguousarray(x)
+        outer = math.prod(shape[:a0])
+        K = math.prod(shape[a0 : a1 + 1])
+        return x.reshape(outer, K, math.prod(shape[a1 + 1 :])), outer, K, math.prod(shape[a1 + 1 :])
+    kept = [d for d in range(x.ndim) if d not in axes]
+    moved = cupy.ascontiguousarray(x.transpose(kept + list(axes)))
+    outer = math.prod(shape[d] for d in kept)
+    K = math.prod(shape[d] for d in axes)
+    return moved.reshape(outer, K, 1), outer, K, 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Reductions
+# ------------------------------------------------------------------------------------------------
+def _reduce_kernels(op: Operator, T, acc):
+    sms, p = _facts()
+    return _k.get_kernels(op, _k.reduce_names(_k.ctype(T), _k.ctype(acc), op.cuda_functor, p)), sms, p
+
+
+def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
+    """Reduce the contiguous 1-d array ``x1`` into the one-element device array ``out1``."""
+    n = x1.size
+    ks, sms, p = _reduce_kernels(op, x1.dtype, acc)
+    if algorithm in ("auto", "vectorized") and op.commutative:
+        per_block = p.reduce_block * (16 // x1.dtype.itemsize) * p.reduce_vectors_per_thread
+        grid = max(1, min(-(-n // per_block), sms * p.reduce_blocks_per_sm))
+        partials = cupy.empty(grid, acc) if grid > 1 else out1
+        ks["vectorized"](grid, p.reduce_block, (x1, _i64(n), identity, partials, out1, _counter()))
+        return
+    if algorithm in ("auto", "ordered_multi_block"):
+        tile = p.ordered_block * p.ordered_items
+        grid = max(1, min(-(-n // (tile * 4)), sms * 4))
+        segment = -(-n // grid)
+        partials = cupy.empty(grid, acc) if grid > 1 else out1
+        ks["ordered_multi_block"](grid, p.ordered_block,
+                                  (x1, _i64(n), _i64(segment), identity, partials, out1, _counter()))
+        return
+    if algorithm == "ordered_single_block":
+        ks["ordered_single_block"](1, p.ordered_block, (x1, _i64(n), identity, out1))
+        return
+    block = p.catalogue_block
+    if algorithm == "last_block":
+        grid = max(1, min(-(-n // block), 2 * sms))
+        ks["last_block"](grid, block, (x1, _i64(n), identity, cupy.empty(grid, acc), out1, _counter()))
+        return
+    # the *_partials rungs: launch until one partial is left
+    current = x1
+    while True:
+        m = current.size
+        if algorithm in ("first_add", "unroll_last_warp", "complete_unroll"):
+            grid = -(-m // (2 * block))
+        elif algorithm in ("grid_stride", "warp_shuffle"):
+            grid = min(-(-m // block), 2 * sms)
+        else:
+            grid = -(-m // block)
+        grid = max(grid, 1)
+        partials = out1 if grid == 1 else cupy.empty(grid, acc)
+        ks[algorithm](grid, block, (current, _i64(m), identity, partials))
+        if grid == 1:
+            return
+        current = partials
+        ks, _, _ = _reduce_kernels(op, acc, acc)
+
+
+def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
+    """(outer, K, inner) -> (outer * inner,), splitting K into in-order segments when columns are few."""
+    columns = outer * inner
+    target = sms * 2048
+    segments = 1
+    if columns < target and K >= 64:
+        segments = int(min(K // 32, max(1, target // columns)))
+    segment = -(-K // segments)
+    segments = -(-K // segment)
+    ks, _, _ = _reduce_kernels(op, x3.dtype, acc)
+    out = cupy.empty(outer * segments * inner, acc)
+    total = outer * segments * inner
+    grid = max(1, min(-(-total // 256), sms * 32))
+    ks["columns"](grid, 256, (x3, _i64(outer), _i64(K), _i64(inner), _i64(segments), _i64(segment), identity, out))
+    if segments == 1:
+        return out
+    return _reduce_columns(out.reshape(outer, segments, inner), op, acc, identity, outer, segments, inner, sms, p)
+
+
+def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
+    """Reduce ``axes`` of ``x`` with ``op``, accumulating in ``acc_dtype``; reduced axes kept (size 1)."""
+    acc = np.dtype(acc_dtype)
+    identity = op.identity(acc)
+    keep_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    if x.ndim == 0:
+        x = x.reshape(1)
+        axes = (0,)
+    x3, outer, K, inner = _three_axes(x, axes, op.commutative)
+    if outer * inner == 0:
+        return cupy.empty(keep_shape, acc)
+    if K == 0:
+        return cupy.full(keep_shape, identity, acc)
+    sms, p = _facts()
+    if algorithm == "auto" and inner > 1:
+        return _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p).reshape(keep_shape)
+    if inner > 1:  # a catalogue kernel works on rows: move the axis last
+        x3 = cupy.ascontiguousarray(x3.transpose(0, 2, 1)).reshape(outer * inner, K, 1)
+        outer, inner = outer * inner, 1
+    out = cupy.empty(outer, acc)
+    rows = x3.reshape(outer, K)
+    if algorithm == "auto" and outer > 1 and not (outer <= 2 * sms and K >= 1 << 16):
+        ks, _, _ = _reduce_kernels(op, x3.dtype, acc)
+        role = "rows" if op.commutative else "rows_ordered"
+        ks[role](min(outer, sms * 16), p.reduce_row_block, (rows, _i64(outer), _i64(K), identity, out))
+    else:
+        for r in range(outer):
+            _reduce_1d(rows[r], op, acc, identity, out[r : r + 1], algorithm)
+    return out.reshape(keep_shape)
+
+
+def combine(op: Operator, values: list):
+    """Fold equally shaped partials in order (one column reduction over the stacked partials)."""
+    if len(values) == 1:
+        return values[0]
+    stacked = cupy.stack(values)
+    return reduce(stacked, op, (0,), stacked.dtype)[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Scans
+# ------------------------------------------------------------------------------------------------
+def _scan_kernels(op, T, acc, out_dtype):
+    sms, p = _facts()
+    items = p.scan_items(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
+    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, items)
+    return _k.get_kernels(op, names), sms, p, items
+
+
+def _inclusive_multilevel(rows, op, acc, identity, algorithm):
+    """Catalogue scan of a contiguous (R, K) array into a new (R, K) Acc array, any K.
+
+    Block scans, then the per-row tile totals are scanned by the same function (recursion, so any
+    length works: the seed stops at two levels), then added back to every tile but each row's first.
+    """
+    R, K = rows.shape
+    ks, sms, p, _ = _scan_kernels(op, rows.dtype, acc, acc)
+    tile = p.scan_block if algorithm == "hillis_steele" else 2 * p.scan_block
+    tiles = -(-K // tile)
+    out = cupy.empty((R, K), acc)
+    totals = cupy.empty((R, tiles), acc)
+    ks[algorithm](R * tiles, p.scan_block, (rows, out, _i64(K), _i64(tiles), identity, totals))
+    if tiles > 1:
+        scanned = _inclusive_multilevel(totals, op, acc, identity, algorithm)
+        ks_acc, _, _, _ = _scan_kernels(op, acc, acc, acc)
+        ks_acc["add_back"](R * tiles, 256, (out, _i64(K), _i64(tile), _i64(tiles), scanned))
+    return out
+
+
+def _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm) -> None:
+    R, K = rows.shape
+    ks, sms, p, items = _scan_kernels(op, rows.dtype, acc, out_rows.dtype)
+    carry_arg = NULL if carry is None else carry
+    if algorithm in ("auto", "decoupled_lookback"):
+        tiles = -(-K // (p.scan_block * items))
+        grid = R * tiles
+        status = cupy.zeros(grid + 1, np.int32)  # + the tile counter
+        aggregates = cupy.empty(grid, acc)
+        prefixes = cupy.empty(grid, acc)
+        ks["lookback"](grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles), identity, carry_arg, NULL,
+                                            status, aggregates, prefixes, np.int32(inclusive)))
+        return
+    inclusive_scan = _inclusive_multilevel(rows, op, acc, identity, algorithm)
+    ks_fin, _, _, _ = _scan_kernels(op, acc, acc, out_rows.dtype)
+    n = R * K
+    grid = max(1, min(-(-n // 256), sms * 8))
+    ks_fin["finish"](grid, 256, (inclusive_scan, out_rows, _i64(R), _i64(K), carry_arg, identity,
+                                  np.int32(inclusive)))
+
+
+def scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive: bool = True,
+         algorithm: str = "auto"):
+    """Scan ``x`` along ``axis``; ``carry`` (keepdims shape, on the device) is folded in on the left."""
+    acc, out_dtype = np.dtype(acc_dtype), np.dtype(out_dtype)
+    identity = op.identity(acc)
+    out = cupy.empty(x.shape, out_dtype)
+    if x.size == 0:
+        return out
+    shape = x.shape
+    outer, K, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
+    x3 = cupy.ascontiguousarray(x).reshape(outer, K, inner)
+    if carry is not None:
+        carry = cupy.ascontiguousarray(carry.astype(acc, copy=False)).reshape(outer * inner)
+    if inner == 1:
+        _scan_rows(x3.reshape(outer, K), out.reshape(outer, K), op, acc, identity, carry, inclusive, algorithm)
+        return out
+    sms, p = _facts()
+    if algorithm == "auto" and outer * inner >= p.column_min_threads:
+        ks, _, _, _ = _scan_kernels(op, x.dtype, acc, out_dtype)
+        grid = max(1, min(-(-(outer * inner) // 256), sms * 32))
+        ks["columns"](grid, 256, (x3, out, _i64(outer), _i64(K), _i64(inner), identity,
+                                  NULL if carry is None else carry, np.int32(inclusive)))
+        return out
+    # few long columns: scan them as rows of a transposed copy
+    rows = cupy.ascontiguousarray(x3.transpose(0, 2, 1)).reshape(outer * inner, K)
+    out_rows = cupy.empty((outer * inner, K), out_dtype)
+    _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm)
+    out[...] = out_rows.reshape(outer, inner, K).transpose(0, 2, 1).reshape(shape)
+    return out

@@ -1,0 +1,189 @@
+"""Our CUDA kernels as CuPy modules: the source, the template instantiations, compilation and caching.
+
+The source is ``kernels/multireduce.cuh`` with its includes inlined, so CuPy's on-disk cache key
+covers every line of device code (a changed header can never load a stale binary). Kernels are
+compiled in groups: one ``RawModule`` per (device, operator, family, type triple) holds every kernel
+of that family for those types, so a process compiles each group once and later processes load it
+from CuPy's cache. Nothing here launches a kernel; ``backends.cupy_backend`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from . import dtypes as _dt
+from .operators import Operator
+from .tuning import Policy
+
+ENTRY = "multireduce.cuh"
+COMPILE_OPTIONS = ("--std=c++17",)
+_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
+
+
+class KernelError(RuntimeError):
+    """A kernel failed to compile or launch; the message names the kernel and its template arguments."""
+
+
+def source_dir() -> Path:
+    """The installed ``multireduce/_cuda`` package data, or ``kernels/`` of a source checkout."""
+    try:
+        return Path(str(resources.files("multireduce._cuda")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_source() -> str:
+    """The whole device source, includes inlined once each."""
+    seen: set[str] = set()
+
+    def inline(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (source_dir() / name).read_text()
+        text = text.replace("#pragma once", "")
+        return _INCLUDE.sub(lambda m: inline(m.group(1)), text)
+
+    return inline(ENTRY)
+
+
+def cache_dir() -> str:
+    """Where compiled kernels are kept: $MULTIREDUCE_KERNEL_CACHE, else CuPy's ($CUPY_CACHE_DIR or ~/.cupy)."""
+    return (
+        os.environ.get("MULTIREDUCE_KERNEL_CACHE")
+        or os.environ.get("CUPY_CACHE_DIR")
+        or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Template instantiations, generated from the dtype table
+# ------------------------------------------------------------------------------------------------
+def ctype(dtype) -> str:
+    return _dt.CUDA_TYPE_NAMES[np.dtype(dtype)]
+
+
+def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> dict[str, str]:
+    """Every reduction kernel for element type T and accumulator Acc, by role."""
+    B = p.catalogue_block
+    names = {
+        "neighbored": f"mr::reduce_neighbored_partials<{T}, {Acc}, {Op}>",
+        "neighbored_compact": f"mr::reduce_neighbored_compact_partials<{T}, {Acc}, {Op}>",
+        "interleaved": f"mr::reduce_interleaved_partials<{T}, {Acc}, {Op}>",
+        "first_add": f"mr::reduce_first_add_partials<{T}, {Acc}, {Op}>",
+        "unroll_last_warp": f"mr::reduce_unroll_last_warp_partials<{T}, {Acc}, {Op}>",
+        "complete_unroll": f"mr::reduce_complete_unroll_partials<{T}, {Acc}, {Op}, {B}>",
+        "grid_stride": f"mr::reduce_grid_stride_partials<{T}, {Acc}, {Op}>",
+        "warp_shuffle": f"mr::reduce_warp_shuffle_partials<{T}, {Acc}, {Op}>",
+        "last_block": f"mr::reduce_last_block<{T}, {Acc}, {Op}>",
+        "vectorized": f"mr::reduce_vectorized<{T}, {Acc}, {Op}, {p.reduce_block}>",
+        "ordered_single_block": f"mr::reduce_ordered_single_block<{T}, {Acc}, {Op}, {p.ordered_block}, {p.ordered_items}>",
+        "ordered_multi_block": f"mr::reduce_ordered_multi_block<{T}, {Acc}, {Op}, {p.ordered_block}, {p.ordered_items}>",
+        "rows": f"mr::reduce_rows<{T}, {Acc}, {Op}, {p.reduce_row_block}, {p.ordered_items}, false>",
+        "rows_ordered": f"mr::reduce_rows<{T}, {Acc}, {Op}, {p.reduce_row_block}, {p.ordered_items}, true>",
+        "columns": f"mr::reduce_columns<{T}, {Acc}, {Op}>",
+    }
+    return names
+
+
+def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, items: int) -> dict[str, str]:
+    """Every scan kernel for element type T, accumulator Acc and output Out, by role."""
+    B = p.scan_block
+    return {
+        "hillis_steele": f"mr::scan_hillis_steele_tiles<{T}, {Acc}, {Op}, {B}>",
+        "blelloch": f"mr::scan_blelloch_tiles<{T}, {Acc}, {Op}, {B}>",
+        "add_back": f"mr::scan_add_back<{Acc}, {Op}>",
+        "finish": f"mr::scan_finish<{Acc}, {Out}, {Op}>",
+        "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {B}, {items}>",
+        "columns": f"mr::scan_columns<{T}, {Acc}, {Out}, {Op}>",
+    }
+
+
+def module_text(op: Operator) -> str:
+    return kernel_source() + "\n" + op.cuda_source()
+
+
+# ------------------------------------------------------------------------------------------------
+# Compilation, memoized per device and group
+# ------------------------------------------------------------------------------------------------
+_modules: dict = {}
+_lock = threading.Lock()
+
+
+def get_kernels(op: Operator, names: dict[str, str]) -> dict[str, object]:
+    """Compile (or fetch) the group ``names`` for ``op`` on the current device; role -> RawKernel."""
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()
+    from dask.base import tokenize
+
+    key = (device, tokenize(op), tuple(sorted(names.values())))
+    module = _modules.get(key)
+    if module is None:
+        with _lock:
+            module = _modules.get(key)
+            if module is None:
+                if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
+                    os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
+                expressions = sorted(set(names.values()))
+                try:
+                    module = cupy.RawModule(code=module_text(op), options=COMPILE_OPTIONS, name_expressions=expressions)
+                    module.compile()
+                except Exception as exc:  # CompileException carries NVRTC's log
+                    raise KernelError(
+                        f"compiling multireduce kernels for operator {op.name!r} failed; instantiations: "
+                        f"{', '.join(expressions)}\n{exc}"
+                    ) from exc
+                _modules[key] = module
+    return {role: _Kernel(module, expr) for role, expr in names.items()}
+
+
+class _Kernel:
+    """A RawKernel that names itself when a launch fails."""
+
+    __slots__ = ("module", "expression", "_fn")
+
+    def __init__(self, module, expression: str):
+        self.module, self.expression, self._fn = module, expression, None
+
+    def __call__(self, grid: int, block: int, args: tuple) -> None:
+        if self._fn is None:
+            self._fn = self.module.get_function(self.expression)
+        try:
+            self._fn((int(grid),), (int(block),), args)
+        except Exception as exc:
+            raise KernelError(f"launching {self.expression} with grid={grid}, block={block} failed: {exc}") from exc
+
+
+def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
+    """Every (operator functor, name expressions) group the dtype table produces, for CI's nvcc check."""
+    from .operators import get_operator
+
+    groups = []
+    for opname in ("sum", "prod", "min", "max"):
+        op = get_operator(opname)
+        exprs: set[str] = set()
+        for dtype in _dt.GPU_DTYPES:
+            if dtype.kind not in op.kinds:
+                continue
+            out = _dt.result_dtype(op.family, dtype)
+            acc = _dt.accumulator_dtype(out)
+            T, A, O = ctype(dtype), ctype(acc), ctype(out)
+            exprs.update(reduce_names(T, A, op.cuda_functor, policy).values())
+            exprs.update(reduce_names(A, A, op.cuda_functor, policy).values())  # later passes over partials
+            items = policy.scan_items(dtype.itemsize, acc.itemsize, out.itemsize)
+            exprs.update(scan_names(T, A, O, op.cuda_functor, policy, items).values())
+            exprs.update(scan_names(A, A, A, op.cuda_functor, policy, policy.scan_items(acc.itemsize)).values())
+            if opname == "sum":  # mean accumulates integers in float64
+                mean_acc = _dt.accumulator_dtype(_dt.result_dtype("mean", dtype))
+                exprs.update(reduce_names(T, ctype(mean_acc), op.cuda_functor, policy).values())
+        groups.append((opname, sorted(exprs)))
+    return groups

@@ -1,0 +1,37 @@
+"""Launch policies, kept apart from the algorithms (as CUB does): one place per compute capability.
+
+Each number is a template argument or a grid rule; the comments record what it measured and where.
+The benchmark (``benchmarks/``) is how to revisit them; ``docs/performance.md`` holds the latest run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Policy:
+    reduce_block: int = 256  # threads per block, production reduce
+    reduce_blocks_per_sm: int = 8  # a full SM at 256 threads (2048 resident threads on sm_80/sm_90)
+    reduce_vectors_per_thread: int = 4  # 16-byte loads in flight per thread per iteration (kernel constant)
+    reduce_row_block: int = 256  # one block per row, axis reductions
+    ordered_block: int = 256
+    ordered_items: int = 7  # odd: thread t reads slots t*ITEMS+k without shared-memory bank conflicts
+    scan_block: int = 256
+    scan_items_4byte: int = 23  # 256 x 23 elements per tile; odd for conflict-free blocked reads
+    scan_items_8byte: int = 11
+    catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
+    column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
+
+    def scan_items(self, *itemsizes: int) -> int:
+        return self.scan_items_8byte if max(itemsizes) > 4 else self.scan_items_4byte
+
+
+_POLICIES = {
+    8: Policy(),  # Ampere / Ada
+    9: Policy(),  # Hopper: H100, H200
+}
+
+
+def policy(compute_capability_major: int) -> Policy:
+    return _POLICIES.get(compute_capability_major, Policy())

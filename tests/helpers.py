@@ -1,0 +1,158 @@
+"""Shared test helpers: random data of every dtype, NumPy references, stated error bounds, a
+non-commutative operator, and one comparison used by the CPU and GPU tests alike."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import multireduce as mr
+
+ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+              np.float16, np.float32, np.float64]
+AWKWARD_SIZES = [0, 1, 31, 32, 33, 1023, 1024, 1025, (1 << 20) + 3, (1 << 24) + 7]
+BUILTIN_OPS = ["sum", "prod", "min", "max"]
+
+
+def random_array(rng: np.random.Generator, shape, dtype, op: str = "sum") -> np.ndarray:
+    """Random data, never zeros: full integer ranges (wrapping is part of the contract), floats in
+    [-1, 1), and for float products values near 1 so that long products neither overflow nor vanish."""
+    dtype = np.dtype(dtype)
+    n = math.prod(shape) if isinstance(shape, tuple) else shape
+    if dtype.kind == "b":
+        # mostly True so that prod/min of bools is not trivially False
+        return rng.random(shape) < (0.999 if op in ("prod", "min") else 0.5)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    if op == "prod":
+        spread = 1.0 / math.sqrt(max(n, 1))
+        return np.exp(rng.normal(0.0, spread, size=shape)).astype(dtype)
+    return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+
+
+def numpy_result_dtype(opname: str, dtype) -> np.dtype:
+    """What NumPy itself returns (the contract multireduce follows)."""
+    x = np.ones(1, dtype=dtype)
+    fn = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max, "mean": np.mean,
+          "cumsum": np.cumsum, "cumprod": np.cumprod}[opname]
+    return np.asarray(fn(x)).dtype
+
+
+def float_bound(acc_dtype, n: int) -> float:
+    """Relative error bound (against the sum of |x|) for a blocked tree reduction or scan in ``acc_dtype``:
+    at most n/1024 + 64 roundings lie on any path (sequential chains per thread and across tiles, plus
+    log2 levels of trees), each at most eps of the running |sum|."""
+    eps = np.finfo(acc_dtype).eps
+    return float(eps * (n / 1024 + 64))
+
+
+def reference_reduce(x: np.ndarray, opname: str, axis=None, keepdims=False):
+    """float64 (floats) or exact NumPy (integers, bools) reference and the |x| mass for bounds."""
+    if opname in ("min", "max"):
+        fn = np.min if opname == "min" else np.max
+        return fn(x, axis=axis, keepdims=keepdims), None
+    if x.dtype.kind == "f" or opname == "mean":
+        wide = x.astype(np.float64)
+        if opname == "sum":
+            return np.sum(wide, axis=axis, keepdims=keepdims), np.sum(np.abs(wide), axis=axis, keepdims=keepdims)
+        if opname == "mean":
+            return np.mean(wide, axis=axis, keepdims=keepdims), np.mean(np.abs(wide), axis=axis, keepdims=keepdims)
+        ref = np.prod(wide, axis=axis, keepdims=keepdims)
+        return ref, np.abs(ref)
+    fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[opname]
+    return fn(x, axis=axis, keepdims=keepdims), None
+
+
+def assert_matches(got, ref, mass, acc_dtype, out_dtype, n: int, what: str = "") -> None:
+    """Exact for integers and bools; within ``float_bound`` (plus one rounding to the output) for floats."""
+    got = np.asarray(got)
+    ref = np.asarray(ref)
+    assert got.dtype == np.dtype(out_dtype), f"{what}: dtype {got.dtype}, expected {np.dtype(out_dtype)}"
+    assert got.shape == ref.shape, f"{what}: shape {got.shape}, expected {ref.shape}"
+    if np.dtype(out_dtype).kind != "f" or mass is None:
+        if np.dtype(out_dtype).kind == "f":  # min/max of floats: exact, NaN in the same places
+            np.testing.assert_array_equal(got, ref.astype(out_dtype), err_msg=what)
+        else:
+            np.testing.assert_array_equal(got, ref.astype(out_dtype), err_msg=what)
+        return
+    bound = float_bound(acc_dtype, n) * np.asarray(mass, dtype=np.float64)
+    bound = bound + np.finfo(out_dtype).eps * np.abs(ref)  # the final rounding to the output type
+    bound = bound + np.finfo(out_dtype).tiny
+    err = np.abs(got.astype(np.float64) - ref)
+    worst = np.max(err - bound) if err.size else 0.0
+    assert np.all(err <= bound), f"{what}: error exceeds bound by {worst:g} (max err {np.max(err):g})"
+
+
+# ------------------------------------------------------------------------------------------------
+# A non-commutative operator: products of 2x2 matrices over Z / 2^16, packed in a uint64
+# (entries a00 | a01 << 16 | a10 << 32 | a11 << 48). Associative, not commutative.
+# ------------------------------------------------------------------------------------------------
+MATMUL_IDENTITY = 1 | (1 << 48)
+
+
+def matmul2x2(a, b):
+    a = np.asarray(a, dtype=np.uint64)
+    b = np.asarray(b, dtype=np.uint64)
+    m = np.uint64(0xFFFF)
+    s16, s32, s48 = np.uint64(16), np.uint64(32), np.uint64(48)
+    a00, a01, a10, a11 = a & m, (a >> s16) & m, (a >> s32) & m, (a >> s48) & m
+    b00, b01, b10, b11 = b & m, (b >> s16) & m, (b >> s32) & m, (b >> s48) & m
+    c00 = (a00 * b00 + a01 * b10) & m
+    c01 = (a00 * b01 + a01 * b11) & m
+    c10 = (a10 * b00 + a11 * b10) & m
+    c11 = (a10 * b01 + a11 * b11) & m
+    return c00 | (c01 << s16) | (c10 << s32) | (c11 << s48)
+
+
+MATMUL_CUDA_PREAMBLE = r"""
+__device__ __forceinline__ unsigned long long mm2(unsigned long long a, unsigned long long b) {
+  const unsigned long long m = 0xFFFFull;
+  unsigned long long a00 = a & m, a01 = (a >> 16) & m, a10 = (a >> 32) & m, a11 = (a >> 48) & m;
+  unsigned long long b00 = b & m, b01 = (b >> 16) & m, b10 = (b >> 32) & m, b11 = (b >> 48) & m;
+  return ((a00 * b00 + a01 * b10) & m) | (((a00 * b01 + a01 * b11) & m) << 16) |
+         (((a10 * b00 + a11 * b10) & m) << 32) | (((a10 * b01 + a11 * b11) & m) << 48);
+}
+"""
+
+
+def matmul_operator() -> mr.Operator:
+    """Registered once per process (re-registering the same definition replaces it)."""
+    return mr.register_operator(
+        "matmul2x2",
+        identity=MATMUL_IDENTITY,
+        cpu=matmul2x2,
+        cuda="mm2(a, b)",
+        cuda_preamble=MATMUL_CUDA_PREAMBLE,
+        commutative=False,
+        kinds="u",
+        replace=True,
+    )
+
+
+def sequential_fold(values: np.ndarray) -> int:
+    """The exact left-to-right matrix product of a 1-d uint64 array (reference, O(n) Python ops, vectorised
+    by halving: pairs (0,1), (2,3), ... which is the same product by associativity)."""
+    v = np.asarray(values, dtype=np.uint64)
+    if v.size == 0:
+        return MATMUL_IDENTITY
+    while v.size > 1:
+        if v.size % 2:
+            v = np.append(v, np.uint64(MATMUL_IDENTITY))
+        v = matmul2x2(v[0::2], v[1::2])
+    return int(v[0])
+
+
+def sequential_scan(values: np.ndarray) -> np.ndarray:
+    """Left-to-right inclusive matrix-product scan, one element at a time (slow, exact reference)."""
+    out = np.empty(values.size, dtype=np.uint64)
+    acc = np.uint64(MATMUL_IDENTITY)
+    for i, v in enumerate(np.asarray(values, dtype=np.uint64)):
+        acc = matmul2x2(acc, v)
+        out[i] = acc
+    return out
+
+
+def random_matrices(rng, n: int) -> np.ndarray:
+    return rng.integers(0, 1 << 63, size=n, dtype=np.uint64) | rng.integers(0, 2, size=n, dtype=np.uint64) << np.uint64(63)

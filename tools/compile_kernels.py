@@ -1,0 +1,76 @@
+"""Compile every kernel instantiation the dtype table produces with nvcc, for each target architecture.
+
+CI has nvcc but no GPU: this is how a kernel that does not compile fails CI. The source is the same text
+CuPy compiles (``multireduce.kernels.module_text``); each operator's instantiations form one translation
+unit, compiled in parallel.
+
+    python tools/compile_kernels.py --arch sm_80 --arch sm_90 [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from multireduce import kernels
+from multireduce.operators import get_operator
+from multireduce.tuning import policy
+
+
+def translation_units() -> list[tuple[str, str, int]]:
+    units = []
+    for opname, expressions in kernels.all_instantiations(policy(9)):
+        op = get_operator(opname)
+        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
+        text = kernels.module_text(op) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        units.append((opname, text, len(expressions)))
+    return units
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", action="append", default=None, help="e.g. sm_80 (repeatable)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
+    args = parser.parse_args(argv)
+    archs = args.arch or ["sm_80", "sm_90"]
+    units = translation_units()
+    work = tempfile.mkdtemp(prefix="multireduce-nvcc-")
+    jobs = []
+    for name, text, count in units:
+        path = os.path.join(work, f"{name}.cu")
+        with open(path, "w") as f:
+            f.write(text)
+        for arch in archs:
+            jobs.append((name, arch, path, count))
+
+    def compile_one(job):
+        name, arch, path, count = job
+        start = time.perf_counter()
+        cmd = [args.nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", f"{path}.{arch}.o"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        return name, arch, count, proc, time.perf_counter() - start
+
+    failed = 0
+    total = 0
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for name, arch, count, proc, seconds in pool.map(compile_one, jobs):
+            total += count
+            status = "ok" if proc.returncode == 0 else "FAILED"
+            print(f"{status:6} {name:5} {arch}: {count} instantiations in {seconds:.1f} s", flush=True)
+            if proc.returncode != 0:
+                failed += 1
+                print(proc.stderr[-20000:], file=sys.stderr)
+    print(f"compiled {total} kernel instantiations for {', '.join(archs)}: {failed} translation units failed")
+    shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
