@@ -33,6 +33,10 @@ class Row:
     note: str = ""
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self.ok = bool(self.ok)
+        self.ms, self.gbps, self.ratio_copy = float(self.ms), float(self.gbps), float(self.ratio_copy)
+
 
 def buffers(make, nbytes_each: int, max_buffers: int = 4):
     """Enough distinct inputs that their sum exceeds L2 (at least 2)."""

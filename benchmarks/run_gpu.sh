@@ -18,8 +18,8 @@ export MULTIREDUCE_KERNEL_CACHE=${MULTIREDUCE_KERNEL_CACHE:-/tmp/multireduce-ker
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   start=$(date +%s)
-  python3 -m pytest tests/gpu -m "gpu and not large" -n 12 -q -p no:cacheprovider --timeout 900 "$@" > "$OUT/gpu-tests.log" 2>&1 || rc=1
-  python3 -m pytest tests/gpu -m large -q -p no:cacheprovider --timeout 900 "$@" > "$OUT/gpu-large.log" 2>&1 || rc=1
+  python3 -m pytest tests/gpu -m "gpu and not large" -n 12 -q -p no:cacheprovider -p no:benchmark --timeout 900 "$@" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+  python3 -m pytest tests/gpu -m large -q -p no:cacheprovider -p no:benchmark --timeout 900 "$@" > "$OUT/gpu-large.log" 2>&1 || rc=1
   echo "gpu tests took $(( $(date +%s) - start )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30
   tail -n 3 "$OUT/gpu-tests.log"; tail -n 3 "$OUT/gpu-large.log"

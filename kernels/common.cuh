@@ -117,18 +117,32 @@ struct Max {
   }
 };
 
+// Reinterpret the bytes of ``v`` as a ``To`` (at least as large; spare bytes are zero). NVRTC has no
+// memcpy, and a union is what CUDA compilers define for this.
+template <class To, class From>
+__device__ __forceinline__ To bits_as(const From& v) {
+  static_assert(sizeof(From) <= sizeof(To), "the target holds every byte");
+  union {
+    To to;
+    From from;
+  } u;
+  u.to = To();
+  u.from = v;
+  return u.to;
+}
+
 // ---- shuffles of any 1- to 8-byte value ---------------------------------------------------------
 // The hardware shuffles 4- or 8-byte words; smaller types ride in an int.
 template <class T, class Shuffle>
 __device__ __forceinline__ T shuffle_bits(const T& v, Shuffle shuffle) {
   static_assert(sizeof(T) <= 8, "shuffled values are at most 8 bytes");
   typedef typename Select<(sizeof(T) <= 4), int, long long>::type Word;
-  Word w = 0;
-  __builtin_memcpy(&w, &v, sizeof(T));
-  w = shuffle(w);
-  T r;
-  __builtin_memcpy(&r, &w, sizeof(T));
-  return r;
+  union {
+    Word w;
+    T t;
+  } u;
+  u.w = shuffle(bits_as<Word>(v));
+  return u.t;
 }
 
 template <class T>

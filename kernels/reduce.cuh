@@ -195,10 +195,13 @@ __global__ void reduce_last_block(const T* in, index_t n, Acc identity, Acc* par
 template <class T, class Acc, class Op>
 __device__ __forceinline__ Acc fold_vector(Acc v, const uint4& raw, Op op) {
   constexpr int kPer = 16 / sizeof(T);
-  T e[kPer];
-  __builtin_memcpy(e, &raw, 16);
+  union {
+    uint4 raw;
+    T e[kPer];
+  } u;
+  u.raw = raw;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) v = op(v, convert<Acc>(e[k]));
+  for (int k = 0; k < kPer; ++k) v = op(v, convert<Acc>(u.e[k]));
   return v;
 }
 

@@ -40,12 +40,15 @@ def numpy_result_dtype(opname: str, dtype) -> np.dtype:
     return np.asarray(fn(x)).dtype
 
 
-def float_bound(acc_dtype, n: int) -> float:
-    """Relative error bound (against the sum of |x|) for a blocked tree reduction or scan in ``acc_dtype``:
-    at most n/1024 + 64 roundings lie on any path (sequential chains per thread and across tiles, plus
-    log2 levels of trees), each at most eps of the running |sum|."""
+def float_bound(acc_dtype, n: int, product: bool = False) -> float:
+    """Relative error bound for a blocked tree reduction or scan in ``acc_dtype``.
+
+    Sums: against the sum of |x|; at most n/1024 + 64 roundings lie on any element's path (sequential
+    chains per thread and across tiles, plus log2 levels of trees), each at most eps of the running
+    |sum|. Products: against |product|; every one of the n-1 multiplications contributes its rounding,
+    whatever the order, so the bound is n eps."""
     eps = np.finfo(acc_dtype).eps
-    return float(eps * (n / 1024 + 64))
+    return float(eps * (n + 64)) if product else float(eps * (n / 1024 + 64))
 
 
 def reference_reduce(x: np.ndarray, opname: str, axis=None, keepdims=False):
@@ -65,19 +68,17 @@ def reference_reduce(x: np.ndarray, opname: str, axis=None, keepdims=False):
     return fn(x, axis=axis, keepdims=keepdims), None
 
 
-def assert_matches(got, ref, mass, acc_dtype, out_dtype, n: int, what: str = "") -> None:
+def assert_matches(got, ref, mass, acc_dtype, out_dtype, n: int, what: str = "", product: bool = False) -> None:
     """Exact for integers and bools; within ``float_bound`` (plus one rounding to the output) for floats."""
     got = np.asarray(got)
     ref = np.asarray(ref)
     assert got.dtype == np.dtype(out_dtype), f"{what}: dtype {got.dtype}, expected {np.dtype(out_dtype)}"
     assert got.shape == ref.shape, f"{what}: shape {got.shape}, expected {ref.shape}"
     if np.dtype(out_dtype).kind != "f" or mass is None:
-        if np.dtype(out_dtype).kind == "f":  # min/max of floats: exact, NaN in the same places
-            np.testing.assert_array_equal(got, ref.astype(out_dtype), err_msg=what)
-        else:
-            np.testing.assert_array_equal(got, ref.astype(out_dtype), err_msg=what)
+        # integers, bools, and min/max of floats: exact (NaN in the same places)
+        np.testing.assert_array_equal(got, ref.astype(out_dtype), err_msg=what)
         return
-    bound = float_bound(acc_dtype, n) * np.asarray(mass, dtype=np.float64)
+    bound = float_bound(acc_dtype, n, product) * np.asarray(mass, dtype=np.float64)
     bound = bound + np.finfo(out_dtype).eps * np.abs(ref)  # the final rounding to the output type
     bound = bound + np.finfo(out_dtype).tiny
     err = np.abs(got.astype(np.float64) - ref)
@@ -155,4 +156,9 @@ def sequential_scan(values: np.ndarray) -> np.ndarray:
 
 
 def random_matrices(rng, n: int) -> np.ndarray:
-    return rng.integers(0, 1 << 63, size=n, dtype=np.uint64) | rng.integers(0, 2, size=n, dtype=np.uint64) << np.uint64(63)
+    """Random invertible matrices mod 2^16 (odd diagonal, even a01: odd determinant), so that long
+    products never collapse to the zero matrix, as products of arbitrary ones do mod 2^16."""
+    v = rng.integers(0, np.iinfo(np.uint64).max, size=n, dtype=np.uint64, endpoint=True)
+    odd_diagonal = np.uint64(1 | (1 << 48))
+    even_a01 = ~np.uint64(1 << 16)
+    return (v | odd_diagonal) & even_a01

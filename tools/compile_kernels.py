@@ -33,26 +33,70 @@ def translation_units() -> list[tuple[str, str, int]]:
     return units
 
 
+def find_nvrtc() -> str | None:
+    """libnvrtc from the CUDA toolkit or the nvidia-cuda-nvrtc wheel (what CuPy itself uses)."""
+    import ctypes.util
+    import glob
+
+    candidates = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cu*", "lib", "libnvrtc.so*"))
+    candidates += glob.glob("/usr/local/cuda/lib64/libnvrtc.so*")
+    found = ctypes.util.find_library("nvrtc")
+    return (sorted(c for c in candidates if "builtins" not in c) or [found])[0]
+
+
+def nvrtc_compile(lib_path: str, text: str, expressions: list[str], arch: str) -> tuple[bool, str]:
+    """Compile as CuPy's RawModule does (NVRTC, name expressions); returns (ok, log)."""
+    import ctypes
+
+    lib = ctypes.CDLL(lib_path)
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"multireduce.cu", 0, None, None) == 0
+    for e in expressions:
+        lib.nvrtcAddNameExpression(prog, e.encode())
+    opts = [b"--std=c++17", f"--gpu-architecture=compute_{arch.split('_')[1]}".encode()]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc == 0, buf.value.decode(errors="replace")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", action="append", default=None, help="e.g. sm_80 (repeatable)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
+    parser.add_argument("--nvrtc", action="store_true", help="also compile through NVRTC, as CuPy does")
     args = parser.parse_args(argv)
     archs = args.arch or ["sm_80", "sm_90"]
     units = translation_units()
     work = tempfile.mkdtemp(prefix="multireduce-nvcc-")
     jobs = []
+    nvrtc_lib = find_nvrtc() if args.nvrtc else None
+    if args.nvrtc and not nvrtc_lib:
+        print("--nvrtc: libnvrtc not found (pip install nvidia-cuda-nvrtc)", file=sys.stderr)
+        return 1
     for name, text, count in units:
         path = os.path.join(work, f"{name}.cu")
         with open(path, "w") as f:
             f.write(text)
         for arch in archs:
             jobs.append((name, arch, path, count))
+            if nvrtc_lib:
+                jobs.append((name, f"nvrtc:{arch}", path, count))
 
     def compile_one(job):
         name, arch, path, count = job
         start = time.perf_counter()
+        if arch.startswith("nvrtc:"):
+            text = open(path).read().split("\nvoid* const multireduce_instantiations")[0]
+            exprs = [e for _, es in kernels.all_instantiations(policy(9)) if _ == name for e in es]
+            ok, log = nvrtc_compile(nvrtc_lib, text, exprs, arch.split(":")[1])
+            proc = subprocess.CompletedProcess([], 0 if ok else 1, "", log)
+            return name, arch, count, proc, time.perf_counter() - start
         cmd = [args.nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", f"{path}.{arch}.o"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         return name, arch, count, proc, time.perf_counter() - start

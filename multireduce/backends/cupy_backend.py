@@ -50,8 +50,9 @@ def _facts():
     dev = cupy.cuda.runtime.getDevice()
     facts = _device_facts.get(dev)
     if facts is None:
-        attrs = cupy.cuda.Device(dev).attributes
-        facts = (attrs["MultiProcessorCount"], _policy(attrs["ComputeCapabilityMajor"]))
+        device = cupy.cuda.Device(dev)
+        major = int(device.compute_capability[:-1])
+        facts = (device.attributes["MultiProcessorCount"], _policy(major))
         _device_facts[dev] = facts
     return facts
 
