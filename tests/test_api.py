@@ -1,0 +1,248 @@
+"""The public API on NumPy input against NumPy itself: every op x dtype x axis x keepdims, NumPy's
+dtype rules, empty inputs, NaN/inf, overflow, errors, user operators (a non-commutative one too)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import multireduce as mr
+
+from .helpers import (
+    ALL_DTYPES, MATMUL_IDENTITY, assert_matches, matmul_operator, random_array, random_matrices, reference_reduce,
+    sequential_fold, sequential_scan,
+)
+
+SHAPES_AXES = [
+    ((0,), None), ((1,), None), ((31,), 0), ((1025,), None), ((33, 17), None), ((33, 17), 0), ((33, 17), 1),
+    ((33, 17), (0, 1)), ((33, 17), -1), ((4, 5, 6), None), ((4, 5, 6), (0, 2)), ((4, 5, 6), 1), ((4, 5, 6), (1, 2)),
+    ((0, 7), 1), ((7, 0), 0),
+]
+REDUCTIONS = ["sum", "prod", "min", "max", "mean"]
+
+
+def _numpy(opname, x, axis, keepdims):
+    return getattr(np, opname)(x, axis=axis, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("shape,axis", SHAPES_AXES, ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("opname", REDUCTIONS)
+def test_reductions_match_numpy(opname, dtype, shape, axis, keepdims):
+    x = random_array(np.random.default_rng(0), shape, dtype, opname)
+    before = x.copy()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = _numpy(opname, x, axis, keepdims)
+    except ValueError:
+        with pytest.raises(ValueError, match="zero-size array"):
+            getattr(mr, opname)(x, axis=axis, keepdims=keepdims)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = getattr(mr, opname)(x, axis=axis, keepdims=keepdims)
+    np.testing.assert_array_equal(x, before)  # nothing the user passed is modified
+    assert type(got) is type(expected) or (np.isscalar(got) and np.isscalar(expected))
+    expected = np.asarray(expected)
+    if x.size == 0 or expected.size == 0:
+        np.testing.assert_array_equal(np.asarray(got), expected)
+        assert np.asarray(got).dtype == expected.dtype
+        return
+    ref, mass = reference_reduce(x, opname, axis=axis, keepdims=keepdims)
+    acc = np.float32 if expected.dtype == np.float16 else expected.dtype
+    n = x.size // max(expected.size, 1)
+    assert_matches(got, ref, mass, acc, expected.dtype, n, f"{opname} {np.dtype(dtype)} {shape} axis={axis}",
+                   product=opname == "prod")
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("opname", ["cumsum", "cumprod"])
+def test_scans_match_numpy(opname, dtype, axis):
+    x = random_array(np.random.default_rng(1), (23, 37), dtype, "prod" if opname == "cumprod" else "sum")
+    expected = getattr(np, opname)(x, axis=axis)
+    got = getattr(mr, opname)(x, axis=axis)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if expected.dtype.kind != "f":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        wide = getattr(np, opname)(x.astype(np.float64), axis=axis)
+        mass = np.cumsum(np.abs(x.astype(np.float64)), axis=axis) if opname == "cumsum" else np.abs(wide)
+        acc = np.float32 if expected.dtype == np.float16 else expected.dtype
+        assert_matches(got, wide, mass, acc, expected.dtype, x.size, opname, product=opname == "cumprod")
+
+
+@pytest.mark.parametrize("inclusive", [True, False])
+@pytest.mark.parametrize("opname", ["sum", "prod", "min", "max"])
+def test_scan_inclusive_and_exclusive(opname, inclusive):
+    x = random_array(np.random.default_rng(2), 1000, np.int64, opname)
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[opname]
+    inc = ufunc.accumulate(x)
+    got = mr.scan(x, opname, inclusive=inclusive)
+    if inclusive:
+        np.testing.assert_array_equal(got, inc)
+    else:
+        from multireduce.operators import get_operator
+
+        assert got[0] == get_operator(opname).identity(np.int64)
+        np.testing.assert_array_equal(got[1:], inc[:-1])
+
+
+def test_numpy_dtype_rules():
+    for dtype in ALL_DTYPES:
+        x = np.ones(3, dtype=dtype)
+        assert mr.sum(x).dtype == np.sum(x).dtype
+        assert mr.prod(x).dtype == np.prod(x).dtype
+        assert mr.min(x).dtype == np.min(x).dtype
+        assert mr.mean(x).dtype == np.mean(x).dtype
+        assert mr.cumsum(x).dtype == np.cumsum(x).dtype
+    x = np.arange(10, dtype=np.int32)
+    assert mr.sum(x, dtype=np.float32).dtype == np.float32
+    assert mr.mean(x, dtype=np.float32).dtype == np.float32
+    assert mr.cumsum(x, dtype=np.int16).dtype == np.int16
+    assert mr.sum(np.array([True, True, False])) == 2  # bool sums count
+
+
+def test_float16_accumulates_in_float32():
+    x = np.full(10_000, 0.1, dtype=np.float16)
+    exact = 10_000 * float(np.float16(0.1))
+    assert abs(float(mr.sum(x)) - exact) < abs(float(np.sum(x, dtype=np.float16)) - exact) or \
+        abs(float(mr.sum(x)) - exact) <= exact * 2**-10
+    assert mr.sum(x).dtype == np.float16
+
+
+def test_empty_inputs_follow_numpy():
+    for dtype in [np.int32, np.float64, np.bool_]:
+        e = np.zeros(0, dtype=dtype)
+        assert mr.sum(e) == 0 and mr.sum(e).dtype == np.sum(e).dtype
+        assert mr.prod(e) == 1
+        for op in (mr.min, mr.max):
+            with pytest.raises(ValueError, match="zero-size array to reduction operation"):
+                op(e)
+        assert mr.cumsum(e).shape == (0,)
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        assert np.isnan(mr.mean(np.zeros(0)))
+
+
+def test_nan_inf_and_overflow_follow_numpy():
+    x = np.array([1.0, np.nan, -np.inf, 3.0])
+    assert np.isnan(mr.min(x)) and np.isnan(mr.max(x)) and np.isnan(mr.sum(x))
+    y = np.array([1.0, np.inf, 2.0])
+    assert mr.max(y) == np.inf and mr.sum(y) == np.inf and mr.min(-y) == -np.inf
+    assert np.isnan(mr.sum(np.array([np.inf, -np.inf])))
+    big = np.full(4, np.iinfo(np.int64).max, dtype=np.int64)
+    assert mr.sum(big) == np.sum(big)  # wraps, as NumPy does
+    np.testing.assert_array_equal(mr.cumsum(big), np.cumsum(big))
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: clear errors, before any work
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("x,op,match,exc", [
+    (np.array(["a", "b"]), "sum", r"argument 'x' has dtype <U1; expected a boolean", TypeError),
+    (np.array([1, 2], dtype=object), "sum", "argument 'x' has dtype object", TypeError),
+    (np.array(["2020-01-01"], dtype="datetime64[D]"), "max", "argument 'x' has dtype datetime64", TypeError),
+    (np.ones(3, dtype=np.complex64), "min", "argument 'x' has dtype complex64; expected a boolean, signed", TypeError),
+    (np.ones(3), "median", "argument 'op' must be one of", ValueError),
+])
+def test_bad_dtype_and_op(x, op, match, exc):
+    with pytest.raises(exc, match=match):
+        mr.reduce(x, op)
+
+
+def test_complex_where_it_has_meaning():
+    z = np.array([1 + 2j, 3 - 1j], dtype=np.complex128)
+    assert mr.sum(z) == np.sum(z) and mr.prod(z) == np.prod(z)
+    np.testing.assert_array_equal(mr.cumsum(z), np.cumsum(z))
+
+
+def test_bad_arguments_name_themselves():
+    x = np.ones((3, 4))
+    with pytest.raises(np.exceptions.AxisError, match="argument 'axis'.*axis 2 is out of bounds"):
+        mr.sum(x, axis=2)
+    with pytest.raises(ValueError, match="argument 'axis' repeats an axis; got \\(0, 0\\)"):
+        mr.sum(x, axis=(0, 0))
+    with pytest.raises(TypeError, match="argument 'axis' must be None, an int or a tuple of ints; got 1.5"):
+        mr.sum(x, axis=1.5)
+    with pytest.raises(TypeError, match="argument 'axis' must be None or an int for a scan"):
+        mr.cumsum(x, axis=(0, 1))
+    with pytest.raises(TypeError, match="argument 'keepdims' must be True or False; got 'yes'"):
+        mr.sum(x, keepdims="yes")
+    with pytest.raises(TypeError, match="argument 'dtype' must be a NumPy dtype; got 'nonsense'"):
+        mr.sum(x, dtype="nonsense")
+    with pytest.raises(TypeError, match="argument 'dtype' is <U3"):
+        mr.sum(x, dtype="U3")
+    with pytest.raises(ValueError, match="argument 'algorithm' must be one of 'auto'"):
+        mr.sum(x, algorithm="fastest")
+    with pytest.raises(ValueError, match="argument 'algorithm' is 'interleaved', a GPU kernel, but 'x' holds NumPy"):
+        mr.sum(x, algorithm="interleaved")
+    with pytest.raises(TypeError, match="argument 'inclusive' must be True or False"):
+        mr.scan(x, "sum", inclusive=None)
+    with pytest.raises(TypeError, match="argument 'x' is a masked array"):
+        mr.sum(np.ma.masked_array([1, 2], mask=[0, 1]))
+
+
+def test_array_likes_and_scalars():
+    assert mr.sum([1, 2, 3]) == 6
+    assert mr.max(7) == 7
+    assert mr.sum(np.float32(2.5)) == np.float32(2.5)
+
+
+# ------------------------------------------------------------------------------------------------
+# User operators
+# ------------------------------------------------------------------------------------------------
+def test_register_operator_validates():
+    with pytest.raises(TypeError, match="argument 'identity' is required"):
+        mr.register_operator("noid", identity=None, cpu=np.add, commutative=True)
+    with pytest.raises(ValueError, match="argument 'name' is 'sum', a built-in operator"):
+        mr.register_operator("sum", identity=0, cpu=np.add, commutative=True)
+    with pytest.raises(ValueError, match="must be a Python identifier"):
+        mr.register_operator("no spaces", identity=0, cpu=np.add, commutative=True)
+    with pytest.raises(TypeError, match="argument 'cpu' must be a NumPy ufunc or a callable"):
+        mr.register_operator("nocpu", identity=0, cpu=3, commutative=True)
+    with pytest.raises(TypeError, match="argument 'commutative' must be True or False"):
+        mr.register_operator("nocomm", identity=0, cpu=np.add, commutative="yes")
+    mr.register_operator("xor_once", identity=0, cpu=np.bitwise_xor, commutative=True, replace=True)
+    with pytest.raises(ValueError, match="already registered"):
+        mr.register_operator("xor_once", identity=0, cpu=np.bitwise_xor, commutative=True)
+    assert "xor_once" in mr.operators()
+    mr.unregister_operator("xor_once")
+    assert "xor_once" not in mr.operators()
+
+
+def test_user_ufunc_operator():
+    mr.register_operator("bxor", identity=0, cpu=np.bitwise_xor, cuda="a ^ b", commutative=True, replace=True)
+    x = random_array(np.random.default_rng(3), (50, 40), np.uint32)
+    assert mr.reduce(x, "bxor") == np.bitwise_xor.reduce(x, axis=None)
+    np.testing.assert_array_equal(mr.reduce(x, "bxor", axis=1), np.bitwise_xor.reduce(x, axis=1))
+    np.testing.assert_array_equal(mr.scan(x, "bxor", axis=0), np.bitwise_xor.accumulate(x, axis=0))
+    with pytest.raises(TypeError, match="expected a unsigned integer dtype|expected a"):
+        mr.reduce(np.ones(3, dtype=np.complex64), "bxor")
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 31, 33, 1023, 1025])
+def test_noncommutative_operator_keeps_order(n):
+    op = matmul_operator()
+    x = random_matrices(np.random.default_rng(n), n)
+    assert int(mr.reduce(x, op)) == sequential_fold(x)
+    np.testing.assert_array_equal(mr.scan(x, op), sequential_scan(x))
+    exclusive = mr.scan(x, op, inclusive=False)
+    if n:
+        assert exclusive[0] == MATMUL_IDENTITY
+        np.testing.assert_array_equal(exclusive[1:], sequential_scan(x)[:-1])
+    if n > 1:
+        assert sequential_fold(x[::-1]) != sequential_fold(x)  # the check can fail
+
+
+def test_noncommutative_multi_axis_is_c_order():
+    op = matmul_operator()
+    x = random_matrices(np.random.default_rng(4), 6 * 5 * 4).reshape(6, 5, 4)
+    assert int(mr.reduce(x, op)) == sequential_fold(x.ravel())
+    got = mr.reduce(x, op, axis=(0, 2))
+    expected = [sequential_fold(x[:, j, :].ravel()) for j in range(5)]
+    np.testing.assert_array_equal(got, np.array(expected, dtype=np.uint64))
+    assert mr.reduce(x, op, axis=(0, 2), keepdims=True).shape == (1, 5, 1)
