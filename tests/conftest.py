@@ -1,0 +1,18 @@
+"""GPU tests skip, with the reason, where no device exists; everything else runs everywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from multireduce.cluster import gpu_count
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = gpu_count()
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU and CuPy; none is visible here")
+    few_gpus = pytest.mark.skip(reason=f"needs 2 or more CUDA GPUs; {gpus} visible here")
+    for item in items:
+        if "gpu" in item.keywords and gpus == 0:
+            item.add_marker(no_gpu)
+        if "multi_gpu" in item.keywords and gpus < 2:
+            item.add_marker(few_gpus)
