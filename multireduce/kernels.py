@@ -15,6 +15,7 @@ import re
 import threading
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -71,6 +72,7 @@ def ctype(dtype) -> str:
     return _dt.CUDA_TYPE_NAMES[np.dtype(dtype)]
 
 
+@functools.lru_cache(maxsize=None)
 def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> dict[str, str]:
     """Every reduction kernel for element type T and accumulator Acc, by role."""
     B = p.catalogue_block
@@ -91,20 +93,21 @@ def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> dict[str, str]:
         "rows_ordered": f"mr::reduce_rows<{T}, {Acc}, {Op}, {p.reduce_row_block}, {p.ordered_items}, true>",
         "columns": f"mr::reduce_columns<{T}, {Acc}, {Op}>",
     }
-    return names
+    return MappingProxyType(names)
 
 
+@functools.lru_cache(maxsize=None)
 def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, items: int) -> dict[str, str]:
     """Every scan kernel for element type T, accumulator Acc and output Out, by role."""
     B = p.scan_block
-    return {
+    return MappingProxyType({
         "hillis_steele": f"mr::scan_hillis_steele_tiles<{T}, {Acc}, {Op}, {B}>",
         "blelloch": f"mr::scan_blelloch_tiles<{T}, {Acc}, {Op}, {B}>",
         "add_back": f"mr::scan_add_back<{Acc}, {Op}>",
         "finish": f"mr::scan_finish<{Acc}, {Out}, {Op}>",
         "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {B}, {items}>",
         "columns": f"mr::scan_columns<{T}, {Acc}, {Out}, {Op}>",
-    }
+    })
 
 
 def module_text(op: Operator) -> str:
@@ -118,32 +121,38 @@ _modules: dict = {}
 _lock = threading.Lock()
 
 
-def get_kernels(op: Operator, names: dict[str, str]) -> dict[str, object]:
-    """Compile (or fetch) the group ``names`` for ``op`` on the current device; role -> RawKernel."""
-    import cupy
-
-    device = cupy.cuda.runtime.getDevice()
+@functools.lru_cache(maxsize=1024)
+def _operator_token(op: Operator) -> str:
+    """Operators hash by identity; tokenizing one costs tens of microseconds, so it is done once."""
     from dask.base import tokenize
 
-    key = (device, tokenize(op), tuple(sorted(names.values())))
-    module = _modules.get(key)
-    if module is None:
-        with _lock:
-            module = _modules.get(key)
-            if module is None:
-                if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
-                    os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
-                expressions = sorted(set(names.values()))
-                try:
-                    module = cupy.RawModule(code=module_text(op), options=COMPILE_OPTIONS, name_expressions=expressions)
-                    module.compile()
-                except Exception as exc:  # CompileException carries NVRTC's log
-                    raise KernelError(
-                        f"compiling multireduce kernels for operator {op.name!r} failed; instantiations: "
-                        f"{', '.join(expressions)}\n{exc}"
-                    ) from exc
-                _modules[key] = module
-    return {role: _Kernel(module, expr) for role, expr in names.items()}
+    return tokenize(op)
+
+
+def get_kernels(op: Operator, names) -> dict[str, object]:
+    """Compile (or fetch) the group ``names`` (from ``reduce_names`` / ``scan_names``, which return one
+    shared read-only mapping per type triple) for ``op`` on the current device; role -> kernel."""
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), _operator_token(op), id(names))
+    found = _modules.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        if key not in _modules:
+            if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
+                os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
+            expressions = sorted(set(names.values()))
+            try:
+                module = cupy.RawModule(code=module_text(op), options=COMPILE_OPTIONS, name_expressions=expressions)
+                module.compile()
+            except Exception as exc:  # CompileException carries NVRTC's log
+                raise KernelError(
+                    f"compiling multireduce kernels for operator {op.name!r} failed; instantiations: "
+                    f"{', '.join(expressions)}\n{exc}"
+                ) from exc
+            _modules[key] = {role: _Kernel(module, expr) for role, expr in names.items()}
+    return _modules[key]
 
 
 class _Kernel:

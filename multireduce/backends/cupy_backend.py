@@ -188,6 +188,8 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
         ks, _, _ = _reduce_kernels(op, x3.dtype, acc)
         role = "rows" if op.commutative else "rows_ordered"
         ks[role](min(outer, sms * 16), p.reduce_row_block, (rows, _i64(outer), _i64(K), identity, out))
+    elif outer == 1:
+        _reduce_1d(x3.reshape(K), op, acc, identity, out, algorithm)
     else:
         for r in range(outer):
             _reduce_1d(rows[r], op, acc, identity, out[r : r + 1], algorithm)
