@@ -169,8 +169,12 @@ __global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, in
                                                        Acc identity, const Acc* carry_in, Acc* row_totals,
                                                        int* status, Acc* aggregates, Acc* prefixes, int inclusive) {
   constexpr int kTile = BLOCK * ITEMS;
-  constexpr int kBytes = kTile * (sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out));
-  static_assert((kTile * sizeof(T)) % 16 == 0 && (kTile * sizeof(Out)) % 16 == 0, "tiles are whole vectors");
+  // Output written over the input tile when the sizes match (each thread rewrites only the slots it
+  // has just read), else beside it.
+  constexpr bool kInPlace = sizeof(Out) == sizeof(T);
+  constexpr int kInBytes = kTile * sizeof(T);
+  constexpr int kBytes = kInPlace ? kInBytes : kInBytes + kTile * sizeof(Out);
+  static_assert(kInBytes % 16 == 0 && (kTile * sizeof(Out)) % 16 == 0, "tiles are whole vectors");
   __shared__ __align__(16) unsigned char raw[kBytes];
   __shared__ Acc scratch[kWarp + 1];
   __shared__ Acc tile_exclusive;
@@ -189,9 +193,10 @@ __global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, in
 
   // load, coalesced: vector j of the tile goes to thread j % BLOCK
   T* s_in = reinterpret_cast<T*>(raw);
+  Out* s_out = reinterpret_cast<Out*>(raw + (kInPlace ? 0 : kInBytes));
   const bool vector_in = valid == kTile && reinterpret_cast<unsigned long long>(in + base) % 16 == 0;
   if (vector_in) {
-    constexpr int kVectors = kTile * sizeof(T) / 16;
+    constexpr int kVectors = kInBytes / 16;
     const uint4* src = reinterpret_cast<const uint4*>(in + base);
     uint4* dst = reinterpret_cast<uint4*>(raw);
 #pragma unroll
@@ -205,16 +210,16 @@ __global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, in
   }
   __syncthreads();
 
-  // each thread: ITEMS consecutive elements, scanned in registers
-  Acc items[ITEMS];
+  // pass 1: each thread folds its ITEMS consecutive elements (one accumulator, not ITEMS: registers
+  // decide how many tiles an SM holds)
+  const int mine = t * ITEMS;
+  Acc own = identity;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    const int j = t * ITEMS + k;
-    Acc x = j < valid ? convert<Acc>(s_in[j]) : identity;
-    items[k] = k == 0 ? x : op(items[k - 1], x);
+    if (mine + k < valid) own = op(own, convert<Acc>(s_in[mine + k]));
   }
   Acc aggregate;
-  Acc thread_prefix = block_exclusive_scan<BLOCK>(items[ITEMS - 1], op, identity, scratch, &aggregate);
+  const Acc thread_prefix = block_exclusive_scan<BLOCK>(own, op, identity, scratch, &aggregate);
 
   // the fold of everything before this tile
   if (t < kWarp) {
@@ -233,21 +238,24 @@ __global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, in
       tile_exclusive = before;
     }
   }
-  __syncthreads();  // also: every thread has read s_in
+  __syncthreads();
 
-  Out* s_out = reinterpret_cast<Out*>(raw);
-  const Acc prefix = op(tile_exclusive, thread_prefix);
+  // pass 2: rescan the same elements from shared memory, seeded
+  Acc running = op(tile_exclusive, thread_prefix);
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    const int j = t * ITEMS + k;
-    Acc v = inclusive ? op(prefix, items[k]) : (k == 0 ? prefix : op(prefix, items[k - 1]));
-    if (j < valid) s_out[j] = convert<Out>(v);
+    const int j = mine + k;
+    if (j < valid) {
+      Acc next = op(running, convert<Acc>(s_in[j]));
+      s_out[j] = convert<Out>(inclusive ? next : running);
+      running = next;
+    }
   }
   __syncthreads();
   const bool vector_out = valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0;
   if (vector_out) {
     constexpr int kVectors = kTile * sizeof(Out) / 16;
-    const uint4* src = reinterpret_cast<const uint4*>(raw);
+    const uint4* src = reinterpret_cast<const uint4*>(s_out);
     uint4* dst = reinterpret_cast<uint4*>(out + base);
 #pragma unroll
     for (int j = t; j < kVectors; j += BLOCK) dst[j] = src[j];

@@ -43,19 +43,24 @@ def array_kind(x) -> str:
 
 
 def as_array(x, caller: str):
-    """``x`` itself for NumPy, CuPy and Dask arrays; array-likes (lists, scalars) become NumPy arrays."""
+    """(array, kind): ``x`` itself for NumPy, CuPy and Dask arrays; array-likes (lists, scalars) become
+    NumPy arrays. ``kind`` is 'numpy', 'cupy', 'dask-numpy' or 'dask-cupy'."""
+    cls = type(x)
+    if cls is np.ndarray:
+        return x, "numpy"
+    if cls.__module__.startswith("cupy"):
+        return x, "cupy"
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{caller}: argument 'x' is a masked array; expected a plain array (use x.filled(...))")
-    if is_dask_array(x) or is_cupy_array(x) or type(x) is np.ndarray:
-        array_kind(x)
-        return x
+    if is_dask_array(x):
+        return x, array_kind(x)
     if hasattr(x, "__cuda_array_interface__"):
         raise TypeError(
             f"{caller}: argument 'x' is a {type(x).__name__} on the GPU; expected a CuPy array "
             "(wrap it with cupy.asarray(x), which does not copy)"
         )
     try:
-        return np.asarray(x)
+        return np.asarray(x), "numpy"
     except Exception as exc:
         raise TypeError(f"{caller}: argument 'x' must be an array; got {type(x).__name__} ({exc})") from None
 

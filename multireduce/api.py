@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 
+import dask
 import numpy as np
 
 from . import _validation as v
@@ -29,38 +31,66 @@ def _run_device(kind: str, x):
     return contextlib.nullcontext()
 
 
-def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None):
-    x = v.as_array(x, caller)
-    kind = v.array_kind(x)
-    op = get_operator(op, caller=caller)
+def _cached(fn):
+    """Memoize a resolver on its (hashable) arguments; unhashable ones (a list axis, a dict split_every)
+    take the uncached path. Exceptions are never cached, so bad input raises on every call."""
+    cached = functools.lru_cache(maxsize=512)(fn)
+
+    def resolve(*key):
+        try:
+            hash(key)
+        except TypeError:
+            return fn(*key)
+        return cached(*key)
+
+    return resolve
+
+
+@_cached
+def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_every, algorithm, mean, label, caller):
+    """Everything about a reduction that does not depend on the data: checks, dtypes, plans, fan-in."""
     family = "mean" if mean else op.family
     kinds = _dt.ARITHMETIC_KINDS if mean else op.kinds
-    v.check_dtype(x, kinds, caller)
-    requested = v.requested_dtype(dtype, kinds, caller)
-    axes = v.normalize_axes(axis, x.ndim, caller)
+    if dtype.kind not in kinds:
+        raise TypeError(f"{caller}: argument 'x' has dtype {dtype}; expected a {_dt.describe_kinds(kinds)} dtype")
+    requested = v.requested_dtype(requested, kinds, caller)
+    axes = v.normalize_axes(axis, ndim, caller)
     keepdims = v.check_keepdims(keepdims, caller)
     fan_in = v.fan_in(split_every, axes, caller) if kind.startswith("dask") else None
     algorithm = v.check_algorithm(algorithm, "reduce", kind, op, caller)
-    out_dtype = _dt.result_dtype(family, np.dtype(x.dtype), requested)
+    out_dtype = _dt.result_dtype(family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)
     if "cupy" in kind:
-        v.check_gpu_dtypes(caller, **{"argument 'x' has dtype": x.dtype, "the accumulator dtype": acc_dtype,
-                                      "the result dtype": out_dtype})
-        if not op.builtin and not op.cuda:
-            raise ValueError(f"{caller}: operator {op.name!r} has no CUDA expression, so it cannot run on CuPy data; "
-                             "register it with cuda='...'")
-    if op.empty_is_error and v.known_empty(x, axes):
-        ufunc = "minimum" if op.name == "min" else "maximum"
-        raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
-
+        _check_gpu(caller, op, dtype, acc_dtype, out_dtype)
     label = label or op.name
     if op.commutative or len(axes) <= 1:
-        plans = [ReductionPlan(op, axes, acc_dtype, out_dtype, keepdims, mean, algorithm, label)]
+        plans = (ReductionPlan(op, axes, acc_dtype, out_dtype, keepdims, mean, algorithm, label),)
     else:
         # order matters: fold the last axis first, then the next, which is C order over the axes
         steps = sorted(axes, reverse=True)
-        plans = [ReductionPlan(op, (a,), acc_dtype, acc_dtype, True, False, algorithm, label) for a in steps[:-1]]
-        plans.append(ReductionPlan(op, (steps[-1],), acc_dtype, out_dtype, True, False, algorithm, label))
+        plans = tuple(ReductionPlan(op, (a,), acc_dtype, acc_dtype, True, False, algorithm, label) for a in steps[:-1])
+        plans += (ReductionPlan(op, (steps[-1],), acc_dtype, out_dtype, True, False, algorithm, label),)
+    return plans, axes, keepdims, fan_in
+
+
+def _check_gpu(caller, op, dtype, acc_dtype, out_dtype):
+    v.check_gpu_dtypes(caller, **{"argument 'x' has dtype": dtype, "the accumulator dtype": acc_dtype,
+                                  "the result dtype": out_dtype})
+    if not op.builtin and not op.cuda:
+        raise ValueError(f"{caller}: operator {op.name!r} has no CUDA expression, so it cannot run on CuPy data; "
+                         "register it with cuda='...'")
+
+
+def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None):
+    x, kind = v.as_array(x, caller)
+    op = get_operator(op, caller=caller)
+    if split_every is None and kind.startswith("dask"):
+        split_every = dask.config.get("split_every", None)
+    plans, axes, keepdims, fan_in = _resolve_reduction(kind, op, x.dtype, x.ndim, axis, dtype, keepdims, split_every,
+                                                       algorithm, mean, label, caller)
+    if op.empty_is_error and v.known_empty(x, axes):
+        ufunc = "minimum" if op.name == "min" else "maximum"
+        raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
 
     if kind.startswith("dask"):
         for plan in plans:
@@ -77,32 +107,34 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     return x
 
 
-def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split_every=None):
-    x = v.as_array(x, caller)
-    kind = v.array_kind(x)
-    op = get_operator(op, caller=caller)
-    v.check_dtype(x, op.kinds, caller)
-    requested = v.requested_dtype(dtype, op.kinds, caller)
+@_cached
+def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, split_every, label, caller):
+    if dtype.kind not in op.kinds:
+        raise TypeError(f"{caller}: argument 'x' has dtype {dtype}; expected a {_dt.describe_kinds(op.kinds)} dtype")
+    requested = v.requested_dtype(requested, op.kinds, caller)
     inclusive = v.check_inclusive(inclusive, caller)
-    if axis is not None:
-        ax = v.normalize_scan_axis(axis, x.ndim, caller)
+    ax = 0 if axis is None else v.normalize_scan_axis(axis, ndim, caller)
     algorithm = v.check_algorithm(algorithm, "scan", kind, op, caller)
     fan_in = v.fan_in(split_every, (), caller) if kind.startswith("dask") else None
-    out_dtype = _dt.result_dtype(op.family, np.dtype(x.dtype), requested)
+    out_dtype = _dt.result_dtype(op.family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)
     if "cupy" in kind:
-        v.check_gpu_dtypes(caller, **{"argument 'x' has dtype": x.dtype, "the accumulator dtype": acc_dtype,
-                                      "the result dtype": out_dtype})
-        if not op.builtin and not op.cuda:
-            raise ValueError(f"{caller}: operator {op.name!r} has no CUDA expression, so it cannot run on CuPy data; "
-                             "register it with cuda='...'")
+        _check_gpu(caller, op, dtype, acc_dtype, out_dtype)
+    return ScanPlan(op, ax, acc_dtype, out_dtype, inclusive, algorithm, label or f"scan-{op.name}"), fan_in
+
+
+def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split_every=None):
+    x, kind = v.as_array(x, caller)
+    op = get_operator(op, caller=caller)
+    if split_every is None and kind.startswith("dask"):
+        split_every = dask.config.get("split_every", None)
+    plan, fan_in = _resolve_scan(kind, op, x.dtype, x.ndim, axis, dtype, inclusive, algorithm, split_every, label,
+                                 caller)
     if axis is None:
-        if kind.startswith("dask") and builtins.any(np.isnan(c) for cs in x.chunks for c in cs) and x.ndim > 1:
+        if kind.startswith("dask") and x.ndim > 1 and builtins.any(np.isnan(c) for cs in x.chunks for c in cs):
             raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes, so it cannot be flattened for "
                              "axis=None; call x.compute_chunk_sizes() first or pass an axis")
         x = x.reshape(-1)
-        ax = 0
-    plan = ScanPlan(op, ax, acc_dtype, out_dtype, inclusive, algorithm, label or f"scan-{op.name}")
     if kind.startswith("dask"):
         return graph.scan(x, plan, fan_in)
     with _run_device(kind, x):

@@ -75,6 +75,13 @@ class ReductionPlan:
         return value.astype(self.out_dtype, copy=False)
 
     def __call__(self, x):
+        """Reduce one array now. A backend's ``reduce_all`` may take a whole-array reduction in one step
+        (it returns None where it cannot); otherwise partial -> finalize."""
+        if not self.keepdims and not self.mean and len(self.axes) == x.ndim and x.size:
+            reduce_all = getattr(backend_for(x), "reduce_all", None)
+            value = reduce_all(x, self.op, self.acc_dtype, self.algorithm) if reduce_all else None
+            if value is not None:
+                return value if value.dtype == self.out_dtype else value.astype(self.out_dtype)
         return self.finalize(self.partial(x))
 
     def __dask_tokenize__(self):

@@ -12,7 +12,7 @@ from . import numpy_backend
 
 
 def is_cupy_array(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
+    return type(x).__module__.startswith("cupy")
 
 
 def backend_for(x) -> ModuleType:

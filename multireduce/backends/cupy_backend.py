@@ -12,6 +12,7 @@ Nothing here synchronises with the host: results stay on the device.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import cupy
@@ -64,6 +65,11 @@ def _counter() -> cupy.ndarray:
     if c is None:
         c = _counters[key] = cupy.zeros(1, dtype=np.uint32)
     return c
+
+
+@functools.lru_cache(maxsize=None)
+def _identity(op: Operator, acc: np.dtype):
+    return op.identity(acc)
 
 
 def _i64(v) -> np.int64:
@@ -166,7 +172,7 @@ def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
     """Reduce ``axes`` of ``x`` with ``op``, accumulating in ``acc_dtype``; reduced axes kept (size 1)."""
     acc = np.dtype(acc_dtype)
-    identity = op.identity(acc)
+    identity = _identity(op, acc)
     keep_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
     if x.ndim == 0:
         x = x.reshape(1)
@@ -194,6 +200,16 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
         for r in range(outer):
             _reduce_1d(rows[r], op, acc, identity, out[r : r + 1], algorithm)
     return out.reshape(keep_shape)
+
+
+def reduce_all(x, op: Operator, acc_dtype, algorithm: str = "auto"):
+    """The whole of a contiguous ``x`` into a 0-d array in one launch; None where the general path is
+    needed (non-contiguous data, a catalogue algorithm, a non-commutative operator)."""
+    if algorithm != "auto" or not op.commutative or not x.flags.c_contiguous:
+        return None
+    out = cupy.empty((), acc_dtype)
+    _reduce_1d(x, op, acc_dtype, _identity(op, acc_dtype), out, algorithm)
+    return out
 
 
 def combine(op: Operator, values: list):
@@ -259,7 +275,7 @@ def scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive
          algorithm: str = "auto"):
     """Scan ``x`` along ``axis``; ``carry`` (keepdims shape, on the device) is folded in on the left."""
     acc, out_dtype = np.dtype(acc_dtype), np.dtype(out_dtype)
-    identity = op.identity(acc)
+    identity = _identity(op, acc)
     out = cupy.empty(x.shape, out_dtype)
     if x.size == 0:
         return out
