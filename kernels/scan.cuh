@@ -117,21 +117,52 @@ __global__ void scan_finish(const Acc* inclusive_scan, Out* out, index_t rows, i
 // the preceding tiles 32 at a time until it meets one whose inclusive prefix is known (status PREFIX),
 // folding the aggregates in order on the way. Tiles before a row's first tile read as that row's
 // carry-in with status PREFIX. Status words must be zero before the launch.
-enum : int { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
+enum : unsigned { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
 
+// Tile descriptors. Accumulators of up to 4 bytes share one 64-bit word with their status, so a
+// descriptor is published and read with single 8-byte accesses and needs no fences. Wider ones live in
+// ``aggregates`` / ``prefixes``, published value-fence-status and read status-fence-value.
 template <class Acc>
 struct LookbackState {
-  int* status;       // one per tile (and one more: the tile counter)
-  Acc* aggregates;   // the tile's own fold
-  Acc* prefixes;     // the fold of everything up to and including the tile
-};
+  static constexpr bool kPacked = sizeof(Acc) <= 4;
+  unsigned long long* words;  // one per tile, zeroed before the launch
+  Acc* aggregates;            // the tile's own fold (wide accumulators only)
+  Acc* prefixes;              // the fold through the tile (wide accumulators only)
 
-template <class Acc>
-__device__ __forceinline__ void publish(const LookbackState<Acc>& st, index_t tile, const Acc& v, int status) {
-  store_volatile(status == kStatusPrefix ? st.prefixes + tile : st.aggregates + tile, v);
-  __threadfence();
-  store_volatile(st.status + tile, status);
-}
+  __device__ __forceinline__ void publish(index_t tile, const Acc& v, unsigned status) const {
+    if constexpr (kPacked) {
+      store_volatile(words + tile, (static_cast<unsigned long long>(status) << 32) | bits_as<unsigned>(v));
+    } else {
+      store_volatile(status == kStatusPrefix ? prefixes + tile : aggregates + tile, v);
+      __threadfence();
+      store_volatile(words + tile, static_cast<unsigned long long>(status));
+    }
+  }
+
+  // Waits until tile ``j`` has published; returns its status and value.
+  __device__ __forceinline__ unsigned wait(index_t j, Acc* v) const {
+    unsigned long long w;
+    unsigned backoff = 32;
+    while ((w = load_volatile(words + j)) >> 32 == kStatusNone && (kPacked || w == kStatusNone)) {
+      __nanosleep(backoff);  // spinning warps would otherwise crowd L2
+      backoff = backoff < 512 ? backoff * 2 : backoff;
+    }
+    if constexpr (kPacked) {
+      union {
+        unsigned u;
+        Acc a;
+      } bits;
+      bits.u = static_cast<unsigned>(w);
+      *v = bits.a;
+      return static_cast<unsigned>(w >> 32);
+    } else {
+      __threadfence();
+      const unsigned status = static_cast<unsigned>(w);
+      *v = load_volatile(status == kStatusPrefix ? prefixes + j : aggregates + j);
+      return status;
+    }
+  }
+};
 
 // Warp 0 only. Returns the fold of every element before ``tile`` (carry-in included) in all lanes.
 template <class Acc, class Op>
@@ -141,15 +172,9 @@ __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row
   Acc exclusive = identity;
   for (index_t newest = tile - 1;; newest -= kWarp) {
     const index_t j = newest - lane;  // lane 0 is the nearest tile
-    int status = kStatusPrefix;
+    unsigned status = kStatusPrefix;
     Acc v = row_carry;
-    if (j >= row_first_tile) {
-      do {
-        status = load_volatile(st.status + j);
-      } while (status == kStatusNone);
-      __threadfence();
-      v = load_volatile(status == kStatusPrefix ? st.prefixes + j : st.aggregates + j);
-    }
+    if (j >= row_first_tile) status = st.wait(j, &v);
     const unsigned prefix_lanes = __ballot_sync(kFullMask, status == kStatusPrefix);
     const int stop = prefix_lanes ? __ffs(prefix_lanes) - 1 : kWarp;
     if (lane > stop) v = identity;
@@ -165,9 +190,11 @@ __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row
 }
 
 template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS>
-__global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row,
-                                                       Acc identity, const Acc* carry_in, Acc* row_totals,
-                                                       int* status, Acc* aggregates, Acc* prefixes, int inclusive) {
+__global__ void __launch_bounds__(BLOCK, 2048 / BLOCK) scan_lookback(const T* in, Out* out, index_t K,
+                                                                      index_t tiles_per_row, Acc identity,
+                                                                      const Acc* carry_in, Acc* row_totals,
+                                                                      unsigned long long* words, Acc* aggregates,
+                                                                      Acc* prefixes, int inclusive) {
   constexpr int kTile = BLOCK * ITEMS;
   // Output written over the input tile when the sizes match (each thread rewrites only the slots it
   // has just read), else beside it.
@@ -181,9 +208,9 @@ __global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, in
   __shared__ index_t tile_number;
   Op op;
   const int t = threadIdx.x;
-  const LookbackState<Acc> st{status, aggregates, prefixes};
+  const LookbackState<Acc> st{words, aggregates, prefixes};
 
-  if (t == 0) tile_number = atomicAdd(st.status + gridDim.x, 1);  // the counter sits after the status words
+  if (t == 0) tile_number = atomicAdd(words + gridDim.x, 1ull);  // the tile counter sits after the words
   __syncthreads();
   const index_t tile = tile_number;
   const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
@@ -228,12 +255,12 @@ __global__ void __launch_bounds__(BLOCK) scan_lookback(const T* in, Out* out, in
     if (tile_in_row == 0) {
       before = row_carry;
     } else {
-      if (t == 0) publish(st, tile, aggregate, kStatusAggregate);
+      if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
       before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
     }
     if (t == 0) {
       Acc through = op(before, aggregate);
-      if (tile_in_row + 1 < tiles_per_row) publish(st, tile, through, kStatusPrefix);
+      if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
       else if (row_totals) row_totals[row] = through;
       tile_exclusive = before;
     }

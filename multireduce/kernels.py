@@ -190,7 +190,8 @@ def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
             exprs.update(reduce_names(A, A, op.cuda_functor, policy).values())  # later passes over partials
             items = policy.scan_items(dtype.itemsize, acc.itemsize, out.itemsize)
             exprs.update(scan_names(T, A, O, op.cuda_functor, policy, items).values())
-            exprs.update(scan_names(A, A, A, op.cuda_functor, policy, policy.scan_items(acc.itemsize)).values())
+            exprs.update(scan_names(A, A, A, op.cuda_functor, policy,
+                                    policy.scan_items(acc.itemsize, acc.itemsize, acc.itemsize)).values())
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = _dt.accumulator_dtype(_dt.result_dtype("mean", dtype))
                 exprs.update(reduce_names(T, ctype(mean_acc), op.cuda_functor, policy).values())

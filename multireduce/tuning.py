@@ -20,11 +20,14 @@ class Policy:
     scan_block: int = 256
     scan_items_4byte: int = 23  # 256 x 23 elements per tile; odd for conflict-free blocked reads
     scan_items_8byte: int = 11
+    scan_items_widening: int = 9  # input and output tiles side by side (e.g. int32 -> int64): 27 KB, 8 blocks/SM
     catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
 
-    def scan_items(self, *itemsizes: int) -> int:
-        return self.scan_items_8byte if max(itemsizes) > 4 else self.scan_items_4byte
+    def scan_items(self, in_size: int, acc_size: int, out_size: int) -> int:
+        if in_size != out_size and max(in_size, out_size) > 4:
+            return self.scan_items_widening
+        return self.scan_items_8byte if max(in_size, acc_size, out_size) > 4 else self.scan_items_4byte
 
 
 _POLICIES = {

@@ -58,6 +58,19 @@ def _facts():
     return facts
 
 
+_partials: dict[tuple, cupy.ndarray] = {}
+
+
+def _partials_buffer(grid: int, acc: np.dtype) -> cupy.ndarray:
+    """Scratch for one partial per block, reused per (device, stream, dtype): launches on one stream
+    run in order, so the next one cannot overwrite partials still being read."""
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr, acc)
+    buf = _partials.get(key)
+    if buf is None or buf.size < grid:
+        buf = _partials[key] = cupy.empty(max(grid, 4096), acc)
+    return buf
+
+
 def _counter() -> cupy.ndarray:
     """A zeroed counter for the last-block guard; the last block resets it, so it is reused per stream."""
     key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
@@ -112,14 +125,14 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
     if algorithm in ("auto", "vectorized") and op.commutative:
         per_block = p.reduce_block * (16 // x1.dtype.itemsize) * p.reduce_vectors_per_thread
         grid = max(1, min(-(-n // per_block), sms * p.reduce_blocks_per_sm))
-        partials = cupy.empty(grid, acc) if grid > 1 else out1
+        partials = _partials_buffer(grid, acc) if grid > 1 else out1
         ks["vectorized"](grid, p.reduce_block, (x1, _i64(n), identity, partials, out1, _counter()))
         return
     if algorithm in ("auto", "ordered_multi_block"):
         tile = p.ordered_block * p.ordered_items
         grid = max(1, min(-(-n // (tile * 4)), sms * 4))
         segment = -(-n // grid)
-        partials = cupy.empty(grid, acc) if grid > 1 else out1
+        partials = _partials_buffer(grid, acc) if grid > 1 else out1
         ks["ordered_multi_block"](grid, p.ordered_block,
                                   (x1, _i64(n), _i64(segment), identity, partials, out1, _counter()))
         return
@@ -257,11 +270,12 @@ def _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm) -
     if algorithm in ("auto", "decoupled_lookback"):
         tiles = -(-K // (p.scan_block * items))
         grid = R * tiles
-        status = cupy.zeros(grid + 1, np.int32)  # + the tile counter
-        aggregates = cupy.empty(grid, acc)
-        prefixes = cupy.empty(grid, acc)
+        words = cupy.zeros(grid + 1, np.uint64)  # tile descriptors + the tile counter
+        wide = acc.itemsize > 4  # narrower accumulators live inside the descriptor words
+        aggregates = cupy.empty(grid if wide else 1, acc)
+        prefixes = cupy.empty(grid if wide else 1, acc)
         ks["lookback"](grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles), identity, carry_arg, NULL,
-                                            status, aggregates, prefixes, np.int32(inclusive)))
+                                            words, aggregates, prefixes, np.int32(inclusive)))
         return
     inclusive_scan = _inclusive_multilevel(rows, op, acc, identity, algorithm)
     ks_fin, _, _, _ = _scan_kernels(op, acc, acc, out_rows.dtype)
