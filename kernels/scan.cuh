@@ -119,48 +119,55 @@ __global__ void scan_finish(const Acc* inclusive_scan, Out* out, index_t rows, i
 // carry-in with status PREFIX. Status words must be zero before the launch.
 enum : unsigned { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
 
-// Tile descriptors. Accumulators of up to 4 bytes share one 64-bit word with their status, so a
-// descriptor is published and read with single 8-byte accesses and needs no fences. Wider ones live in
-// ``aggregates`` / ``prefixes``, published value-fence-status and read status-fence-value.
+// Tile descriptors: the status and the value in one word written and read whole, so publishing needs
+// no fence and a reader never sees a status without its value. Accumulators of up to 4 bytes share an
+// 8-byte word with the status; 8-byte ones a 16-byte word (vector accesses, as CUB's tile state).
+__device__ __forceinline__ void store_word(unsigned long long* p, unsigned long long status, unsigned long long bits) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(status), "l"(bits) : "memory");
+}
+__device__ __forceinline__ void load_word(const unsigned long long* p, unsigned long long* status,
+                                          unsigned long long* bits) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*status), "=l"(*bits) : "l"(p) : "memory");
+}
+
 template <class Acc>
 struct LookbackState {
-  static constexpr bool kPacked = sizeof(Acc) <= 4;
-  unsigned long long* words;  // one per tile, zeroed before the launch
-  Acc* aggregates;            // the tile's own fold (wide accumulators only)
-  Acc* prefixes;              // the fold through the tile (wide accumulators only)
+  static_assert(sizeof(Acc) <= 8, "accumulators are at most 8 bytes");
+  static constexpr bool kNarrow = sizeof(Acc) <= 4;
+  static constexpr int kWordsPerTile = kNarrow ? 1 : 2;  // in 8-byte units
+  unsigned long long* words;  // kWordsPerTile per tile, zeroed before the launch
 
   __device__ __forceinline__ void publish(index_t tile, const Acc& v, unsigned status) const {
-    if constexpr (kPacked) {
+    if constexpr (kNarrow) {
       store_volatile(words + tile, (static_cast<unsigned long long>(status) << 32) | bits_as<unsigned>(v));
     } else {
-      store_volatile(status == kStatusPrefix ? prefixes + tile : aggregates + tile, v);
-      __threadfence();
-      store_volatile(words + tile, static_cast<unsigned long long>(status));
+      store_word(words + 2 * tile, status, bits_as<unsigned long long>(v));
     }
   }
 
   // Waits until tile ``j`` has published; returns its status and value.
   __device__ __forceinline__ unsigned wait(index_t j, Acc* v) const {
-    unsigned long long w;
+    unsigned long long status, bits;
     unsigned backoff = 32;
-    while ((w = load_volatile(words + j)) >> 32 == kStatusNone && (kPacked || w == kStatusNone)) {
+    for (;;) {
+      if constexpr (kNarrow) {
+        const unsigned long long w = load_volatile(words + j);
+        status = w >> 32;
+        bits = w & 0xffffffffull;
+      } else {
+        load_word(words + 2 * j, &status, &bits);
+      }
+      if (status != kStatusNone) break;
       __nanosleep(backoff);  // spinning warps would otherwise crowd L2
       backoff = backoff < 512 ? backoff * 2 : backoff;
     }
-    if constexpr (kPacked) {
-      union {
-        unsigned u;
-        Acc a;
-      } bits;
-      bits.u = static_cast<unsigned>(w);
-      *v = bits.a;
-      return static_cast<unsigned>(w >> 32);
-    } else {
-      __threadfence();
-      const unsigned status = static_cast<unsigned>(w);
-      *v = load_volatile(status == kStatusPrefix ? prefixes + j : aggregates + j);
-      return status;
-    }
+    union {
+      unsigned long long u;
+      Acc a;
+    } decoded;
+    decoded.u = bits;
+    *v = decoded.a;
+    return static_cast<unsigned>(status);
   }
 };
 
@@ -193,8 +200,7 @@ template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK, 2048 / BLOCK) scan_lookback(const T* in, Out* out, index_t K,
                                                                       index_t tiles_per_row, Acc identity,
                                                                       const Acc* carry_in, Acc* row_totals,
-                                                                      unsigned long long* words, Acc* aggregates,
-                                                                      Acc* prefixes, int inclusive) {
+                                                                      unsigned long long* words, int inclusive) {
   constexpr int kTile = BLOCK * ITEMS;
   // Output written over the input tile when the sizes match (each thread rewrites only the slots it
   // has just read), else beside it.
@@ -208,9 +214,10 @@ __global__ void __launch_bounds__(BLOCK, 2048 / BLOCK) scan_lookback(const T* in
   __shared__ index_t tile_number;
   Op op;
   const int t = threadIdx.x;
-  const LookbackState<Acc> st{words, aggregates, prefixes};
+  const LookbackState<Acc> st{words};
 
-  if (t == 0) tile_number = atomicAdd(words + gridDim.x, 1ull);  // the tile counter sits after the words
+  // the tile counter sits after the descriptors
+  if (t == 0) tile_number = atomicAdd(words + (index_t)gridDim.x * LookbackState<Acc>::kWordsPerTile, 1ull);
   __syncthreads();
   const index_t tile = tile_number;
   const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;

@@ -22,13 +22,18 @@ from .operators import Operator, get_operator
 __all__ = ["sum", "prod", "min", "max", "mean", "reduce", "cumsum", "cumprod", "scan"]
 
 
+_NO_SWITCH = contextlib.nullcontext()
+
+
 def _run_device(kind: str, x):
     """Eager CuPy work runs on the GPU that holds ``x``."""
     if kind == "cupy":
         import cupy
 
-        return cupy.cuda.Device(x.device.id)
-    return contextlib.nullcontext()
+        holder = x.data.device_id
+        if holder != cupy.cuda.runtime.getDevice():
+            return cupy.cuda.Device(holder)
+    return _NO_SWITCH
 
 
 def _cached(fn):

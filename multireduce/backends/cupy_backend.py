@@ -114,6 +114,11 @@ def _three_axes(x, axes: tuple[int, ...], commutative: bool):
 # Reductions
 # ------------------------------------------------------------------------------------------------
 def _reduce_kernels(op: Operator, T, acc):
+    return _reduce_kernels_on(cupy.cuda.runtime.getDevice(), op, np.dtype(T), np.dtype(acc))
+
+
+@functools.lru_cache(maxsize=4096)
+def _reduce_kernels_on(device: int, op: Operator, T: np.dtype, acc: np.dtype):
     sms, p = _facts()
     return _k.get_kernels(op, _k.reduce_names(_k.ctype(T), _k.ctype(acc), op.cuda_functor, p)), sms, p
 
@@ -270,12 +275,10 @@ def _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm) -
     if algorithm in ("auto", "decoupled_lookback"):
         tiles = -(-K // (p.scan_block * items))
         grid = R * tiles
-        words = cupy.zeros(grid + 1, np.uint64)  # tile descriptors + the tile counter
-        wide = acc.itemsize > 4  # narrower accumulators live inside the descriptor words
-        aggregates = cupy.empty(grid if wide else 1, acc)
-        prefixes = cupy.empty(grid if wide else 1, acc)
+        per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
+        words = cupy.zeros(grid * per_tile + 2, np.uint64)  # + the tile counter
         ks["lookback"](grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles), identity, carry_arg, NULL,
-                                            words, aggregates, prefixes, np.int32(inclusive)))
+                                            words, np.int32(inclusive)))
         return
     inclusive_scan = _inclusive_multilevel(rows, op, acc, identity, algorithm)
     ks_fin, _, _, _ = _scan_kernels(op, acc, acc, out_rows.dtype)
