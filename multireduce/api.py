@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _validation as v
 from . import dtypes as _dt
-from . import graph
+from . import graph, placement
 from .core import ReductionPlan, ScanPlan
 from .operators import Operator, get_operator
 
@@ -98,8 +98,9 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
         raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
 
     if kind.startswith("dask"):
-        for plan in plans:
-            x = graph.reduction(x, plan, fan_in)
+        for i, plan in enumerate(plans):
+            groups = placement.grouping_for(x, op.commutative) if i == 0 else None
+            x = graph.reduction(x, plan, fan_in, groups)
         return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
 
     with _run_device(kind, x):
@@ -141,7 +142,8 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
                              "axis=None; call x.compute_chunk_sizes() first or pass an axis")
         x = x.reshape(-1)
     if kind.startswith("dask"):
-        return graph.scan(x, plan, fan_in)
+        # scan totals are concatenated in chunk order: contiguous runs per worker
+        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=False))
     with _run_device(kind, x):
         return plan(x)
 

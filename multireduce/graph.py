@@ -15,7 +15,7 @@ from typing import Callable, Hashable, Sequence
 import dask.array as da
 from dask.array.utils import meta_from_array
 from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from .core import ReductionPlan, ScanPlan
 
@@ -33,11 +33,14 @@ def contiguous_groups(size: int) -> Grouping:
     return split
 
 
-def _check_groups(keys, grouped) -> None:
+def _check_groups(keys, grouped, ordered: bool) -> None:
+    """Every key once, in non-empty groups; ``ordered``: concatenated, the groups give ``keys`` back."""
     flat = [k for g in grouped for k in g]
-    if flat != list(keys) or any(len(g) == 0 for g in grouped):
+    same = flat == list(keys) if ordered else sorted(map(str, flat)) == sorted(map(str, keys))
+    if not same or any(len(g) == 0 for g in grouped):
+        order = ", in order" if ordered else ""
         raise ValueError(
-            "groups: expected non-empty groups that list every input chunk once, in order; "
+            f"groups: expected non-empty groups that list every input chunk once{order}; "
             f"got {len(grouped)} groups covering {len(flat)} of {len(keys)} chunks"
         )
 
@@ -46,17 +49,60 @@ def _block_index(ndim: int, fixed: dict[int, int]) -> tuple[int, ...]:
     return tuple(fixed.get(d, 0) for d in range(ndim))
 
 
+class _WorkerOf:
+    """Per-key ``workers`` annotation: the worker that holds a task's inputs (a preference only).
+
+    Dask's graph optimisation drops layer annotations (seen with dask 2026.7.1), so the scheduler sees
+    them only for ``persist/compute(..., optimize_graph=False)``; otherwise placement rests on data
+    locality, which decides for chunks of more than a few MB (a GPU's chunks) since moving one costs
+    more than any imbalance."""
+
+    def __init__(self, placed: dict):
+        self.placed = placed
+
+    def __call__(self, key):
+        return [self.placed[key]]
+
+
+def _layer(tasks: dict, placed: dict | None = None) -> MaterializedLayer:
+    if placed:
+        return MaterializedLayer(tasks, annotations={"workers": _WorkerOf(placed), "allow_other_workers": True})
+    return MaterializedLayer(tasks, annotations={})
+
+
+def _array(x: da.Array, stages: list[tuple[str, dict, dict | None]], chunks, dtype) -> da.Array:
+    """A dask array from ``stages`` (layer name, tasks, placement), each depending on ``x`` and the
+    stages before it; the last stage is the array's own layer."""
+    base = x.__dask_graph__()
+    layers, deps = dict(base.layers), dict(base.dependencies)
+    before = set(x.__dask_layers__())
+    for name, tasks, placed in stages:
+        layers[name] = _layer(tasks, placed)
+        deps[name] = set(before)
+        before.add(name)
+    name = stages[-1][0]
+    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
+    return da.Array(HighLevelGraph(layers, deps), name, chunks, meta=meta)
+
+
 def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
     """A lazy reduction of ``x`` over ``plan.axes``: one ``partial`` task per group, a ``combine`` tree of
-    fan-in ``split_every`` over the group partials, one ``finalize`` task per output block."""
+    fan-in ``split_every`` over the group partials, one ``aggregate`` task per output block.
+
+    Where ``groups`` knows which worker holds each chunk (``groups.holder``), each partial task prefers
+    the worker holding its group."""
     groups = groups or contiguous_groups(split_every)
+    holder = getattr(groups, "holder", None)
     token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     label = plan.label
-    name = f"{label}-aggregate-{token}"
+    partial_name, combine_name, name = (f"{label}-{stage}-{token}" for stage in ("partial", "combine", "aggregate"))
     axes, ndim = plan.axes, x.ndim
     kept = [d for d in range(ndim) if d not in axes]
 
-    dsk: dict = {}
+    partials: dict = {}
+    combines: dict = {}
+    finals: dict = {}
+    placed: dict = {}
     for kept_index in itertools.product(*(range(x.numblocks[d]) for d in kept)):
         fixed = dict(zip(kept, kept_index))
         keys = [
@@ -64,30 +110,34 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
             for reduced_index in itertools.product(*(range(x.numblocks[d]) for d in axes))
         ]
         grouped = groups(keys)
-        _check_groups(keys, grouped)
+        _check_groups(keys, grouped, ordered=not plan.op.commutative)
         level = []
         for g, group in enumerate(grouped):
-            key = (f"{label}-partial-{token}", *kept_index, g)
-            dsk[key] = (plan.partial, *group)
+            key = (partial_name, *kept_index, g)
+            partials[key] = (plan.partial, *group)
+            if holder is not None:
+                placed[key] = holder[group[0]]
             level.append(key)
         depth = 0
         while len(level) > 1:
             nxt = []
             for j in range(0, len(level), split_every):
-                key = (f"{label}-combine-{token}", depth, *kept_index, j // split_every)
-                dsk[key] = (plan.combine, *level[j : j + split_every])
+                key = (combine_name, depth, *kept_index, j // split_every)
+                combines[key] = (plan.combine, *level[j : j + split_every])
                 nxt.append(key)
             level, depth = nxt, depth + 1
         out_index = _block_index(ndim, fixed) if plan.keepdims else kept_index
-        dsk[(name, *out_index)] = (plan.finalize, level[0])
+        finals[(name, *out_index)] = (plan.finalize, level[0])
 
     if plan.keepdims:
         chunks = tuple((1,) if d in axes else x.chunks[d] for d in range(ndim))
     else:
         chunks = tuple(x.chunks[d] for d in kept)
-    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
-    graph = HighLevelGraph.from_collections(name, dsk, dependencies=[x])
-    return da.Array(graph, name, chunks, meta=meta)
+    stages = [(partial_name, partials, placed)]
+    if combines:
+        stages.append((combine_name, combines, None))
+    stages.append((name, finals, None))
+    return _array(x, stages, chunks, plan.out_dtype)
 
 
 def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
@@ -96,39 +146,51 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     Per lane (the chunks that share their position on the other axes): ``totals`` tasks, one per group
     of chunks 0..n-2; one ``carries`` task scanning those totals; one ``scan`` task per chunk, seeded
     with its carry. Depth 3 whatever the number of chunks, no rechunking, each input read twice and each
-    output written once.
+    output written once. With ``groups.holder``, totals and scan tasks prefer the worker holding their
+    chunks, so every output chunk is made where its input lives.
     """
     groups = groups or contiguous_groups(split_every)
+    holder = getattr(groups, "holder", None)
     token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     label = plan.label
-    name = f"{label}-{token}"
+    totals_name, carries_name, name = f"{label}-totals-{token}", f"{label}-carries-{token}", f"{label}-{token}"
     axis, ndim = plan.axis, x.ndim
     others = [d for d in range(ndim) if d != axis]
     n = x.numblocks[axis]
 
-    dsk: dict = {}
+    totals: dict = {}
+    carries: dict = {}
+    scans: dict = {}
+    placed_totals: dict = {}
+    placed_scans: dict = {}
     for lane in itertools.product(*(range(x.numblocks[d]) for d in others)):
         fixed = dict(zip(others, lane))
         index = [_block_index(ndim, {**fixed, axis: i}) for i in range(n)]
+        if holder is not None:
+            placed_scans.update({(name, *idx): holder[(x.name, *idx)] for idx in index})
         if n == 1:
-            dsk[(name, *index[0])] = (plan.scan_block, (x.name, *index[0]))
+            scans[(name, *index[0])] = (plan.scan_block, (x.name, *index[0]))
             continue
         keys = [(x.name, *idx) for idx in index[:-1]]
         grouped = groups(keys)
-        _check_groups(keys, grouped)
+        _check_groups(keys, grouped, ordered=True)  # totals are concatenated in chunk order
         total_keys = []
         for g, group in enumerate(grouped):
-            key = (f"{label}-totals-{token}", *lane, g)
-            dsk[key] = (plan.totals, *group)
+            key = (totals_name, *lane, g)
+            totals[key] = (plan.totals, *group)
+            if holder is not None:
+                placed_totals[key] = holder[group[0]]
             total_keys.append(key)
-        carries_key = (f"{label}-carries-{token}", *lane)
-        dsk[carries_key] = (plan.carries, *total_keys)
+        carries_key = (carries_name, *lane)
+        carries[carries_key] = (plan.carries, *total_keys)
         for i, idx in enumerate(index):
-            dsk[(name, *idx)] = (plan.scan_block, (x.name, *idx), carries_key, i)
+            scans[(name, *idx)] = (plan.scan_block, (x.name, *idx), carries_key, i)
 
-    meta = meta_from_array(x._meta, ndim=ndim, dtype=plan.out_dtype)
-    graph = HighLevelGraph.from_collections(name, dsk, dependencies=[x])
-    return da.Array(graph, name, x.chunks, meta=meta)
+    stages = []
+    if totals:
+        stages += [(totals_name, totals, placed_totals), (carries_name, carries, None)]
+    stages.append((name, scans, placed_scans))
+    return _array(x, stages, x.chunks, plan.out_dtype)
 
 
 def graph_depth(array: da.Array) -> int:

@@ -1,0 +1,119 @@
+"""Several GPUs through a LocalCUDACluster (one worker per GPU): results equal the single-GPU results,
+chunks stay on their GPU, outputs are made where their inputs live, a killed worker is recomputed.
+The same grouping logic runs on a CPU cluster in tests/test_placement.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+dask_cuda = pytest.importorskip("dask_cuda", reason="dask-cuda is not installed")
+pytestmark = pytest.mark.multi_gpu
+
+import dask.array as da  # noqa: E402
+import distributed  # noqa: E402
+
+import multireduce as mr  # noqa: E402
+from multireduce import graph, placement  # noqa: E402
+from multireduce.cluster import gpu_count, local_cluster  # noqa: E402
+
+from ..helpers import assert_matches  # noqa: E402
+
+
+def _make_block(dtype, seed, block_info=None):
+    import cupy
+
+    loc = block_info[None]["chunk-location"][0]
+    shape = block_info[None]["chunk-shape"]
+    rng = cupy.random.default_rng(seed + loc)
+    if np.dtype(dtype).kind == "f":
+        return rng.random(shape, dtype=dtype) - 0.5
+    return rng.integers(-1000, 1000, size=shape, dtype=dtype)
+
+
+def gpu_array(client, n, chunk, dtype, seed=0):
+    x = da.map_blocks(_make_block, dtype, seed, chunks=((chunk,) * (n // chunk) + ((n % chunk,) if n % chunk else ()),),
+                      dtype=dtype, meta=cupy.empty(0, dtype=dtype))
+    x = client.persist(x)
+    distributed.wait(x)
+    return x
+
+
+@pytest.fixture(scope="module")
+def client():
+    if gpu_count() < 2:
+        pytest.skip(f"needs 2 or more GPUs; {gpu_count()} visible")
+    with local_cluster(n_workers=min(gpu_count(), 4), gpu=True) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def _single_gpu(x):
+    return cupy.asarray(x.compute())  # gathered onto this process's GPU
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
+def test_results_equal_single_gpu(client, dtype):
+    x = gpu_array(client, (1 << 24) + 7, 1 << 20, dtype, seed=int(np.dtype(dtype).num))
+    whole = _single_gpu(x)
+    for opname in ["sum", "min", "max", "prod"]:
+        got = getattr(mr, opname)(x).compute()
+        assert isinstance(got, cupy.ndarray)
+        ref = getattr(mr, opname)(whole)
+        if np.dtype(dtype).kind != "f" or opname in ("min", "max"):
+            assert got.item() == ref.item(), opname  # bitwise for integers
+        elif opname == "sum":
+            host = cupy.asnumpy(whole).astype(np.float64)
+            assert_matches(cupy.asnumpy(got), host.sum(), np.abs(host).sum(), np.float32, np.float32, host.size)
+    got = mr.cumsum(x).compute()
+    ref = mr.cumsum(whole)
+    if np.dtype(dtype).kind != "f":
+        cupy.testing.assert_array_equal(got, ref)
+    else:
+        host = cupy.asnumpy(whole).astype(np.float64)
+        assert_matches(cupy.asnumpy(got), np.cumsum(host), np.cumsum(np.abs(host)), np.float32, np.float32, host.size)
+
+
+def test_one_task_per_gpu_and_chunks_stay_put(client):
+    x = gpu_array(client, 1 << 24, 1 << 19, np.float32)
+    holder = placement.holders(x, client)
+    workers = set(holder.values())
+    assert len(workers) >= 2
+    lazy = mr.sum(x)
+    assert graph.task_count(lazy, "sum-partial") == len(workers)
+    with distributed.get_task_stream(client) as stream:
+        lazy.compute()
+    partial_workers = {t["worker"] for t in stream.data if "sum-partial" in str(t["key"])}
+    assert partial_workers == workers
+    # the chunks on each worker are CuPy arrays on that worker's own GPU
+    devices = client.run(lambda dask_worker: sorted({v.device.id for v in dask_worker.data.values()
+                                                     if isinstance(v, cupy.ndarray)}))
+    assert len({tuple(d) for d in devices.values()}) == len(devices)
+
+
+def test_scan_outputs_made_on_the_input_gpu(client):
+    x = gpu_array(client, 1 << 24, 1 << 21, np.int32)
+    out = client.persist(mr.cumsum(x))
+    distributed.wait(out)
+    gin, gout = x.__dask_graph__(), out.__dask_graph__()
+    kin, kout = placement._chunk_keys(x), placement._chunk_keys(out)
+    where_in = client.who_has([gin[k] for k in kin])
+    where_out = client.who_has([gout[k] for k in kout])
+    for ki, ko in zip(kin, kout):
+        assert set(where_out[ko]) <= set(where_in[ki])
+
+
+def test_killed_worker_is_recomputed():
+    if gpu_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    with local_cluster(n_workers=2, gpu=True) as cluster, distributed.Client(cluster) as c:
+        x = gpu_array(c, 1 << 24, 1 << 18, np.int64)
+        expected = mr.sum(_single_gpu(x)).item()
+        future = c.compute(mr.sum(x, split_every=2))
+        victim = sorted(c.scheduler_info()["workers"])[0]
+        os.kill(c.run(os.getpid)[victim], signal.SIGKILL)
+        assert future.result(timeout=180).item() == expected

@@ -1,0 +1,133 @@
+"""Grouping by worker on a real CPU cluster (the same logic the multi-GPU path uses, one GPU per worker):
+one partial task per worker, output chunks made where their inputs live, uneven spreads, and a worker
+killed in the middle of a reduction."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import multireduce as mr  # noqa: E402
+from multireduce import graph, placement  # noqa: E402
+
+from .helpers import matmul_operator, random_matrices, sequential_fold  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, scheduler_port=0,
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def _spread(client, x: np.ndarray, chunk: int, owners: list[int]):
+    """A persisted array whose i-th block lives on worker owners[i] (an uneven spread on purpose)."""
+    workers = sorted(client.scheduler_info()["workers"])
+    blocks = []
+    for i, owner in enumerate(owners):
+        part = da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk, name=f"part-{i}-{owner}-{x.size}")
+        blocks.append(client.persist(part, workers=[workers[owner]]))
+    whole = client.persist(da.concatenate(blocks))
+    distributed.wait(whole)
+    return whole, workers
+
+
+def _runs(holder, keys) -> int:
+    return sum(1 for i, k in enumerate(keys) if i == 0 or holder[k] != holder[keys[i - 1]])
+
+
+def _task_stream(client, fn):
+    with distributed.get_task_stream(client) as stream:
+        result = fn()
+    return result, stream.data
+
+
+def _name(key) -> str:
+    return (key[0] if isinstance(key, tuple) else key).rsplit("-", 1)[0]
+
+
+def test_one_partial_task_per_worker(client):
+    x = np.random.default_rng(0).integers(-1000, 1000, size=12 * 1000)
+    owners = [0, 0, 0, 0, 0, 0, 0, 1, 1, 2, 0, 1]  # uneven, interleaved
+    d, workers = _spread(client, x, 1000, owners)
+    holder = placement.holders(d, client)
+    assert holder is not None and len(set(holder.values())) >= 2
+    lazy = mr.sum(d)
+    assert graph.task_count(lazy, "sum-partial") == len(set(holder.values()))  # not 12: one per worker
+    total, stream = _task_stream(client, lambda: client.compute(lazy).result())
+    assert total == x.sum()
+    ran_on = {t["worker"] for t in stream if _name(t["key"]) == "sum-partial"}
+    assert ran_on == set(holder.values())  # each worker reduced its own chunks
+
+
+def test_noncommutative_groups_are_runs(client):
+    op = matmul_operator()
+    m = random_matrices(np.random.default_rng(1), 8 * 200)
+    owners = [0, 0, 1, 1, 1, 0, 2, 2]
+    d, _ = _spread(client, m, 200, owners)
+    lazy = mr.reduce(d, op)
+    holder = placement.holders(d, client)
+    keys = placement._chunk_keys(d)
+    assert graph.task_count(lazy, "matmul2x2-partial") == _runs(holder, keys) > 1
+    assert int(client.compute(lazy).result()) == sequential_fold(m)
+
+
+def test_scan_outputs_are_made_where_inputs_live(client):
+    # chunks of a few MB, as on GPUs: moving one costs more than any imbalance, so locality decides
+    chunk = 1 << 19
+    x = np.random.default_rng(2).integers(-1000, 1000, size=9 * chunk)
+    owners = [2, 2, 0, 1, 1, 1, 0, 2, 0]
+    d, _ = _spread(client, x, chunk, owners)
+    out = client.persist(mr.cumsum(d))
+    distributed.wait(out)
+    holder = placement.holders(d, client)
+    keys = placement._chunk_keys(d)
+    assert graph.task_count(mr.cumsum(d), "cumsum-totals") == _runs(holder, keys[:-1]) > 1
+    # before anything gathers the result (which copies chunks to one worker)
+    graph_in, graph_out = d.__dask_graph__(), out.__dask_graph__()
+    where_in = client.who_has([graph_in[k] for k in keys])
+    where_out = client.who_has([graph_out[k] for k in placement._chunk_keys(out)])
+    for ki, ko in zip(keys, placement._chunk_keys(out)):
+        assert set(where_out[ko]) <= set(where_in[ki]), f"output {ko} was made away from its input"
+    np.testing.assert_array_equal(client.compute(out).result(), np.cumsum(x))
+
+
+def test_lazy_arrays_and_switching_placement_off(client):
+    x = np.arange(10_000)
+    lazy_input = da.from_array(x, chunks=1000)
+    assert placement.holders(lazy_input, client) is None
+    assert client.compute(mr.sum(lazy_input)).result() == x.sum()
+    d = client.persist(lazy_input)
+    distributed.wait(d)
+    with dask.config.set({"multireduce.placement": False}):
+        assert placement.holders(d, client) is None
+        assert graph.task_count(mr.sum(d, split_every=4), "sum-partial") == 3  # contiguous groups of 4
+    assert client.compute(mr.sum(d)).result() == x.sum()
+
+
+def _slow_add(a, b):
+    time.sleep(0.05)
+    return np.add(a, b)
+
+
+def test_worker_killed_mid_reduction_recomputes():
+    """A worker process dies while the reduction runs: Dask recomputes, the answer is right, nothing hangs."""
+    mr.register_operator("slow_add", identity=0, cpu=_slow_add, commutative=True, kinds="i", replace=True)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, scheduler_port=0,
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
+        x = np.arange(40 * 64, dtype=np.int64)
+        d = c.persist(da.from_array(x, chunks=64))
+        distributed.wait(d)
+        future = c.compute(mr.reduce(d, "slow_add", split_every=2))
+        time.sleep(0.5)
+        victim = sorted(c.scheduler_info()["workers"])[0]
+        os.kill(c.run(os.getpid)[victim], signal.SIGKILL)  # a crash, not a clean shutdown
+        assert future.result(timeout=120) == x.sum()
