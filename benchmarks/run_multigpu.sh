@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call on a machine with several GPUs: install the carried wheels (the Dask stack and
+# dask-cuda), run the multi-GPU tests, start a TLS cluster with GPU workers through deploy/ and use it,
+# then the multi-GPU benchmark. Short table last; logs in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/multireduce-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MULTIREDUCE_KERNEL_CACHE=/tmp/multireduce-kernels
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/env.txt"
+rc=0
+python3 -m pytest tests/multi_gpu tests/test_placement.py -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 600 \
+  > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
+tail -n 3 "$OUT/multi-gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/multi-gpu-tests.log" | head
+# deploy/: TLS scheduler + GPU workers, a client with the certificate runs sum and cumsum
+d=/tmp/mr-deploy; rm -rf $d; mkdir -p $d
+bash deploy/make-certs.sh $d/certs > /dev/null
+printf '[scheduler]\nhost = "127.0.0.1"\nport = 0\ndashboard = "127.0.0.1:0"\n[tls]\nenabled = true\n[workers]\nkind = "gpu"\n' > $d/c.toml
+{ bash deploy/start-scheduler.sh $d/c.toml && bash deploy/start-workers.sh $d/c.toml gpu-node && python3 - <<'PY'
+import cupy, dask.array as da, numpy as np, multireduce as mr
+from multireduce.deploy import connect
+with connect("/tmp/mr-deploy/c.toml", timeout=60) as c:
+    n = cupy.cuda.runtime.getDeviceCount()
+    c.wait_for_workers(n, timeout=120)
+    ws = c.scheduler_info()["workers"]
+    print("deploy: workers", len(ws), sorted(w["name"] for w in ws.values()))
+    x = np.random.default_rng(0).integers(-1000, 1000, size=(1 << 24) + 3)
+    d = c.persist(da.from_array(x, chunks=1 << 21).map_blocks(cupy.asarray))
+    s = c.compute(mr.sum(d)).result(); cs = c.compute(mr.cumsum(d)).result()
+    print("deploy: sum ok", int(s) == x.sum(), "cumsum ok", bool((cupy.asnumpy(cs) == np.cumsum(x)).all()), type(cs).__name__)
+PY
+} > "$OUT/deploy.log" 2>&1 || rc=1
+bash deploy/stop.sh $d/c.toml >> "$OUT/deploy.log" 2>&1
+grep -E "^deploy:|scheduler at|workers of node|stopped|Error" "$OUT/deploy.log" | head
+cp $d/run/*.log "$OUT/" 2>/dev/null
+timeout 400 python3 benchmarks/multigpu.py "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
+cat "$OUT/bench_multigpu.md" 2>/dev/null
+exit $rc
