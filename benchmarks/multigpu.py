@@ -111,7 +111,7 @@ def main(argv=None):
                             continue
                         ok = True
                         if op == "sum":
-                            ok = check_sum(results["mr_sum" if name.startswith("multi") else "dask_sum"])
+                            ok = bool(check_sum(results["mr_sum" if name.startswith("multi") else "dask_sum"]))
                         rows.append(dict(gpus=n_gpus, gib_per_gpu=gib, chunk_mib=chunk_mib, impl=name, op=op,
                                          ms=seconds * 1e3, gbps=moved / seconds / 1e9, ok=ok, note=""))
                         print(json.dumps(rows[-1]), flush=True)

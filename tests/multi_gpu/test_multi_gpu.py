@@ -89,10 +89,16 @@ def test_one_task_per_gpu_and_chunks_stay_put(client):
         lazy.compute()
     partial_workers = {t["worker"] for t in stream.data if "sum-partial" in str(t["key"])}
     assert partial_workers == workers
-    # the chunks on each worker are CuPy arrays on that worker's own GPU
-    devices = client.run(lambda dask_worker: sorted({v.device.id for v in dask_worker.data.values()
-                                                     if isinstance(v, cupy.ndarray)}))
-    assert len({tuple(d) for d in devices.values()}) == len(devices)
+    # the chunks on each worker are CuPy arrays on that worker's own GPU (each worker sees its GPU as
+    # device 0 through CUDA_VISIBLE_DEVICES, so compare PCI bus ids)
+    def buses(dask_worker):
+        return sorted({cupy.cuda.Device(v.device.id).pci_bus_id for v in dask_worker.data.values()
+                       if isinstance(v, cupy.ndarray)})
+
+    per_worker = client.run(buses)
+    held = {w: b for w, b in per_worker.items() if b}
+    assert len(held) >= 2 and all(len(b) == 1 for b in held.values())
+    assert len({b[0] for b in held.values()}) == len(held)  # one distinct GPU per worker
 
 
 def test_scan_outputs_made_on_the_input_gpu(client):
