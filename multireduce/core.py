@@ -74,6 +74,10 @@ class ReductionPlan:
             value = value.squeeze(axis=self.axes)
         return value.astype(self.out_dtype, copy=False)
 
+    def aggregate(self, *partials: Partial):
+        """The last stage in one task: combine the partials and finalize."""
+        return self.finalize(self.combine(*partials))
+
     def __call__(self, x):
         """Reduce one array now. A backend's ``reduce_all`` may take a whole-array reduction in one step
         (it returns None where it cannot); otherwise partial -> finalize."""
@@ -115,6 +119,10 @@ class ScanPlan:
         backend = backend_for(totals[0])
         stacked = totals[0] if len(totals) == 1 else backend.concatenate(list(totals), axis=self.axis)
         return backend.scan(stacked, self.op, self.axis, self.acc_dtype, self.acc_dtype)
+
+    def scan_block_from_totals(self, block, index: int, *totals):
+        """Scan chunk ``index`` seeded from the group totals themselves (few groups: one stage less)."""
+        return self.scan_block(block, self.carries(*totals) if index > 0 else None, index)
 
     def scan_block(self, block, carries=None, index: int = 0):
         """Scan chunk ``index`` of its lane; ``carries`` comes from ``carries`` (None for chunk 0)."""

@@ -20,6 +20,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from .core import ReductionPlan, ScanPlan
 
 Key = tuple
+FOLD_TOTALS_UP_TO = 32  # up to this many totals groups per lane, scan tasks fold them (no carries stage)
 Grouping = Callable[[Sequence[Hashable]], list[list[Hashable]]]
 
 
@@ -87,7 +88,8 @@ def _array(x: da.Array, stages: list[tuple[str, dict, dict | None]], chunks, dty
 
 def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
     """A lazy reduction of ``x`` over ``plan.axes``: one ``partial`` task per group, a ``combine`` tree of
-    fan-in ``split_every`` over the group partials, one ``aggregate`` task per output block.
+    fan-in ``split_every`` over the group partials, one ``aggregate`` task per output block that combines
+    the last level and finalizes (every stage costs a scheduler round trip, milliseconds on a cluster).
 
     Where ``groups`` knows which worker holds each chunk (``groups.holder``), each partial task prefers
     the worker holding its group."""
@@ -119,7 +121,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
                 placed[key] = holder[group[0]]
             level.append(key)
         depth = 0
-        while len(level) > 1:
+        while len(level) > split_every:  # the last level is folded into the aggregate task
             nxt = []
             for j in range(0, len(level), split_every):
                 key = (combine_name, depth, *kept_index, j // split_every)
@@ -127,7 +129,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
                 nxt.append(key)
             level, depth = nxt, depth + 1
         out_index = _block_index(ndim, fixed) if plan.keepdims else kept_index
-        finals[(name, *out_index)] = (plan.finalize, level[0])
+        finals[(name, *out_index)] = (plan.aggregate, *level)
 
     if plan.keepdims:
         chunks = tuple((1,) if d in axes else x.chunks[d] for d in range(ndim))
@@ -145,7 +147,8 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
 
     Per lane (the chunks that share their position on the other axes): ``totals`` tasks, one per group
     of chunks 0..n-2; one ``carries`` task scanning those totals; one ``scan`` task per chunk, seeded
-    with its carry. Depth 3 whatever the number of chunks, no rechunking, each input read twice and each
+    with its carry. With at most ``FOLD_TOTALS_UP_TO`` groups the scan tasks fold the totals themselves
+    and there is no carries task. Depth 3 whatever the number of chunks, no rechunking, each input read twice and each
     output written once. With ``groups.holder``, totals and scan tasks prefer the worker holding their
     chunks, so every output chunk is made where its input lives.
     """
@@ -181,6 +184,11 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
             if holder is not None:
                 placed_totals[key] = holder[group[0]]
             total_keys.append(key)
+        if len(total_keys) <= FOLD_TOTALS_UP_TO:
+            # few groups (one per GPU, say): every scan task folds the totals itself, a stage less
+            for i, idx in enumerate(index):
+                scans[(name, *idx)] = (plan.scan_block_from_totals, (x.name, *idx), i, *total_keys)
+            continue
         carries_key = (carries_name, *lane)
         carries[carries_key] = (plan.carries, *total_keys)
         for i, idx in enumerate(index):
@@ -188,7 +196,9 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
 
     stages = []
     if totals:
-        stages += [(totals_name, totals, placed_totals), (carries_name, carries, None)]
+        stages.append((totals_name, totals, placed_totals))
+    if carries:
+        stages.append((carries_name, carries, None))
     stages.append((name, scans, placed_scans))
     return _array(x, stages, x.chunks, plan.out_dtype)
 

@@ -167,11 +167,17 @@ def test_groups_make_one_task_per_group():
     op = get_operator("sum")
     plan = ReductionPlan(op, (0,), np.dtype(np.int64), np.dtype(np.int64), False, label="sum")
     s = graph.reduction(d, plan, split_every=16, groups=two_groups)
-    assert graph.task_count(s, "sum-partial") == 2 and graph.task_count(s, "sum-combine") == 1
+    # two stages: the partials, then one aggregate that combines and finalizes
+    assert graph.task_count(s, "sum-partial") == 2 and graph.task_count(s, "sum-combine") == 0
+    assert graph.task_count(s, "sum-aggregate") == 1
     assert s.compute() == x.sum()
     splan = ScanPlan(op, 0, np.dtype(np.int64), np.dtype(np.int64), label="cumsum")
     c = graph.scan(d, splan, split_every=16, groups=lambda keys: [list(keys)])
-    assert graph.task_count(c, "cumsum-totals") == 1 and graph.task_count(c, "cumsum-carries") == 1
+    # few groups: the scan tasks fold the totals themselves, no carries stage
+    assert graph.task_count(c, "cumsum-totals") == 1 and graph.task_count(c, "cumsum-carries") == 0
+    many = graph.scan(d, splan, split_every=2)  # 50 groups: a carries task
+    assert graph.task_count(many, "cumsum-carries") == 1
+    np.testing.assert_array_equal(many.compute(), np.cumsum(x))
     np.testing.assert_array_equal(c.compute(), np.cumsum(x))
     with pytest.raises(ValueError, match="groups: expected non-empty groups"):
         graph.reduction(d, plan, split_every=16, groups=lambda keys: [list(keys[1:])])
