@@ -94,9 +94,18 @@ def main(argv=None):
 
                     def persist_wait(make):
                         def run():
-                            y = client.persist(make())
+                            lazy = make()
+                            y = client.persist(lazy)
                             distributed.wait(y)
                             del y
+                            # the next repetition has the same keys: wait until the scheduler has
+                            # forgotten these, or it would hand back the results still in memory
+                            name = lazy.name
+                            for _ in range(1000):
+                                if not client.run_on_scheduler(
+                                        lambda dask_scheduler: any(name in str(k) for k in dask_scheduler.tasks)):
+                                    break
+                                time.sleep(0.01)
                         return run
 
                     impls.append(("multireduce.cumsum", "cumsum", persist_wait(lambda: mr.cumsum(x)), 2 * nbytes))
