@@ -32,12 +32,16 @@ def _make_block(seed, block_info=None):
 
 
 def timed(fn, repeats):
+    """Median seconds of ``fn()``; ``fn.settle()`` (if any) runs between repetitions, untimed."""
+    settle = getattr(fn, "settle", lambda: None)
     fn()
+    settle()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        settle()
     return statistics.median(times)
 
 
@@ -93,19 +97,26 @@ def main(argv=None):
                              ("dask.array.sum", "sum", lambda: run_sum(dask_sum), nbytes)]
 
                     def persist_wait(make):
+                        names = []
+
                         def run():
                             lazy = make()
+                            names.append(lazy.name)
                             y = client.persist(lazy)
                             distributed.wait(y)
                             del y
+
+                        def settle():
                             # the next repetition has the same keys: wait until the scheduler has
                             # forgotten these, or it would hand back the results still in memory
-                            name = lazy.name
+                            name = names.pop()
                             for _ in range(1000):
                                 if not client.run_on_scheduler(
                                         lambda dask_scheduler: any(name in str(k) for k in dask_scheduler.tasks)):
                                     break
                                 time.sleep(0.01)
+
+                        run.settle = settle
                         return run
 
                     impls.append(("multireduce.cumsum", "cumsum", persist_wait(lambda: mr.cumsum(x)), 2 * nbytes))
