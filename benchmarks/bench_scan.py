@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,16 +18,7 @@ import multireduce as mr  # noqa: E402
 
 
 def main(argv=None) -> list:
-    import cupy
-
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args(argv)
-    env = h.environment()
+    cupy, torch, args, env = h.setup("scans side by side", argv)
     rows: list[h.Row] = []
     roof: dict[int, float] = {}
     sizes = [16, 20, 22, 24, 26, 28, 30] if not args.quick else [20, 26]

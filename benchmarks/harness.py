@@ -38,6 +38,21 @@ class Row:
         self.ms, self.gbps, self.ratio_copy = float(self.ms), float(self.gbps), float(self.ratio_copy)
 
 
+def setup(description: str, argv=None):
+    """(cupy, torch or None, parsed args with --quick, environment) for a benchmark script."""
+    import argparse
+
+    import cupy
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="two sizes only")
+    return cupy, torch, parser.parse_args(argv), environment()
+
+
 def buffers(make, nbytes_each: int, max_buffers: int = 4):
     """Enough distinct inputs that their sum exceeds L2 (at least 2)."""
     count = max(2, min(max_buffers, math.ceil(2 * L2_BYTES / max(nbytes_each, 1))))

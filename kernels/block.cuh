@@ -41,31 +41,30 @@ __device__ __forceinline__ Acc warp_inclusive_scan(Acc v, Op op) {
 }
 
 // ---- block level --------------------------------------------------------------------------------
-// Result valid in thread 0. ``scratch`` holds kWarp values in shared memory.
-template <int BLOCK, class Acc, class Op>
-__device__ __forceinline__ Acc block_reduce(Acc v, Op op, Acc identity, Acc* scratch) {
+// Result valid in thread 0. ``scratch`` holds kWarp values in shared memory. ORDERED folds warps and
+// lanes in order (any associative operator); otherwise butterflies (commutative operators).
+template <int BLOCK, bool ORDERED, class Acc, class Op>
+__device__ __forceinline__ Acc block_fold(Acc v, Op op, Acc identity, Acc* scratch) {
   constexpr int kWarps = BLOCK / kWarp;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  v = warp_reduce(v, op);
+  auto warp_fold = [op](Acc x) { return ORDERED ? warp_reduce_ordered(x, op) : warp_reduce(x, op); };
+  v = warp_fold(v);
   if (kWarps == 1) return v;
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  if (warp == 0) v = warp_reduce(lane < kWarps ? scratch[lane] : identity, op);
+  if (warp == 0) v = warp_fold(lane < kWarps ? scratch[lane] : identity);
   return v;
 }
 
 template <int BLOCK, class Acc, class Op>
+__device__ __forceinline__ Acc block_reduce(Acc v, Op op, Acc identity, Acc* scratch) {
+  return block_fold<BLOCK, false>(v, op, identity, scratch);
+}
+
+template <int BLOCK, class Acc, class Op>
 __device__ __forceinline__ Acc block_reduce_ordered(Acc v, Op op, Acc identity, Acc* scratch) {
-  constexpr int kWarps = BLOCK / kWarp;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  v = warp_reduce_ordered(v, op);
-  if (kWarps == 1) return v;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) v = warp_reduce_ordered(lane < kWarps ? scratch[lane] : identity, op);
-  return v;
+  return block_fold<BLOCK, true>(v, op, identity, scratch);
 }
 
 // Exclusive scan of one value per thread across the block; ``*total`` gets the block's fold (all

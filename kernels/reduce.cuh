@@ -18,6 +18,13 @@ __device__ __forceinline__ Acc load_or(const T* in, index_t i, index_t n, Acc id
   return i < n ? convert<Acc>(in[i]) : identity;
 }
 
+// The first rungs' prologue: one element per thread into shared memory (identity past the end).
+template <class T, class Acc>
+__device__ __forceinline__ void load_one_per_thread(Acc* s, const T* in, index_t n, Acc identity) {
+  s[threadIdx.x] = load_or(in, (index_t)blockIdx.x * blockDim.x + threadIdx.x, n, identity);
+  __syncthreads();
+}
+
 // 1. Neighbored pairs: thread t works when t % (2*stride) == 0, so most of each warp idles (divergence).
 //    Pairs are neighbours, so order is kept.
 template <class T, class Acc, class Op>
@@ -25,8 +32,7 @@ __global__ void reduce_neighbored_partials(const T* in, index_t n, Acc identity,
   __shared__ Acc s[kCatalogueBlock];
   Op op;
   const unsigned t = threadIdx.x;
-  s[t] = load_or(in, (index_t)blockIdx.x * blockDim.x + t, n, identity);
-  __syncthreads();
+  load_one_per_thread(s, in, n, identity);
   for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
     if (t % (2 * stride) == 0) s[t] = op(s[t], s[t + stride]);
     __syncthreads();
@@ -41,8 +47,7 @@ __global__ void reduce_neighbored_compact_partials(const T* in, index_t n, Acc i
   __shared__ Acc s[kCatalogueBlock];
   Op op;
   const unsigned t = threadIdx.x;
-  s[t] = load_or(in, (index_t)blockIdx.x * blockDim.x + t, n, identity);
-  __syncthreads();
+  load_one_per_thread(s, in, n, identity);
   for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
     unsigned slot = 2 * stride * t;
     if (slot < blockDim.x) s[slot] = op(s[slot], s[slot + stride]);
@@ -66,8 +71,7 @@ __global__ void reduce_interleaved_partials(const T* in, index_t n, Acc identity
   __shared__ Acc s[kCatalogueBlock];
   Op op;
   const unsigned t = threadIdx.x;
-  s[t] = load_or(in, (index_t)blockIdx.x * blockDim.x + t, n, identity);
-  __syncthreads();
+  load_one_per_thread(s, in, n, identity);
   shared_interleaved(s, t, 0, op);
   if (t == 0) partials[blockIdx.x] = s[0];
 }
