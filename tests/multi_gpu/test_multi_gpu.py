@@ -123,3 +123,18 @@ def test_killed_worker_is_recomputed():
         victim = sorted(c.scheduler_info()["workers"])[0]
         os.kill(c.run(os.getpid)[victim], signal.SIGKILL)
         assert future.result(timeout=180).item() == expected
+
+
+def test_array_on_another_device_runs_there():
+    """Eager CuPy input on device 1 while device 0 is current: computed on device 1, result there."""
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs 2 GPUs in this process")
+    host = np.random.default_rng(3).integers(-1000, 1000, size=(1 << 20) + 5).astype(np.int32)
+    with cupy.cuda.Device(1):
+        x = cupy.asarray(host)
+    with cupy.cuda.Device(0):
+        s = mr.sum(x)
+        c = mr.cumsum(x)
+    assert s.device.id == 1 and c.device.id == 1
+    assert int(s) == int(host.sum())
+    np.testing.assert_array_equal(cupy.asnumpy(c), np.cumsum(host))
