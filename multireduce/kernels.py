@@ -134,10 +134,12 @@ def get_kernels(op: Operator, names) -> dict[str, object]:
     shared read-only mapping per type triple) for ``op`` on the current device; role -> kernel."""
     import cupy
 
+    # keyed by identity (hashing the mapping on every launch costs microseconds); each entry keeps its
+    # mapping alive, so an id can never be reused by another mapping while the entry exists
     key = (cupy.cuda.runtime.getDevice(), _operator_token(op), id(names))
     found = _modules.get(key)
     if found is not None:
-        return found
+        return found[1]
     with _lock:
         if key not in _modules:
             if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
@@ -151,8 +153,8 @@ def get_kernels(op: Operator, names) -> dict[str, object]:
                     f"compiling multireduce kernels for operator {op.name!r} failed; instantiations: "
                     f"{', '.join(expressions)}\n{exc}"
                 ) from exc
-            _modules[key] = {role: _Kernel(module, expr) for role, expr in names.items()}
-    return _modules[key]
+            _modules[key] = (names, {role: _Kernel(module, expr) for role, expr in names.items()})
+    return _modules[key][1]
 
 
 class _Kernel:
