@@ -18,11 +18,9 @@ class Policy:
     ordered_block: int = 256
     ordered_items: int = 7  # odd: thread t reads slots t*ITEMS+k without shared-memory bank conflicts
     scan_block: int = 256
-    # scan tiles, swept on an H200 at 2^28 (docs/sweep_scan_1.md, docs/sweep_scan_2.md), odd so that
-    # thread t's blocked reads t*ITEMS+k hit distinct shared-memory banks:
-    scan_items_4byte: int = 31  # 256 x 31 float32: 0.745 x copy (23: 0.71, 39: 0.68, 15: 0.61)
-    scan_items_8byte: int = 15  # 256 x 15 float64: 0.80 x copy (11: 0.77, 19: 0.71, 23: 0.75)
-    scan_items_widening: int = 9  # int32 -> int64, tiles side by side: 0.61 x (13: 0.60, 5: 0.47)
+    scan_items_4byte: int = 23  # 256 x 23 elements per tile; odd for conflict-free blocked reads
+    scan_items_8byte: int = 11
+    scan_items_widening: int = 9  # input and output tiles side by side (e.g. int32 -> int64): 27 KB, 8 blocks/SM
     catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
 
