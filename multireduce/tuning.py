@@ -18,8 +18,12 @@ class Policy:
     ordered_block: int = 256
     ordered_items: int = 7  # odd: thread t reads slots t*ITEMS+k without shared-memory bank conflicts
     scan_block: int = 256
-    scan_items_4byte: int = 23  # 256 x 23 elements per tile; odd for conflict-free blocked reads
-    scan_items_8byte: int = 11
+    # scan tiles (odd: thread t's blocked reads t*ITEMS+k hit distinct shared-memory banks). A sweep on an
+    # H200 at 2^28 (docs/sweep_scan_1.md, _2.md) found 256 x 31 better for 4-byte types (0.745 vs 0.71 x
+    # copy) and 256 x 15 for 8-byte ones (0.80 vs 0.77 x); not switched yet: the GPU test suite has not
+    # run with those instantiations (no device time was left), and it must before they become the default.
+    scan_items_4byte: int = 23  # 256 x 23 float32: 0.71 x copy
+    scan_items_8byte: int = 11  # 256 x 11 float64: 0.77 x copy
     scan_items_widening: int = 9  # input and output tiles side by side (e.g. int32 -> int64): 27 KB, 8 blocks/SM
     catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
