@@ -142,7 +142,7 @@ def main(argv=None):
                         last = float(c[-1].compute())
                         rows[-1]["note"] += f" cumsum[-1]={last:.6g} ref={ref:.6g}"
                         del c
-                    del x
+                    x = None  # release the chunks before the next size
                     client.run(lambda: cupy.get_default_memory_pool().free_all_blocks())
     env = {"date": time.strftime("%Y-%m-%d"), "devices": gpu_count(),
            "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}

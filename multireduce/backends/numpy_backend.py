@@ -28,10 +28,6 @@ def concatenate(values, axis=0):
     return np.concatenate(values, axis=axis)
 
 
-def full(shape, value, dtype):
-    return np.full(shape, value, dtype=dtype)
-
-
 def _fold_pairs(x: np.ndarray, op: Operator, identity) -> np.ndarray:
     """Reduce axis 0 by combining neighbours (0,1), (2,3), ... until one row is left; order is kept."""
     while x.shape[0] > 1:
