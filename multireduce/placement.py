@@ -40,9 +40,12 @@ def is_persisted(x) -> bool:
         from distributed import Future
     except ImportError:
         return False
-    graph = x.__dask_graph__()
+    # a persisted array's own layer holds its futures; looking only there keeps this O(chunks)
+    layer = getattr(x.__dask_graph__(), "layers", {}).get(x.name)
+    if layer is None:
+        return False
     keys = _chunk_keys(x)
-    return bool(keys) and all(isinstance(graph.get(k), Future) for k in keys)
+    return bool(keys) and all(isinstance(layer.get(k), Future) for k in keys)
 
 
 def holders(x, client=None) -> dict[Hashable, str] | None:
