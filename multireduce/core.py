@@ -78,6 +78,10 @@ class ReductionPlan:
         """The last stage in one task: combine the partials and finalize."""
         return self.finalize(self.combine(*partials))
 
+    def whole(self, *blocks):
+        """A single group's chunks straight to the result: one task instead of two."""
+        return self.finalize(self.partial(*blocks))
+
     def __call__(self, x):
         """Reduce one array now. A backend's ``reduce_all`` may take a whole-array reduction in one step
         (it returns None where it cannot); otherwise partial -> finalize."""

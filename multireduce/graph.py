@@ -105,6 +105,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     combines: dict = {}
     finals: dict = {}
     placed: dict = {}
+    placed_finals: dict = {}
     for kept_index in itertools.product(*(range(x.numblocks[d]) for d in kept)):
         fixed = dict(zip(kept, kept_index))
         keys = [
@@ -113,6 +114,12 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         ]
         grouped = groups(keys)
         _check_groups(keys, grouped, ordered=not plan.op.commutative)
+        out_index = _block_index(ndim, fixed) if plan.keepdims else kept_index
+        if len(grouped) == 1:  # one group (one GPU, or one chunk): reduce and finalize in one task
+            finals[(name, *out_index)] = (plan.whole, *grouped[0])
+            if holder is not None:
+                placed_finals[(name, *out_index)] = holder[grouped[0][0]]
+            continue
         level = []
         for g, group in enumerate(grouped):
             key = (partial_name, *kept_index, g)
@@ -128,17 +135,16 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
                 combines[key] = (plan.combine, *level[j : j + split_every])
                 nxt.append(key)
             level, depth = nxt, depth + 1
-        out_index = _block_index(ndim, fixed) if plan.keepdims else kept_index
         finals[(name, *out_index)] = (plan.aggregate, *level)
 
     if plan.keepdims:
         chunks = tuple((1,) if d in axes else x.chunks[d] for d in range(ndim))
     else:
         chunks = tuple(x.chunks[d] for d in kept)
-    stages = [(partial_name, partials, placed)]
+    stages = [(partial_name, partials, placed)] if partials else []
     if combines:
         stages.append((combine_name, combines, None))
-    stages.append((name, finals, None))
+    stages.append((name, finals, placed_finals if len(placed_finals) == len(finals) else None))
     return _array(x, stages, chunks, plan.out_dtype)
 
 

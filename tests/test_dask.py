@@ -123,11 +123,15 @@ def test_noncommutative_across_chunks():
 
 def test_results_are_lazy_with_numpy_meta_and_readable_names():
     d = da.ones(100, chunks=10)
-    s = mr.sum(d)
+    s = mr.sum(d, split_every=4)
     assert isinstance(s, da.Array) and type(s._meta) is np.ndarray
     assert s.name.startswith("sum-aggregate-")
     prefixes = {k[0].rsplit("-", 1)[0] for k in s.__dask_graph__() if isinstance(k, tuple)}
     assert {"sum-partial", "sum-aggregate"} <= prefixes
+    # one group (here: all 10 chunks within split_every) is one task from chunks to result
+    single = mr.sum(d)
+    assert graph.task_count(single, "sum-partial") == 0 and graph.task_count(single, "sum-aggregate") == 1
+    assert single.compute() == 100
     assert mr.cumsum(d).name.startswith("cumsum-")
     assert mr.mean(d).name.startswith("mean-aggregate-")
 
