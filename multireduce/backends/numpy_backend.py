@@ -61,6 +61,13 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
     return np.moveaxis(folded, 0, axis)
 
 
+def reduce_all(x, op: Operator, acc_dtype, algorithm: str = "auto"):
+    """The whole of ``x`` in one ufunc call (0-d); None for callables, which take the general path."""
+    if op.ufunc is None:
+        return None
+    return np.asarray(op.ufunc.reduce(x, axis=None, dtype=acc_dtype))
+
+
 def combine(op: Operator, values: list):
     """Fold equally shaped partials in order: ``values[0] op values[1] op ...``."""
     if len(values) == 1:
