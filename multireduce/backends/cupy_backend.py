@@ -28,14 +28,6 @@ ALGORITHMS: tuple[str, ...] = ("auto",) + REDUCE_ALGORITHMS + SCAN_ALGORITHMS
 NULL = np.uint64(0)  # a null device pointer as a kernel argument
 
 
-def asarray(x):
-    return cupy.asarray(x)
-
-
-def stack(values, axis=0):
-    return cupy.stack(values, axis=axis)
-
-
 def concatenate(values, axis=0):
     return cupy.concatenate(values, axis=axis)
 

@@ -16,14 +16,6 @@ name = "numpy"
 ALGORITHMS: tuple[str, ...] = ("auto",)
 
 
-def asarray(x):
-    return np.asarray(x)
-
-
-def stack(values, axis=0):
-    return np.stack(values, axis=axis)
-
-
 def concatenate(values, axis=0):
     return np.concatenate(values, axis=axis)
 
