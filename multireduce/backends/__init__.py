@@ -21,7 +21,3 @@ def backend_for(x) -> ModuleType:
 
         return cupy_backend
     return numpy_backend
-
-
-def algorithms_for(x) -> tuple[str, ...]:
-    return backend_for(x).ALGORITHMS

@@ -19,12 +19,10 @@ import cupy
 import numpy as np
 
 from .. import kernels as _k
-from ..catalogue import REDUCE_ALGORITHMS, SCAN_ALGORITHMS
 from ..operators import Operator
 from ..tuning import policy as _policy
 
 name = "cupy"
-ALGORITHMS: tuple[str, ...] = ("auto",) + REDUCE_ALGORITHMS + SCAN_ALGORITHMS
 NULL = np.uint64(0)  # a null device pointer as a kernel argument
 
 

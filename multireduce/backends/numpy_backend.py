@@ -13,7 +13,6 @@ import numpy as np
 from ..operators import Operator
 
 name = "numpy"
-ALGORITHMS: tuple[str, ...] = ("auto",)
 
 
 def concatenate(values, axis=0):
