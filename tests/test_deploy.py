@@ -177,7 +177,9 @@ def test_slurm_script_and_shell_syntax():
 def test_wheelhouse_collects_the_dask_stack(tmp_path):
     """The air-gapped install set (network: the package registry only)."""
     proc = sh("bash", DEPLOY / "wheelhouse.sh", tmp_path / "wh", "--only-missing", timeout=600, check=False)
-    if proc.returncode != 0 and "Could not find" not in proc.stderr and "No matching" not in proc.stderr:
+    network = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable",
+               "Connection refused", "Max retries exceeded")
+    if proc.returncode != 0 and any(sign in proc.stderr for sign in network):
         pytest.skip(f"the package registry is not reachable here: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = {p.name.split("-")[0].lower() for p in (tmp_path / "wh").glob("*.whl")}
