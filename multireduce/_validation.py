@@ -65,12 +65,6 @@ def as_array(x, caller: str):
         raise TypeError(f"{caller}: argument 'x' must be an array; got {type(x).__name__} ({exc})") from None
 
 
-def check_dtype(x, kinds: str, caller: str, what: str = "argument 'x' has") -> None:
-    dtype = np.dtype(x.dtype)
-    if dtype.kind not in kinds:
-        raise TypeError(f"{caller}: {what} dtype {dtype}; expected a {_dt.describe_kinds(kinds)} dtype")
-
-
 def requested_dtype(dtype, kinds: str, caller: str):
     if dtype is None:
         return None
