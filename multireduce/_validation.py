@@ -65,6 +65,12 @@ def as_array(x, caller: str):
         raise TypeError(f"{caller}: argument 'x' must be an array; got {type(x).__name__} ({exc})") from None
 
 
+def check_dtype(dtype, kinds: str, caller: str) -> None:
+    """``x``'s dtype must be of one of ``kinds`` (NumPy kind letters)."""
+    if dtype.kind not in kinds:
+        raise TypeError(f"{caller}: argument 'x' has dtype {dtype}; expected a {_dt.describe_kinds(kinds)} dtype")
+
+
 def requested_dtype(dtype, kinds: str, caller: str):
     if dtype is None:
         return None

@@ -56,8 +56,7 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     """Everything about a reduction that does not depend on the data: checks, dtypes, plans, fan-in."""
     family = "mean" if mean else op.family
     kinds = _dt.ARITHMETIC_KINDS if mean else op.kinds
-    if dtype.kind not in kinds:
-        raise TypeError(f"{caller}: argument 'x' has dtype {dtype}; expected a {_dt.describe_kinds(kinds)} dtype")
+    v.check_dtype(dtype, kinds, caller)
     requested = v.requested_dtype(requested, kinds, caller)
     axes = v.normalize_axes(axis, ndim, caller)
     keepdims = v.check_keepdims(keepdims, caller)
@@ -115,8 +114,7 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
 
 @_cached
 def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, split_every, label, caller):
-    if dtype.kind not in op.kinds:
-        raise TypeError(f"{caller}: argument 'x' has dtype {dtype}; expected a {_dt.describe_kinds(op.kinds)} dtype")
+    v.check_dtype(dtype, op.kinds, caller)
     requested = v.requested_dtype(requested, op.kinds, caller)
     inclusive = v.check_inclusive(inclusive, caller)
     ax = 0 if axis is None else v.normalize_scan_axis(axis, ndim, caller)
