@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One device call: install the carried wheels, run the GPU test suite and the benchmarks, print a
 # short table last. Full logs go to $OUT.
-#   bash benchmarks/run_gpu.sh [tests|bench|all] [extra pytest args...]
+#   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
+# STEPS: "all" (= "tests bench") or a quoted list of tests, bench, sweep (look-back tile shapes),
+# small (where a small reduce spends its time).
 set -uo pipefail
 what=${1:-all}; shift || true
+[ "$what" = all ] && what="tests bench"
+has() { case " $what " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-/tmp/multireduce-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -16,7 +20,15 @@ export MULTIREDUCE_KERNEL_CACHE=${MULTIREDUCE_KERNEL_CACHE:-/tmp/multireduce-ker
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; \
   python3 -c "import cupy, numpy, dask; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'dask', dask.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 rc=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if has sweep; then
+  timeout 300 python3 benchmarks/sweep_scan.py > "$OUT/sweep-scan.log" 2>&1 || rc=1
+  grep -E "x copy" "$OUT/sweep-scan.log"; tail -n 2 "$OUT/sweep-scan.log" | grep -v "x copy"
+fi
+if has small; then
+  timeout 120 python3 benchmarks/profile_small.py > "$OUT/profile-small.log" 2>&1 || rc=1
+  grep -E "^\|" "$OUT/profile-small.log" || tail -n 20 "$OUT/profile-small.log"
+fi
+if has tests; then
   start=$(date +%s)
   python3 -m pytest tests/gpu -m "gpu and not large" -n 12 -q -p no:cacheprovider -p no:benchmark --timeout 900 "$@" > "$OUT/gpu-tests.log" 2>&1 || rc=1
   python3 -m pytest tests/gpu -m large -q -p no:cacheprovider -p no:benchmark --timeout 900 "$@" > "$OUT/gpu-large.log" 2>&1 || rc=1
@@ -24,7 +36,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30
   tail -n 3 "$OUT/gpu-tests.log"; tail -n 3 "$OUT/gpu-large.log"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if has bench; then
   python3 benchmarks/bench_reduce.py > "$OUT/bench-reduce.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-reduce.log"; }
   python3 benchmarks/bench_scan.py > "$OUT/bench-scan.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-scan.log"; }
   python3 benchmarks/summary.py "$OUT" || rc=1

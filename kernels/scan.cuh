@@ -110,13 +110,17 @@ __global__ void scan_finish(const Acc* inclusive_scan, Out* out, index_t rows, i
 }
 
 // ---- production: one pass with decoupled look-back ---------------------------------------------
-// Each tile (BLOCK threads x ITEMS elements) takes the next tile number from a counter, so every
-// tile it waits for has already started. It loads its elements coalesced (16-byte vectors when the
-// tile is aligned) into shared memory, each thread scans ITEMS consecutive elements, the block scans
-// the thread totals, and warp 0 publishes the tile's fold (status AGGREGATE) and then looks back over
-// the preceding tiles 32 at a time until it meets one whose inclusive prefix is known (status PREFIX),
-// folding the aggregates in order on the way. Tiles before a row's first tile read as that row's
-// carry-in with status PREFIX. Status words must be zero before the launch.
+// Tiles of BLOCK threads x ITEMS elements are numbered by a counter as blocks take them, so every
+// tile a block waits for has already been taken by a running block. A block copies its tile into
+// shared memory with asynchronous 16-byte copies (cp.async: the bytes in flight cost no registers,
+// which is what lets every load of the tile be outstanding at once), each thread folds ITEMS
+// consecutive elements, the block scans the thread totals, and warp 0 publishes the tile's fold
+// (status AGGREGATE) and looks back over the preceding tiles 32 at a time until it meets one whose
+// inclusive prefix is known (status PREFIX). Tiles before a row's first tile read as that row's
+// carry-in with status PREFIX. With STAGES == 2 a block keeps taking tiles and copies the next one
+// in while it scans the current one (the look-back wait then overlaps a load); with STAGES == 1
+// each block scans one tile (grid = tiles) and leaves room for more blocks per SM.
+// Status words (and the counter after them) must be zero before the launch.
 enum : unsigned { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
 
 // Tile descriptors: the status and the value in one word written and read whole, so publishing needs
@@ -145,21 +149,15 @@ struct LookbackState {
     }
   }
 
-  // Waits until tile ``j`` has published; returns its status and value.
-  __device__ __forceinline__ unsigned wait(index_t j, Acc* v) const {
+  // One read of tile ``j``'s descriptor: its status, and its value when the status is not NONE.
+  __device__ __forceinline__ unsigned poll(index_t j, Acc* v) const {
     unsigned long long status, bits;
-    unsigned backoff = 32;
-    for (;;) {
-      if constexpr (kNarrow) {
-        const unsigned long long w = load_volatile(words + j);
-        status = w >> 32;
-        bits = w & 0xffffffffull;
-      } else {
-        load_word(words + 2 * j, &status, &bits);
-      }
-      if (status != kStatusNone) break;
-      __nanosleep(backoff);  // spinning warps would otherwise crowd L2
-      backoff = backoff < 512 ? backoff * 2 : backoff;
+    if constexpr (kNarrow) {
+      const unsigned long long w = load_volatile(words + j);
+      status = w >> 32;
+      bits = w & 0xffffffffull;
+    } else {
+      load_word(words + 2 * j, &status, &bits);
     }
     union {
       unsigned long long u;
@@ -172,6 +170,8 @@ struct LookbackState {
 };
 
 // Warp 0 only. Returns the fold of every element before ``tile`` (carry-in included) in all lanes.
+// A window of 32 predecessors is read at once; only the tiles nearer than the nearest PREFIX in it
+// are waited for (a slower tile further back does not hold this one up).
 template <class Acc, class Op>
 __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row_first_tile, Acc row_carry,
                          Acc identity, Op op) {
@@ -179,10 +179,18 @@ __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row
   Acc exclusive = identity;
   for (index_t newest = tile - 1;; newest -= kWarp) {
     const index_t j = newest - lane;  // lane 0 is the nearest tile
-    unsigned status = kStatusPrefix;
+    const bool before_row = j < row_first_tile;
     Acc v = row_carry;
-    if (j >= row_first_tile) status = st.wait(j, &v);
-    const unsigned prefix_lanes = __ballot_sync(kFullMask, status == kStatusPrefix);
+    unsigned status = before_row ? static_cast<unsigned>(kStatusPrefix) : st.poll(j, &v);
+    unsigned prefix_lanes;
+    for (unsigned backoff = 32;; backoff = backoff < 512 ? backoff * 2 : backoff) {
+      prefix_lanes = __ballot_sync(kFullMask, status == kStatusPrefix);
+      const unsigned needed = prefix_lanes ? ((prefix_lanes & (0u - prefix_lanes)) << 1) - 1u : kFullMask;
+      const unsigned missing = __ballot_sync(kFullMask, status == kStatusNone) & needed;
+      if (!missing) break;
+      __nanosleep(backoff);  // spinning warps would otherwise crowd L2
+      if ((missing >> lane) & 1u) status = st.poll(j, &v);
+    }
     const int stop = prefix_lanes ? __ffs(prefix_lanes) - 1 : kWarp;
     if (lane > stop) v = identity;
     // lanes hold tiles newest-first: fold with the higher (older) lane on the left
@@ -196,109 +204,183 @@ __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row
   }
 }
 
-template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS>
-__global__ void __launch_bounds__(BLOCK, 2048 / BLOCK) scan_lookback(const T* in, Out* out, index_t K,
-                                                                      index_t tiles_per_row, Acc identity,
-                                                                      const Acc* carry_in, Acc* row_totals,
-                                                                      unsigned long long* words, int inclusive) {
-  constexpr int kTile = BLOCK * ITEMS;
-  // Output written over the input tile when the sizes match (each thread rewrites only the slots it
-  // has just read), else beside it.
-  constexpr bool kInPlace = sizeof(Out) == sizeof(T);
-  constexpr int kInBytes = kTile * sizeof(T);
-  constexpr int kBytes = kInPlace ? kInBytes : kInBytes + kTile * sizeof(Out);
+// ---- asynchronous global -> shared copies (sm_80+; a plain copy through registers before) ---------
+__device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
+#if __CUDA_ARCH__ >= 800
+  unsigned dst;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(dst) : "l"(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(shared_dst) = __ldg(reinterpret_cast<const uint4*>(global_src));
+#endif
+}
+__device__ __forceinline__ void copies_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most PENDING of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void copies_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+#endif
+}
+
+// Shared memory of one scan_lookback block, and so how many blocks an SM holds (for launch bounds).
+template <class T, class Out, int BLOCK, int ITEMS, int STAGES>
+struct LookbackTile {
+  static constexpr int kTile = BLOCK * ITEMS;
+  static constexpr bool kInPlace = sizeof(Out) == sizeof(T);  // results overwrite the input tile
+  static constexpr int kInBytes = kTile * (int)sizeof(T);
+  static constexpr int kOutBytes = kInPlace ? 0 : kTile * (int)sizeof(Out);
+  static constexpr int kBytes = STAGES * kInBytes + kOutBytes;
+  static constexpr int kSharedPerSm = 227 * 1024;  // sm_90; on sm_80 fewer blocks fit than this says
+  static constexpr int kByThreads = 2048 / BLOCK;
+  static constexpr int kByShared = kSharedPerSm / (kBytes + 512);
+  static constexpr int kBlocksPerSm = kByThreads < kByShared ? kByThreads : (kByShared > 0 ? kByShared : 1);
   static_assert(kInBytes % 16 == 0 && (kTile * sizeof(Out)) % 16 == 0, "tiles are whole vectors");
-  __shared__ __align__(16) unsigned char raw[kBytes];
+};
+
+// Starts copying tile ``tile`` into ``s_in``: asynchronous 16-byte copies when the tile is whole and
+// aligned, else element by element (a row's last tile, or rows not 16-byte aligned).
+template <class T, int BLOCK, int ITEMS>
+__device__ __forceinline__ void issue_tile_load(const T* in, T* s_in, index_t tile, index_t K, index_t tiles_per_row) {
+  constexpr int kTile = BLOCK * ITEMS;
+  const index_t row = tile / tiles_per_row, first = (tile % tiles_per_row) * kTile;
+  const int valid = (int)(K - first < kTile ? K - first : kTile);
+  const T* src = in + row * K + first;
+  if (valid == kTile && reinterpret_cast<unsigned long long>(src) % 16 == 0) {
+    constexpr int kVectors = kTile * (int)sizeof(T) / 16;
+#pragma unroll
+    for (int j = threadIdx.x; j < kVectors; j += BLOCK)
+      copy_16_async(reinterpret_cast<uint4*>(s_in) + j, reinterpret_cast<const uint4*>(src) + j);
+  } else {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int j = k * BLOCK + threadIdx.x;
+      if (j < valid) s_in[j] = src[j];
+    }
+  }
+  copies_commit();
+}
+
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int STAGES>
+__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, STAGES>::kBlocksPerSm))
+    scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, index_t total_tiles, Acc identity,
+                  const Acc* carry_in, Acc* row_totals, unsigned long long* words, int inclusive) {
+  static_assert(STAGES == 1 || STAGES == 2, "one tile, or one scanned while the next arrives");
+  using Shape = LookbackTile<T, Out, BLOCK, ITEMS, STAGES>;
+  constexpr int kTile = Shape::kTile;
+  __shared__ __align__(16) unsigned char raw[Shape::kBytes];
   __shared__ Acc scratch[kWarp + 1];
   __shared__ Acc tile_exclusive;
-  __shared__ index_t tile_number;
+  __shared__ index_t taken;
   Op op;
   const int t = threadIdx.x;
   const LookbackState<Acc> st{words};
+  unsigned long long* counter = words + total_tiles * LookbackState<Acc>::kWordsPerTile;
+  auto stage_in = [&](int stage) { return reinterpret_cast<T*>(raw + stage * Shape::kInBytes); };
 
-  // the tile counter sits after the descriptors
-  if (t == 0) tile_number = atomicAdd(words + (index_t)gridDim.x * LookbackState<Acc>::kWordsPerTile, 1ull);
+  if (t == 0) taken = atomicAdd(counter, 1ull);
   __syncthreads();
-  const index_t tile = tile_number;
-  const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
-  const index_t first = tile_in_row * kTile;
-  const int valid = (int)(K - first < kTile ? K - first : kTile);
-  const index_t base = row * K + first;
+  index_t tile = taken;
+  if (tile >= total_tiles) return;
+  issue_tile_load<T, BLOCK, ITEMS>(in, stage_in(0), tile, K, tiles_per_row);
+  int stage = 0;
 
-  // load, coalesced: vector j of the tile goes to thread j % BLOCK
-  T* s_in = reinterpret_cast<T*>(raw);
-  Out* s_out = reinterpret_cast<Out*>(raw + (kInPlace ? 0 : kInBytes));
-  const bool vector_in = valid == kTile && reinterpret_cast<unsigned long long>(in + base) % 16 == 0;
-  if (vector_in) {
-    constexpr int kVectors = kInBytes / 16;
-    const uint4* src = reinterpret_cast<const uint4*>(in + base);
-    uint4* dst = reinterpret_cast<uint4*>(raw);
-#pragma unroll
-    for (int j = t; j < kVectors; j += BLOCK) dst[j] = __ldg(src + j);
-  } else {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      int j = k * BLOCK + t;
-      if (j < valid) s_in[j] = in[base + j];
-    }
-  }
-  __syncthreads();
-
-  // pass 1: each thread folds its ITEMS consecutive elements (one accumulator, not ITEMS: registers
-  // decide how many tiles an SM holds)
-  const int mine = t * ITEMS;
-  Acc own = identity;
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k) {
-    if (mine + k < valid) own = op(own, convert<Acc>(s_in[mine + k]));
-  }
-  Acc aggregate;
-  const Acc thread_prefix = block_exclusive_scan<BLOCK>(own, op, identity, scratch, &aggregate);
-
-  // the fold of everything before this tile
-  if (t < kWarp) {
-    const Acc row_carry = carry_in ? carry_in[row] : identity;
-    Acc before;
-    if (tile_in_row == 0) {
-      before = row_carry;
+  for (;;) {
+    index_t following = total_tiles;
+    if constexpr (STAGES == 2) {
+      __syncthreads();  // everyone has read `taken`, and the other stage's last tile is stored
+      if (t == 0) taken = atomicAdd(counter, 1ull);
+      __syncthreads();
+      following = taken;
+      if (following < total_tiles) issue_tile_load<T, BLOCK, ITEMS>(in, stage_in(stage ^ 1), following, K, tiles_per_row);
+      else copies_commit();  // keep one group per tile, so "all but the newest" is this tile
+      copies_wait<1>();
     } else {
-      if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
-      before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
+      copies_wait<0>();
     }
-    if (t == 0) {
-      Acc through = op(before, aggregate);
-      if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
-      else if (row_totals) row_totals[row] = through;
-      tile_exclusive = before;
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // pass 2: rescan the same elements from shared memory, seeded
-  Acc running = op(tile_exclusive, thread_prefix);
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k) {
-    const int j = mine + k;
-    if (j < valid) {
-      Acc next = op(running, convert<Acc>(s_in[j]));
-      s_out[j] = convert<Out>(inclusive ? next : running);
-      running = next;
-    }
-  }
-  __syncthreads();
-  const bool vector_out = valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0;
-  if (vector_out) {
-    constexpr int kVectors = kTile * sizeof(Out) / 16;
-    const uint4* src = reinterpret_cast<const uint4*>(s_out);
-    uint4* dst = reinterpret_cast<uint4*>(out + base);
-#pragma unroll
-    for (int j = t; j < kVectors; j += BLOCK) dst[j] = src[j];
-  } else {
+    T* s_in = stage_in(stage);
+    Out* s_out = Shape::kInPlace ? reinterpret_cast<Out*>(s_in) : reinterpret_cast<Out*>(raw + STAGES * Shape::kInBytes);
+    const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
+    const index_t first = tile_in_row * kTile;
+    const int valid = (int)(K - first < kTile ? K - first : kTile);
+    const index_t base = row * K + first;
+
+    // pass 1: each thread folds its ITEMS consecutive elements (one accumulator, not ITEMS: registers
+    // decide how many tiles an SM holds)
+    const int mine = t * ITEMS;
+    Acc own = identity;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      int j = k * BLOCK + t;
-      if (j < valid) out[base + j] = s_out[j];
+      if (mine + k < valid) own = op(own, convert<Acc>(s_in[mine + k]));
     }
+    Acc aggregate;
+    const Acc thread_prefix = block_exclusive_scan<BLOCK>(own, op, identity, scratch, &aggregate);
+
+    // the fold of everything before this tile
+    if (t < kWarp) {
+      const Acc row_carry = carry_in ? carry_in[row] : identity;
+      Acc before;
+      if (tile_in_row == 0) {
+        before = row_carry;
+      } else {
+        if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
+        before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
+      }
+      if (t == 0) {
+        Acc through = op(before, aggregate);
+        if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
+        else if (row_totals) row_totals[row] = through;
+        tile_exclusive = before;
+      }
+    }
+    __syncthreads();
+
+    // pass 2: rescan the same elements from shared memory, seeded (each thread rewrites only the
+    // slots it has just read, so in-place results are safe)
+    Acc running = op(tile_exclusive, thread_prefix);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int j = mine + k;
+      if (j < valid) {
+        Acc next = op(running, convert<Acc>(s_in[j]));
+        s_out[j] = convert<Out>(inclusive ? next : running);
+        running = next;
+      }
+    }
+    __syncthreads();
+    if (valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0) {
+      constexpr int kVectors = kTile * sizeof(Out) / 16;
+      const uint4* src = reinterpret_cast<const uint4*>(s_out);
+      uint4* dst = reinterpret_cast<uint4*>(out + base);
+#pragma unroll
+      for (int j = t; j < kVectors; j += BLOCK) dst[j] = src[j];
+    } else {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int j = k * BLOCK + t;
+        if (j < valid) out[base + j] = s_out[j];
+      }
+    }
+
+    if constexpr (STAGES == 2) {
+      if (following >= total_tiles) return;
+      stage ^= 1;
+    } else {
+      if (gridDim.x >= total_tiles) return;  // one tile per block: no counter round trip at the end
+      __syncthreads();  // the tile is stored and `taken` read before either is reused
+      if (t == 0) taken = atomicAdd(counter, 1ull);
+      __syncthreads();
+      following = taken;
+      if (following >= total_tiles) return;
+      issue_tile_load<T, BLOCK, ITEMS>(in, s_in, following, K, tiles_per_row);
+    }
+    tile = following;
   }
 }
 

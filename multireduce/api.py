@@ -85,9 +85,22 @@ def _check_gpu(caller, op, dtype, acc_dtype, out_dtype):
                          "register it with cuda='...'")
 
 
+# (array type, caller, operator, dtype) -> a backend's whole-array reducer, for calls with every option
+# at its default: small arrays spend most of their time in Python, and this skips all of it that a
+# previous call of the same signature has already checked and resolved.
+_whole_reducers: dict = {}
+
+
 def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None):
-    x, kind = v.as_array(x, caller)
     op = get_operator(op, caller=caller)
+    defaults = axis is None and dtype is None and keepdims is False and split_every is None and algorithm == "auto"
+    if defaults and not mean:
+        whole = _whole_reducers.get((type(x), caller, op, getattr(x, "dtype", None)))
+        if whole is not None:
+            result = whole(x)
+            if result is not None:
+                return result
+    x, kind = v.as_array(x, caller)
     if split_every is None and kind.startswith("dask"):
         split_every = dask.config.get("split_every", None)
     plans, axes, keepdims, fan_in = _resolve_reduction(kind, op, x.dtype, x.ndim, axis, dtype, keepdims, split_every,
@@ -102,6 +115,10 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
             x = graph.reduction(x, plan, fan_in, groups)
         return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
 
+    if defaults and not mean and kind in ("numpy", "cupy") and len(plans) == 1:
+        whole = plans[0].whole_reducer(x)
+        if whole is not None:
+            _whole_reducers[(type(x), caller, op, x.dtype)] = whole
     with _run_device(kind, x):
         for plan in plans:
             x = plan(x)

@@ -92,6 +92,15 @@ class ReductionPlan:
                 return value if value.dtype == self.out_dtype else value.astype(self.out_dtype)
         return self.finalize(self.partial(x))
 
+    def whole_reducer(self, x):
+        """A reusable function reducing whole arrays of ``x``'s type and dtype to this plan's result, from
+        the backend (None where the backend has none, or the plan needs the general path). It returns
+        None for an array it cannot take, and the caller then calls the plan."""
+        make = getattr(backend_for(x), "whole_reducer", None)
+        if make is None or self.keepdims or self.mean or self.algorithm != "auto" or len(self.axes) != x.ndim:
+            return None
+        return make(self.op, x.dtype, self.acc_dtype, self.out_dtype)
+
     def __dask_tokenize__(self):
         from dask.base import tokenize
 

@@ -246,3 +246,49 @@ def test_noncommutative_multi_axis_is_c_order():
     expected = [sequential_fold(x[:, j, :].ravel()) for j in range(5)]
     np.testing.assert_array_equal(got, np.array(expected, dtype=np.uint64))
     assert mr.reduce(x, op, axis=(0, 2), keepdims=True).shape == (1, 5, 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# The cached whole-array path (calls with every option at its default)
+# ------------------------------------------------------------------------------------------------
+def test_repeated_default_calls_use_the_cached_reducer_and_agree():
+    from multireduce import api
+    from multireduce.operators import get_operator
+
+    rng = np.random.default_rng(3)
+    for dtype in [np.float16, np.float32, np.int8, np.int64, np.uint32, np.bool_]:
+        for fn, opname in [(mr.sum, "sum"), (mr.prod, "prod"), (mr.min, "min"), (mr.max, "max")]:
+            x = random_array(rng, 1000, dtype, "prod" if opname == "prod" else "sum")
+            before = x.copy()
+            first = fn(x)
+            assert (np.ndarray, f"multireduce.{opname}", get_operator(opname), x.dtype) in api._whole_reducers
+            second = fn(x)
+            np.testing.assert_array_equal(x, before)
+            assert type(second) is type(first) and second.dtype == first.dtype
+            assert second == first or (np.isnan(first) and np.isnan(second))
+            ref = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[opname](x)
+            assert second.dtype == ref.dtype and (second == ref or np.isnan(ref))
+            # what the cached path does not take goes the general way: empty input keeps NumPy's rules
+            empty = np.empty(0, dtype)
+            if opname in ("min", "max"):
+                with pytest.raises(ValueError, match="zero-size array"):
+                    fn(empty)
+            else:
+                assert fn(empty) == {"sum": np.sum, "prod": np.prod}[opname](empty)
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        assert np.isnan(mr.mean(np.empty(0, np.float32)))
+
+
+def test_cached_reducer_follows_a_replaced_operator_and_options():
+    x = np.arange(1, 9, dtype=np.int64)
+    mr.register_operator("pick", identity=0, cpu=np.add, commutative=True, replace=True)
+    try:
+        assert mr.reduce(x, "pick") == 36 and mr.reduce(x, "pick") == 36
+        mr.register_operator("pick", identity=0, cpu=np.bitwise_xor, commutative=True, replace=True)
+        assert mr.reduce(x, "pick") == np.bitwise_xor.reduce(x)
+    finally:
+        mr.unregister_operator("pick")
+    assert mr.sum(x) == 36 and mr.sum(x, dtype=np.int8) == 36 and mr.sum(x, keepdims=True).shape == (1,)
+    assert mr.sum([1, 2, 3]) == 6 and mr.sum(np.float32(2.5)) == np.float32(2.5)
+    with pytest.raises(TypeError, match="argument 'x' has dtype"):
+        mr.sum(np.array(["a"]))

@@ -48,26 +48,21 @@ def _facts():
     return facts
 
 
-_partials: dict[tuple, cupy.ndarray] = {}
+_workspaces: dict[tuple, list] = {}
 
 
-def _partials_buffer(grid: int, acc: np.dtype) -> cupy.ndarray:
-    """Scratch for one partial per block, reused per (device, stream, dtype): launches on one stream
-    run in order, so the next one cannot overwrite partials still being read."""
+def _workspace(grid: int, acc: np.dtype) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """(partials, counter) for a one-launch reduction on the current stream: scratch for one partial per
+    block and a zeroed counter for the last-block guard (the last block resets it). Reused per (device,
+    stream, dtype): launches on one stream run in order, so the next one cannot overwrite partials still
+    being read."""
     key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr, acc)
-    buf = _partials.get(key)
-    if buf is None or buf.size < grid:
-        buf = _partials[key] = cupy.empty(max(grid, 4096), acc)
-    return buf
-
-
-def _counter() -> cupy.ndarray:
-    """A zeroed counter for the last-block guard; the last block resets it, so it is reused per stream."""
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
-    c = _counters.get(key)
-    if c is None:
-        c = _counters[key] = cupy.zeros(1, dtype=np.uint32)
-    return c
+    space = _workspaces.get(key)
+    if space is None:
+        space = _workspaces[key] = [cupy.empty(max(grid, 4096), acc), cupy.zeros(1, dtype=np.uint32)]
+    elif space[0].size < grid:
+        space[0] = cupy.empty(grid, acc)
+    return space[0], space[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,16 +115,16 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
     if algorithm in ("auto", "vectorized") and op.commutative:
         per_block = p.reduce_block * (16 // x1.dtype.itemsize) * p.reduce_vectors_per_thread
         grid = max(1, min(-(-n // per_block), sms * p.reduce_blocks_per_sm))
-        partials = _partials_buffer(grid, acc) if grid > 1 else out1
-        ks["vectorized"](grid, p.reduce_block, (x1, _i64(n), identity, partials, out1, _counter()))
+        partials, counter = _workspace(grid, acc)
+        ks["vectorized"](grid, p.reduce_block, (x1, _i64(n), identity, partials if grid > 1 else out1, out1, counter))
         return
     if algorithm in ("auto", "ordered_multi_block"):
         tile = p.ordered_block * p.ordered_items
         grid = max(1, min(-(-n // (tile * 4)), sms * 4))
         segment = -(-n // grid)
-        partials = _partials_buffer(grid, acc) if grid > 1 else out1
-        ks["ordered_multi_block"](grid, p.ordered_block,
-                                  (x1, _i64(n), _i64(segment), identity, partials, out1, _counter()))
+        partials, counter = _workspace(grid, acc)
+        ks["ordered_multi_block"](grid, p.ordered_block, (x1, _i64(n), _i64(segment), identity,
+                                                          partials if grid > 1 else out1, out1, counter))
         return
     if algorithm == "ordered_single_block":
         ks["ordered_single_block"](1, p.ordered_block, (x1, _i64(n), identity, out1))
@@ -137,7 +132,7 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
     block = p.catalogue_block
     if algorithm == "last_block":
         grid = max(1, min(-(-n // block), 2 * sms))
-        ks["last_block"](grid, block, (x1, _i64(n), identity, cupy.empty(grid, acc), out1, _counter()))
+        ks["last_block"](grid, block, (x1, _i64(n), identity, cupy.empty(grid, acc), out1, _workspace(1, acc)[1]))
         return
     # the *_partials rungs: launch until one partial is left
     current = x1
@@ -220,6 +215,51 @@ def reduce_all(x, op: Operator, acc_dtype, algorithm: str = "auto"):
     return out
 
 
+def whole_reducer(op: Operator, T, acc_dtype, out_dtype):
+    """A reusable whole-array reducer (``WholeReducer``), or None for non-commutative operators."""
+    return WholeReducer(op, T, acc_dtype, out_dtype) if op.commutative else None
+
+
+class WholeReducer:
+    """``reduce_all`` for one (operator, input dtype, accumulator, result dtype), with everything that
+    depends only on those looked up once: the small-input path, where Python time is the cost. Returns
+    None where the general path is needed (empty or non-contiguous input, data on another device than
+    the current one)."""
+
+    __slots__ = ("acc", "identity", "op", "out", "per_device", "type")
+
+    def __init__(self, op: Operator, T, acc, out):
+        self.op, self.type, self.acc, self.out = op, np.dtype(T), np.dtype(acc), np.dtype(out)
+        self.identity = _identity(op, self.acc)
+        self.per_device: dict[int, tuple] = {}
+
+    def _prepare(self, device: int) -> tuple:
+        ks, sms, p = _reduce_kernels(self.op, self.type, self.acc)
+        kernel = ks["vectorized"]
+        per_block = p.reduce_block * (16 // self.type.itemsize) * p.reduce_vectors_per_thread
+        state = self.per_device[device] = (kernel.raw, per_block, sms * p.reduce_blocks_per_sm, (p.reduce_block,),
+                                           kernel.expression)
+        return state
+
+    def __call__(self, x):
+        n = x.size
+        if n == 0 or not x.flags.c_contiguous:
+            return None
+        device = cupy.cuda.runtime.getDevice()
+        if x.data.device_id != device:
+            return None
+        state = self.per_device.get(device) or self._prepare(device)
+        fn, per_block, max_grid, block, expression = state
+        grid = min(-(-n // per_block), max_grid)
+        out = cupy.empty((), self.acc)
+        partials, counter = _workspace(grid, self.acc)
+        try:
+            fn((grid,), block, (x, np.int64(n), self.identity, partials if grid > 1 else out, out, counter))
+        except Exception as exc:
+            raise _k.KernelError(f"launching {expression} with grid={grid}, block={block[0]} failed: {exc}") from exc
+        return out if self.out == self.acc else out.astype(self.out)
+
+
 def combine(op: Operator, values: list):
     """Fold equally shaped partials in order (one column reduction over the stacked partials)."""
     if len(values) == 1:
@@ -231,11 +271,49 @@ def combine(op: Operator, values: list):
 # ------------------------------------------------------------------------------------------------
 # Scans
 # ------------------------------------------------------------------------------------------------
-def _scan_kernels(op, T, acc, out_dtype):
+def _scan_kernels(op, T, acc, out_dtype, tile=None):
+    """The scan kernel group for these types; ``tile`` = (items, stages) of the look-back kernel, else
+    the policy's."""
     sms, p = _facts()
-    items = p.scan_items(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
-    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, items)
-    return _k.get_kernels(op, names), sms, p, items
+    items, stages = tile or p.scan_tile(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
+    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, items, stages)
+    return _k.get_kernels(op, names), sms, p, (items, stages)
+
+
+_resident: dict[tuple, int] = {}
+
+
+def _resident_blocks(kernel, block: int) -> int:
+    """How many blocks of ``kernel`` one SM of the current device holds (threads, registers, shared)."""
+    dev = cupy.cuda.runtime.getDevice()
+    key = (dev, kernel.expression, block)
+    found = _resident.get(key)
+    if found is None:
+        a = kernel.attributes
+        d = cupy.cuda.Device(dev).attributes
+        # the defaults are sm_90's, for a CuPy that does not list an attribute
+        by_threads = d.get("MaxThreadsPerMultiProcessor", 2048) // block
+        by_registers = d.get("MaxRegistersPerMultiprocessor", 65536) // (max(1, a["num_regs"]) * block)
+        per_block = a["shared_size_bytes"] + d.get("ReservedSharedMemoryPerBlock", 1024)
+        by_shared = d.get("MaxSharedMemoryPerMultiprocessor", 233472) // per_block
+        found = _resident[key] = max(1, min(by_threads, by_registers, by_shared))
+    return found
+
+
+def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, tile=None) -> None:
+    """One-pass decoupled look-back scan of the contiguous (R, K) ``rows`` into ``out_rows``, each row
+    seeded by ``carry[row]`` (None: the identity); ``tile`` overrides the policy's (items, stages)."""
+    R, K = rows.shape
+    ks, sms, p, (items, stages) = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, tile)
+    kernel = ks["lookback"]
+    tiles_per_row = -(-K // (p.scan_block * items))
+    total = R * tiles_per_row
+    # one tile per block; two stages keep every resident block busy with tile after tile
+    grid = total if stages == 1 else min(total, sms * _resident_blocks(kernel, p.scan_block))
+    per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
+    words = cupy.zeros(total * per_tile + 1, np.uint64)  # + the tile counter
+    kernel(grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles_per_row), _i64(total), identity,
+                                NULL if carry is None else carry, NULL, words, np.int32(inclusive)))
 
 
 def _inclusive_multilevel(rows, op, acc, identity, algorithm):
@@ -259,23 +337,16 @@ def _inclusive_multilevel(rows, op, acc, identity, algorithm):
 
 
 def _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm) -> None:
-    R, K = rows.shape
-    ks, sms, p, items = _scan_kernels(op, rows.dtype, acc, out_rows.dtype)
-    carry_arg = NULL if carry is None else carry
     if algorithm in ("auto", "decoupled_lookback"):
-        tiles = -(-K // (p.scan_block * items))
-        grid = R * tiles
-        per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
-        words = cupy.zeros(grid * per_tile + 2, np.uint64)  # + the tile counter
-        ks["lookback"](grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles), identity, carry_arg, NULL,
-                                            words, np.int32(inclusive)))
+        lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive)
         return
+    R, K = rows.shape
     inclusive_scan = _inclusive_multilevel(rows, op, acc, identity, algorithm)
-    ks_fin, _, _, _ = _scan_kernels(op, acc, acc, out_rows.dtype)
+    ks_fin, sms, _, _ = _scan_kernels(op, acc, acc, out_rows.dtype)
     n = R * K
     grid = max(1, min(-(-n // 256), sms * 8))
-    ks_fin["finish"](grid, 256, (inclusive_scan, out_rows, _i64(R), _i64(K), carry_arg, identity,
-                                  np.int32(inclusive)))
+    ks_fin["finish"](grid, 256, (inclusive_scan, out_rows, _i64(R), _i64(K), NULL if carry is None else carry,
+                                  identity, np.int32(inclusive)))
 
 
 def scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive: bool = True,

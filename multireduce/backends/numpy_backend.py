@@ -59,6 +59,27 @@ def reduce_all(x, op: Operator, acc_dtype, algorithm: str = "auto"):
     return np.asarray(op.ufunc.reduce(x, axis=None, dtype=acc_dtype))
 
 
+class _WholeReducer:
+    """``reduce_all`` for one (operator, accumulator, result dtype) with the lookups done once; None for
+    empty input (the general path owns NumPy's empty-input rules)."""
+
+    __slots__ = ("acc", "out", "ufunc")
+
+    def __init__(self, ufunc, acc, out):
+        self.ufunc, self.acc, self.out = ufunc, np.dtype(acc), np.dtype(out)
+
+    def __call__(self, x):
+        if type(x) is not np.ndarray or x.size == 0:
+            return None
+        value = self.ufunc.reduce(x, axis=None, dtype=self.acc)
+        return value if value.dtype == self.out else value.astype(self.out)
+
+
+def whole_reducer(op: Operator, T, acc_dtype, out_dtype):
+    """A reusable whole-array reducer to a NumPy scalar, or None for operators without a ufunc."""
+    return None if op.ufunc is None else _WholeReducer(op.ufunc, acc_dtype, out_dtype)
+
+
 def combine(op: Operator, values: list):
     """Fold equally shaped partials in order: ``values[0] op values[1] op ...``."""
     if len(values) == 1:

@@ -250,3 +250,113 @@ def test_results_stay_on_the_device_and_kernels_are_ours(monkeypatch):
     out = mr.sum(x)
     assert isinstance(out, cupy.ndarray) and int(out) == (1 << 20) * ((1 << 20) - 1) // 2
     assert isinstance(mr.cumsum(x), cupy.ndarray)
+
+
+# ------------------------------------------------------------------------------------------------
+# Every look-back tile shape the sweep may pick, so a default can change without new code
+# ------------------------------------------------------------------------------------------------
+def _host_inclusive_scan(values: np.ndarray, ufunc) -> np.ndarray:
+    """Inclusive scan by doubling (earlier element always on the left), exact for any associative op."""
+    out = values.copy()
+    d = 1
+    while d < out.size:
+        out[d:] = ufunc(out[:-d], out[d:])
+        d *= 2
+    return out
+
+
+_TILE_CASES = [("4byte", np.int32, np.int32), ("4byte", np.float32, np.float32), ("8byte", np.int64, np.int64),
+               ("8byte", np.float64, np.float64), ("widening", np.int32, np.int64), ("widening", np.uint8, np.uint64)]
+
+
+@pytest.mark.parametrize("case", _TILE_CASES, ids=lambda c: f"{np.dtype(c[1]).name}->{np.dtype(c[2]).name}")
+def test_lookback_every_candidate_tile(case):
+    from multireduce.backends import cupy_backend as cb
+    from multireduce.tuning import SCAN_TILE_CANDIDATES
+
+    size_class, T, O = case
+    op = get_operator("sum")
+    acc = np.dtype(O)
+    rng = np.random.default_rng(7)
+    for items, stages in SCAN_TILE_CANDIDATES[size_class]:
+        tile = 256 * items
+        for rows, K in [(1, 1), (1, 33), (1, tile - 1), (1, tile), (1, tile + 1), (3, 3 * tile + 5), (1, 97 * tile + 13),
+                        (5, 1025)]:
+            host = random_array(rng, rows * K + 1, T)
+            dev = cupy.asarray(host)
+            for offset in (0, 1):  # aligned rows, and a view one element in (scalar loads)
+                x = dev[offset : offset + rows * K].reshape(rows, K)
+                h = host[offset : offset + rows * K].reshape(rows, K).astype(acc)
+                carry_host = random_array(rng, rows, acc)
+                for carry, inclusive in [(None, True), (cupy.asarray(carry_host), False)]:
+                    out = cupy.empty((rows, K), O)
+                    cb.lookback_scan(x, out, op, acc, op.identity(acc), carry, inclusive, (items, stages))
+                    seeded = np.concatenate([(carry_host if carry is not None else np.zeros(rows, acc))[:, None], h], 1)
+                    ref = np.add.accumulate(seeded.astype(np.float64 if acc.kind == "f" else acc), axis=1)
+                    ref = ref[:, 1:] if inclusive else ref[:, :-1]
+                    what = f"tile 256x{items} stages={stages} {np.dtype(T).name}->{acc.name} rows={rows} K={K} " \
+                           f"offset={offset} inclusive={inclusive}"
+                    mass = np.add.accumulate(np.abs(seeded.astype(np.float64)), axis=1)[:, 1 if inclusive else 0:]
+                    mass = mass[:, :K]
+                    assert_matches(cupy.asnumpy(out), ref.astype(np.float64) if acc.kind == "f" else ref,
+                                   mass if acc.kind == "f" else None, acc, O, K, what)
+
+
+def test_lookback_candidate_tiles_keep_order():
+    """Non-commutative 2x2 matrix products through every 8-byte candidate: order across tiles and rows."""
+    from multireduce.backends import cupy_backend as cb
+    from multireduce.tuning import SCAN_TILE_CANDIDATES
+
+    from ..helpers import matmul2x2
+
+    op = matmul_operator()
+    acc = np.dtype(np.uint64)
+    rng = np.random.default_rng(11)
+    for items, stages in SCAN_TILE_CANDIDATES["8byte"]:
+        tile = 256 * items
+        rows, K = 2, 40 * tile + 77
+        host = random_matrices(rng, rows * K).reshape(rows, K)
+        carry_host = random_matrices(rng, rows)
+        out = cupy.empty((rows, K), acc)
+        cb.lookback_scan(cupy.asarray(host), out, op, acc, op.identity(acc), cupy.asarray(carry_host), True,
+                         (items, stages))
+        ref = _host_inclusive_scan(np.concatenate([carry_host[:, None], host], 1).T, matmul2x2).T[:, 1:]
+        got = cupy.asnumpy(out)
+        assert np.array_equal(got, ref), f"tile 256x{items} stages={stages}: first difference at " \
+            f"{np.argwhere(got != ref)[:1].tolist()}"
+        assert np.count_nonzero(ref[:, -1]), "products collapsed to zero: the check would be vacuous"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int32, np.uint8, np.float64],
+                         ids=lambda d: np.dtype(d).name)
+def test_repeated_calls_take_the_whole_array_path_and_agree(dtype):
+    """The second call of a signature goes through the cached whole-array reducer; it must give what the
+    general path gives, and hand back to it for input it cannot take."""
+    from multireduce import api
+
+    rng = np.random.default_rng(5)
+    for opname, fn in [("sum", mr.sum), ("min", mr.min), ("max", mr.max), ("prod", mr.prod)]:
+        for n in [1, 33, 1025, (1 << 20) + 3]:
+            host = random_array(rng, n, dtype, "prod" if opname == "prod" else "sum")
+            dev = cupy.asarray(host)
+            first = fn(dev)
+            key = (cupy.ndarray, f"multireduce.{opname}", get_operator(opname), dev.dtype)
+            assert key in api._whole_reducers
+            second = fn(dev)
+            assert second.dtype == first.dtype and second.shape == ()
+            cupy.testing.assert_array_equal(first, second)
+            out, acc = _expected_dtypes(opname, dtype)
+            ref, mass = reference_reduce(host, opname)
+            assert_matches(cupy.asnumpy(second), ref, mass, acc, out, n, f"{opname} {np.dtype(dtype)} n={n}",
+                           product=opname == "prod")
+        # what the reducer cannot take goes the general way, with the same answers and errors
+        strided = cupy.asarray(random_array(rng, 2050, dtype))[::2]
+        cupy.testing.assert_array_equal(fn(strided), fn(cupy.ascontiguousarray(strided)))
+        two_d = cupy.asarray(random_array(rng, (33, 17), dtype))
+        cupy.testing.assert_array_equal(fn(two_d), fn(two_d.reshape(-1)))
+        empty = cupy.empty(0, dtype)
+        if opname in ("min", "max"):
+            with pytest.raises(ValueError, match="zero-size array"):
+                fn(empty)
+        else:
+            assert float(fn(empty)) == float(get_operator(opname).identity(np.dtype(_expected_dtypes(opname, dtype)[1])))
