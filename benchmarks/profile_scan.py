@@ -1,4 +1,4 @@
-"""One look-back scan and one vectorized reduce at 2^26 float32, for ncu (benchmarks/run_gpu.sh profile)."""
+"""One look-back scan and one vectorized reduce at 2^28 float32, for ncu (benchmarks/run_gpu.sh profile)."""
 import sys
 from pathlib import Path
 
@@ -7,7 +7,7 @@ import cupy  # noqa: E402
 
 import multireduce as mr  # noqa: E402
 
-x = cupy.random.random(1 << 26, dtype=cupy.float32)
+x = cupy.random.random(1 << 28, dtype=cupy.float32)
 for _ in range(3):
     mr.cumsum(x)
     mr.sum(x)

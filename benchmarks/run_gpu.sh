@@ -3,7 +3,7 @@
 # short table last. Full logs go to $OUT.
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests, bench, sweep (look-back tile shapes),
-# small (where a small reduce spends its time).
+# small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests bench"
@@ -27,6 +27,13 @@ fi
 if has small; then
   timeout 120 python3 benchmarks/profile_small.py > "$OUT/profile-small.log" 2>&1 || rc=1
   grep -E "^\|" "$OUT/profile-small.log" || tail -n 20 "$OUT/profile-small.log"
+fi
+if has profile; then
+  timeout 240 ncu --kernel-name regex:"scan_lookback|reduce_vectorized" --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats \
+    python3 benchmarks/profile_scan.py > "$OUT/ncu.txt" 2>&1 || rc=1
+  grep -E "scan_lookback|reduce_vectorized|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|stall|Eligible Warps|No Eligible" "$OUT/ncu.txt" | head -60
 fi
 if has tests; then
   start=$(date +%s)

@@ -1,4 +1,4 @@
-"""Sweep the look-back scan's tile shape (items per thread, stages) at 2^26 and 2^28, checked and timed.
+"""Sweep the look-back scan's items per thread (256-thread tiles) at 2^26 and 2^28, checked and timed.
 
     python benchmarks/sweep_scan.py
 
@@ -18,12 +18,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import harness as h  # noqa: E402
 
 from multireduce.operators import get_operator  # noqa: E402
-from multireduce.tuning import SCAN_TILE_CANDIDATES  # noqa: E402
+from multireduce.tuning import SCAN_ITEMS_CANDIDATES  # noqa: E402
 
-# (items per thread, stages) candidates live beside the policy; earlier sweeps (sweep_scan_1.md, _2.md)
-# ran the kernel before its cp.async loads
-SHAPES = {"float32": SCAN_TILE_CANDIDATES["4byte"], "float64": SCAN_TILE_CANDIDATES["8byte"],
-          "int32->int64": SCAN_TILE_CANDIDATES["widening"]}
+# the candidates live beside the policy; earlier sweeps (sweep_scan_1.md, _2.md) ran the kernel before
+# its cp.async loads, sweep_scan_3.md also timed two-stage persistent blocks (since removed)
+SHAPES = {"float32": SCAN_ITEMS_CANDIDATES["4byte"], "float64": SCAN_ITEMS_CANDIDATES["8byte"],
+          "int32->int64": SCAN_ITEMS_CANDIDATES["widening"]}
 
 
 def main(argv=None):
@@ -46,17 +46,17 @@ def main(argv=None):
             ref = cupy.cumsum(xs[0].astype(cupy.float64))[probe].get()
             out = cupy.empty(n, O)
             identity = op.identity(A)
-            for items, stages in shapes:
+            for items in shapes:
 
                 def run(x):
-                    cb.lookback_scan(x.reshape(1, n), out.reshape(1, n), op, A, identity, None, True, (items, stages))
+                    cb.lookback_scan(x.reshape(1, n), out.reshape(1, n), op, A, identity, None, True, items)
 
                 run(xs[0])
                 got = out[probe].get().astype(np.float64)
                 ok = bool(np.allclose(got, ref, rtol=1e-4, atol=1e-2 * np.sqrt(n)))
                 ms = h.time_gpu(run, xs)
                 gbps = moved / ms / 1e6
-                shape = f"256x{items}/s{stages}"
+                shape = f"256x{items}"
                 rows.append(h.Row("scan-sweep", shape, label, n, ms, gbps, gbps / roof, ok))
                 print(f"2^{log2n} {label:14} {shape:12}: {ms:.3f} ms {gbps:7.0f} GB/s {gbps / roof:.3f} x copy ok={ok}",
                       flush=True)

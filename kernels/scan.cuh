@@ -110,16 +110,15 @@ __global__ void scan_finish(const Acc* inclusive_scan, Out* out, index_t rows, i
 }
 
 // ---- production: one pass with decoupled look-back ---------------------------------------------
-// Tiles of BLOCK threads x ITEMS elements are numbered by a counter as blocks take them, so every
-// tile a block waits for has already been taken by a running block. A block copies its tile into
-// shared memory with asynchronous 16-byte copies (cp.async: the bytes in flight cost no registers,
-// which is what lets every load of the tile be outstanding at once), each thread folds ITEMS
-// consecutive elements, the block scans the thread totals, and warp 0 publishes the tile's fold
-// (status AGGREGATE) and looks back over the preceding tiles 32 at a time until it meets one whose
-// inclusive prefix is known (status PREFIX). Tiles before a row's first tile read as that row's
-// carry-in with status PREFIX. With STAGES == 2 a block keeps taking tiles and copies the next one
-// in while it scans the current one (the look-back wait then overlaps a load); with STAGES == 1
-// each block scans one tile (grid = tiles) and leaves room for more blocks per SM.
+// One block per tile of BLOCK threads x ITEMS elements. Tiles are numbered by a counter as blocks
+// start, so every tile a block waits for belongs to a block already running. A block copies its tile
+// into shared memory with asynchronous 16-byte copies (cp.async: bytes in flight cost no registers, so
+// every load of the tile is outstanding at once under the 32-register cap that 8 blocks/SM impose),
+// each thread folds ITEMS consecutive elements, the block scans the thread totals, and warp 0
+// publishes the tile's fold (status AGGREGATE) and looks back over the preceding tiles 32 at a time
+// until it meets one whose inclusive prefix is known (status PREFIX). Tiles before a row's first
+// tile read as that row's carry-in with status PREFIX. (Persistent blocks that copy the next tile in
+// during the look-back were measured at about half the speed: docs/performance.md.)
 // Status words (and the counter after them) must be zero before the launch.
 enum : unsigned { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
 
@@ -214,173 +213,124 @@ __device__ __forceinline__ void copy_16_async(void* shared_dst, const void* glob
   *reinterpret_cast<uint4*>(shared_dst) = __ldg(reinterpret_cast<const uint4*>(global_src));
 #endif
 }
-__device__ __forceinline__ void copies_commit() {
+// Waits for every asynchronous copy this thread has issued.
+__device__ __forceinline__ void copies_wait_all() {
 #if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most PENDING of this thread's committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void copies_wait() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+  asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
 
 // Shared memory of one scan_lookback block, and so how many blocks an SM holds (for launch bounds).
-template <class T, class Out, int BLOCK, int ITEMS, int STAGES>
+template <class T, class Out, int BLOCK, int ITEMS>
 struct LookbackTile {
   static constexpr int kTile = BLOCK * ITEMS;
   static constexpr bool kInPlace = sizeof(Out) == sizeof(T);  // results overwrite the input tile
   static constexpr int kInBytes = kTile * (int)sizeof(T);
-  static constexpr int kOutBytes = kInPlace ? 0 : kTile * (int)sizeof(Out);
-  static constexpr int kBytes = STAGES * kInBytes + kOutBytes;
+  static constexpr int kBytes = kInPlace ? kInBytes : kInBytes + kTile * (int)sizeof(Out);
   static constexpr int kSharedPerSm = 227 * 1024;  // sm_90; on sm_80 fewer blocks fit than this says
   static constexpr int kByThreads = 2048 / BLOCK;
-  static constexpr int kByShared = kSharedPerSm / (kBytes + 512);
+  static constexpr int kByShared = kSharedPerSm / (kBytes + 1024);
   static constexpr int kBlocksPerSm = kByThreads < kByShared ? kByThreads : (kByShared > 0 ? kByShared : 1);
   static_assert(kInBytes % 16 == 0 && (kTile * sizeof(Out)) % 16 == 0, "tiles are whole vectors");
 };
 
-// Starts copying tile ``tile`` into ``s_in``: asynchronous 16-byte copies when the tile is whole and
-// aligned, else element by element (a row's last tile, or rows not 16-byte aligned).
-template <class T, int BLOCK, int ITEMS>
-__device__ __forceinline__ void issue_tile_load(const T* in, T* s_in, index_t tile, index_t K, index_t tiles_per_row) {
-  constexpr int kTile = BLOCK * ITEMS;
-  const index_t row = tile / tiles_per_row, first = (tile % tiles_per_row) * kTile;
-  const int valid = (int)(K - first < kTile ? K - first : kTile);
-  const T* src = in + row * K + first;
-  if (valid == kTile && reinterpret_cast<unsigned long long>(src) % 16 == 0) {
-    constexpr int kVectors = kTile * (int)sizeof(T) / 16;
-#pragma unroll
-    for (int j = threadIdx.x; j < kVectors; j += BLOCK)
-      copy_16_async(reinterpret_cast<uint4*>(s_in) + j, reinterpret_cast<const uint4*>(src) + j);
-  } else {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int j = k * BLOCK + threadIdx.x;
-      if (j < valid) s_in[j] = src[j];
-    }
-  }
-  copies_commit();
-}
-
-template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int STAGES>
-__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, STAGES>::kBlocksPerSm))
-    scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, index_t total_tiles, Acc identity,
-                  const Acc* carry_in, Acc* row_totals, unsigned long long* words, int inclusive) {
-  static_assert(STAGES == 1 || STAGES == 2, "one tile, or one scanned while the next arrives");
-  using Shape = LookbackTile<T, Out, BLOCK, ITEMS, STAGES>;
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS>
+__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS>::kBlocksPerSm))
+    scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity, const Acc* carry_in,
+                  Acc* row_totals, unsigned long long* words, int inclusive) {
+  using Shape = LookbackTile<T, Out, BLOCK, ITEMS>;
   constexpr int kTile = Shape::kTile;
   __shared__ __align__(16) unsigned char raw[Shape::kBytes];
   __shared__ Acc scratch[kWarp + 1];
   __shared__ Acc tile_exclusive;
-  __shared__ index_t taken;
+  __shared__ index_t tile_number;
   Op op;
   const int t = threadIdx.x;
   const LookbackState<Acc> st{words};
-  unsigned long long* counter = words + total_tiles * LookbackState<Acc>::kWordsPerTile;
-  auto stage_in = [&](int stage) { return reinterpret_cast<T*>(raw + stage * Shape::kInBytes); };
 
-  if (t == 0) taken = atomicAdd(counter, 1ull);
+  // the tile counter sits after the descriptors
+  if (t == 0) tile_number = atomicAdd(words + (index_t)gridDim.x * LookbackState<Acc>::kWordsPerTile, 1ull);
   __syncthreads();
-  index_t tile = taken;
-  if (tile >= total_tiles) return;
-  issue_tile_load<T, BLOCK, ITEMS>(in, stage_in(0), tile, K, tiles_per_row);
-  int stage = 0;
+  const index_t tile = tile_number;
+  const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
+  const index_t first = tile_in_row * kTile;
+  const int valid = (int)(K - first < kTile ? K - first : kTile);
+  const index_t base = row * K + first;
+  T* s_in = reinterpret_cast<T*>(raw);
+  Out* s_out = Shape::kInPlace ? reinterpret_cast<Out*>(raw) : reinterpret_cast<Out*>(raw + Shape::kInBytes);
 
-  for (;;) {
-    index_t following = total_tiles;
-    if constexpr (STAGES == 2) {
-      __syncthreads();  // everyone has read `taken`, and the other stage's last tile is stored
-      if (t == 0) taken = atomicAdd(counter, 1ull);
-      __syncthreads();
-      following = taken;
-      if (following < total_tiles) issue_tile_load<T, BLOCK, ITEMS>(in, stage_in(stage ^ 1), following, K, tiles_per_row);
-      else copies_commit();  // keep one group per tile, so "all but the newest" is this tile
-      copies_wait<1>();
-    } else {
-      copies_wait<0>();
-    }
-    __syncthreads();
-
-    T* s_in = stage_in(stage);
-    Out* s_out = Shape::kInPlace ? reinterpret_cast<Out*>(s_in) : reinterpret_cast<Out*>(raw + STAGES * Shape::kInBytes);
-    const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
-    const index_t first = tile_in_row * kTile;
-    const int valid = (int)(K - first < kTile ? K - first : kTile);
-    const index_t base = row * K + first;
-
-    // pass 1: each thread folds its ITEMS consecutive elements (one accumulator, not ITEMS: registers
-    // decide how many tiles an SM holds)
-    const int mine = t * ITEMS;
-    Acc own = identity;
+  // load: asynchronous 16-byte copies, vector j of the tile by thread j % BLOCK, when the tile is
+  // whole and aligned; element by element otherwise (a row's last tile, rows not 16-byte aligned)
+  if (valid == kTile && reinterpret_cast<unsigned long long>(in + base) % 16 == 0) {
+    constexpr int kVectors = Shape::kInBytes / 16;
+    const uint4* src = reinterpret_cast<const uint4*>(in + base);
+#pragma unroll
+    for (int j = t; j < kVectors; j += BLOCK) copy_16_async(reinterpret_cast<uint4*>(raw) + j, src + j);
+    copies_wait_all();
+  } else {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      if (mine + k < valid) own = op(own, convert<Acc>(s_in[mine + k]));
+      const int j = k * BLOCK + t;
+      if (j < valid) s_in[j] = in[base + j];
     }
-    Acc aggregate;
-    const Acc thread_prefix = block_exclusive_scan<BLOCK>(own, op, identity, scratch, &aggregate);
+  }
+  __syncthreads();
 
-    // the fold of everything before this tile
-    if (t < kWarp) {
-      const Acc row_carry = carry_in ? carry_in[row] : identity;
-      Acc before;
-      if (tile_in_row == 0) {
-        before = row_carry;
-      } else {
-        if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
-        before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
-      }
-      if (t == 0) {
-        Acc through = op(before, aggregate);
-        if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
-        else if (row_totals) row_totals[row] = through;
-        tile_exclusive = before;
-      }
+  // pass 1: each thread folds its ITEMS consecutive elements (one accumulator, not ITEMS: registers
+  // decide how many tiles an SM holds)
+  const int mine = t * ITEMS;
+  Acc own = identity;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    if (mine + k < valid) own = op(own, convert<Acc>(s_in[mine + k]));
+  }
+  Acc aggregate;
+  const Acc thread_prefix = block_exclusive_scan<BLOCK>(own, op, identity, scratch, &aggregate);
+
+  // the fold of everything before this tile
+  if (t < kWarp) {
+    const Acc row_carry = carry_in ? carry_in[row] : identity;
+    Acc before;
+    if (tile_in_row == 0) {
+      before = row_carry;
+    } else {
+      if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
+      before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
     }
-    __syncthreads();
+    if (t == 0) {
+      Acc through = op(before, aggregate);
+      if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
+      else if (row_totals) row_totals[row] = through;
+      tile_exclusive = before;
+    }
+  }
+  __syncthreads();
 
-    // pass 2: rescan the same elements from shared memory, seeded (each thread rewrites only the
-    // slots it has just read, so in-place results are safe)
-    Acc running = op(tile_exclusive, thread_prefix);
+  // pass 2: rescan the same elements from shared memory, seeded (each thread rewrites only the slots
+  // it has just read, so in-place results are safe)
+  Acc running = op(tile_exclusive, thread_prefix);
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int j = mine + k;
+    if (j < valid) {
+      Acc next = op(running, convert<Acc>(s_in[j]));
+      s_out[j] = convert<Out>(inclusive ? next : running);
+      running = next;
+    }
+  }
+  __syncthreads();
+  if (valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0) {
+    constexpr int kVectors = kTile * sizeof(Out) / 16;
+    const uint4* src = reinterpret_cast<const uint4*>(s_out);
+    uint4* dst = reinterpret_cast<uint4*>(out + base);
+#pragma unroll
+    for (int j = t; j < kVectors; j += BLOCK) dst[j] = src[j];
+  } else {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int j = mine + k;
-      if (j < valid) {
-        Acc next = op(running, convert<Acc>(s_in[j]));
-        s_out[j] = convert<Out>(inclusive ? next : running);
-        running = next;
-      }
+      const int j = k * BLOCK + t;
+      if (j < valid) out[base + j] = s_out[j];
     }
-    __syncthreads();
-    if (valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0) {
-      constexpr int kVectors = kTile * sizeof(Out) / 16;
-      const uint4* src = reinterpret_cast<const uint4*>(s_out);
-      uint4* dst = reinterpret_cast<uint4*>(out + base);
-#pragma unroll
-      for (int j = t; j < kVectors; j += BLOCK) dst[j] = src[j];
-    } else {
-#pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int j = k * BLOCK + t;
-        if (j < valid) out[base + j] = s_out[j];
-      }
-    }
-
-    if constexpr (STAGES == 2) {
-      if (following >= total_tiles) return;
-      stage ^= 1;
-    } else {
-      if (gridDim.x >= total_tiles) return;  // one tile per block: no counter round trip at the end
-      __syncthreads();  // the tile is stored and `taken` read before either is reused
-      if (t == 0) taken = atomicAdd(counter, 1ull);
-      __syncthreads();
-      following = taken;
-      if (following >= total_tiles) return;
-      issue_tile_load<T, BLOCK, ITEMS>(in, s_in, following, K, tiles_per_row);
-    }
-    tile = following;
   }
 }
 

@@ -17,7 +17,7 @@ from . import _validation as v
 from . import dtypes as _dt
 from . import graph, placement
 from .core import ReductionPlan, ScanPlan
-from .operators import Operator, get_operator
+from .operators import Operator, get_operator, on_registry_change
 
 __all__ = ["sum", "prod", "min", "max", "mean", "reduce", "cumsum", "cumprod", "scan"]
 
@@ -85,21 +85,28 @@ def _check_gpu(caller, op, dtype, acc_dtype, out_dtype):
                          "register it with cuda='...'")
 
 
-# (array type, caller, operator, dtype) -> a backend's whole-array reducer, for calls with every option
-# at its default: small arrays spend most of their time in Python, and this skips all of it that a
-# previous call of the same signature has already checked and resolved.
+# (array type, caller, operator as passed, dtype) -> a backend's whole-array reducer, for calls with every
+# option at its default: small arrays spend most of their time in Python, and this skips all of it that
+# a previous call of the same signature has already checked and resolved. Operator names are keys, so
+# the cache empties whenever the operator registry changes.
 _whole_reducers: dict = {}
+on_registry_change(_whole_reducers.clear)
 
 
 def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None):
-    op = get_operator(op, caller=caller)
     defaults = axis is None and dtype is None and keepdims is False and split_every is None and algorithm == "auto"
     if defaults and not mean:
-        whole = _whole_reducers.get((type(x), caller, op, getattr(x, "dtype", None)))
+        key = (type(x), caller, op, getattr(x, "dtype", None))
+        try:
+            whole = _whole_reducers.get(key)
+        except TypeError:  # an unhashable op: the checks below name it
+            whole = None
         if whole is not None:
             result = whole(x)
             if result is not None:
                 return result
+    op_arg = op
+    op = get_operator(op, caller=caller)
     x, kind = v.as_array(x, caller)
     if split_every is None and kind.startswith("dask"):
         split_every = dask.config.get("split_every", None)
@@ -118,7 +125,7 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     if defaults and not mean and kind in ("numpy", "cupy") and len(plans) == 1:
         whole = plans[0].whole_reducer(x)
         if whole is not None:
-            _whole_reducers[(type(x), caller, op, x.dtype)] = whole
+            _whole_reducers[(type(x), caller, op_arg, x.dtype)] = whole
     with _run_device(kind, x):
         for plan in plans:
             x = plan(x)

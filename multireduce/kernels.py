@@ -97,7 +97,7 @@ def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, items: int, stages: int = 1) -> dict[str, str]:
+def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, items: int) -> dict[str, str]:
     """Every scan kernel for element type T, accumulator Acc and output Out, by role."""
     B = p.scan_block
     return MappingProxyType({
@@ -105,7 +105,7 @@ def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, items: int, stage
         "blelloch": f"mr::scan_blelloch_tiles<{T}, {Acc}, {Op}, {B}>",
         "add_back": f"mr::scan_add_back<{Acc}, {Op}>",
         "finish": f"mr::scan_finish<{Acc}, {Out}, {Op}>",
-        "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {B}, {items}, {stages}>",
+        "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {B}, {items}>",
         "columns": f"mr::scan_columns<{T}, {Acc}, {Out}, {Op}>",
     })
 
@@ -202,10 +202,10 @@ def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
             T, A, O = ctype(dtype), ctype(acc), ctype(out)
             exprs.update(reduce_names(T, A, op.cuda_functor, policy).values())
             exprs.update(reduce_names(A, A, op.cuda_functor, policy).values())  # later passes over partials
-            items, stages = policy.scan_tile(dtype.itemsize, acc.itemsize, out.itemsize)
-            exprs.update(scan_names(T, A, O, op.cuda_functor, policy, items, stages).values())
+            items = policy.scan_items(dtype.itemsize, acc.itemsize, out.itemsize)
+            exprs.update(scan_names(T, A, O, op.cuda_functor, policy, items).values())
             exprs.update(scan_names(A, A, A, op.cuda_functor, policy,
-                                    *policy.scan_tile(acc.itemsize, acc.itemsize, acc.itemsize)).values())
+                                    policy.scan_items(acc.itemsize, acc.itemsize, acc.itemsize)).values())
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = _dt.accumulator_dtype(_dt.result_dtype("mean", dtype))
                 exprs.update(reduce_names(T, ctype(mean_acc), op.cuda_functor, policy).values())

@@ -135,6 +135,17 @@ _BUILTINS = {
 }
 
 _REGISTRY: dict[str, Operator] = dict(_BUILTINS)
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_registry_change(callback: Callable[[], None]) -> None:
+    """Call ``callback`` whenever a name is registered or unregistered (caches keyed by names drop then)."""
+    _LISTENERS.append(callback)
+
+
+def _changed() -> None:
+    for callback in _LISTENERS:
+        callback()
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -203,6 +214,7 @@ def register_operator(
             f"register_operator: an operator named {name!r} is already registered; pass replace=True to replace it"
         )
     _REGISTRY[name] = op
+    _changed()
     return op
 
 
@@ -210,6 +222,7 @@ def unregister_operator(name: str) -> None:
     if name in _BUILTINS:
         raise ValueError(f"unregister_operator: {name!r} is a built-in operator")
     _REGISTRY.pop(name, None)
+    _changed()
 
 
 def operators() -> list[str]:

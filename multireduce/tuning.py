@@ -18,28 +18,28 @@ class Policy:
     ordered_block: int = 256
     ordered_items: int = 7  # odd: thread t reads slots t*ITEMS+k without shared-memory bank conflicts
     scan_block: int = 256
-    # look-back scan tiles: (items per thread, stages). Items odd: thread t's blocked reads t*ITEMS+k hit
-    # distinct shared-memory banks. Stages 2 = persistent blocks that copy the next tile in while they
-    # scan the current one. Measured GB/s beside each choice (docs/performance.md, sweep_scan_*.md).
-    scan_tile_4byte: tuple[int, int] = (23, 1)  # 256 x 23 float32: 0.71 x copy (before cp.async loads)
-    scan_tile_8byte: tuple[int, int] = (11, 1)  # 256 x 11 float64: 0.77 x copy (before cp.async loads)
-    scan_tile_widening: tuple[int, int] = (9, 1)  # input and output tiles side by side (int32 -> int64)
+    # look-back scan: items per thread of 256-thread tiles. Odd, so thread t's blocked reads t*ITEMS+k hit
+    # distinct shared-memory banks. H200, 2^28 elements, bytes read + written vs the copy roof
+    # (docs/performance.md; sweep tables docs/sweep_scan_*.md):
+    scan_items_4byte: int = 31  # float32 256 x 31: 0.775 x copy (x 23: 0.739, x 39: 0.762)
+    scan_items_8byte: int = 19  # float64 256 x 19: 0.835 x copy (x 11: 0.784, x 15: 0.818)
+    scan_items_widening: int = 13  # int32 -> int64 256 x 13: 0.650 x copy (x 9: 0.641); in + out tiles: 40 KB
     catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
 
-    def scan_tile(self, in_size: int, acc_size: int, out_size: int) -> tuple[int, int]:
-        """(items per thread, stages) of the look-back scan for these element sizes."""
+    def scan_items(self, in_size: int, acc_size: int, out_size: int) -> int:
+        """Items per thread of the look-back scan for these element sizes."""
         if in_size != out_size and max(in_size, out_size) > 4:
-            return self.scan_tile_widening
-        return self.scan_tile_8byte if max(in_size, acc_size, out_size) > 4 else self.scan_tile_4byte
+            return self.scan_items_widening
+        return self.scan_items_8byte if max(in_size, acc_size, out_size) > 4 else self.scan_items_4byte
 
 
-# Look-back tile shapes worth measuring, (items per thread, stages) by element size class; the sweep
-# (benchmarks/sweep_scan.py) times them and the GPU tests check every one, so any may become a default.
-SCAN_TILE_CANDIDATES = {
-    "4byte": ((23, 1), (31, 1), (39, 1), (15, 2), (19, 2), (23, 2)),
-    "8byte": ((11, 1), (15, 1), (19, 1), (7, 2), (9, 2), (11, 2)),
-    "widening": ((9, 1), (13, 1), (5, 2), (9, 2)),
+# Look-back items per thread worth measuring, by element size class; the sweep (benchmarks/sweep_scan.py)
+# times them and the GPU tests check every one, so any may become a default.
+SCAN_ITEMS_CANDIDATES = {
+    "4byte": (23, 31, 39, 47),
+    "8byte": (11, 15, 19, 23),
+    "widening": (9, 13, 15),
 }
 
 _POLICIES = {

@@ -226,10 +226,11 @@ class WholeReducer:
     None where the general path is needed (empty or non-contiguous input, data on another device than
     the current one)."""
 
-    __slots__ = ("acc", "identity", "op", "out", "per_device", "type")
+    __slots__ = ("acc", "cast", "identity", "op", "per_device", "type")
 
     def __init__(self, op: Operator, T, acc, out):
-        self.op, self.type, self.acc, self.out = op, np.dtype(T), np.dtype(acc), np.dtype(out)
+        self.op, self.type, self.acc = op, np.dtype(T), np.dtype(acc)
+        self.cast = None if np.dtype(out) == self.acc else np.dtype(out)
         self.identity = _identity(op, self.acc)
         self.per_device: dict[int, tuple] = {}
 
@@ -237,27 +238,32 @@ class WholeReducer:
         ks, sms, p = _reduce_kernels(self.op, self.type, self.acc)
         kernel = ks["vectorized"]
         per_block = p.reduce_block * (16 // self.type.itemsize) * p.reduce_vectors_per_thread
-        state = self.per_device[device] = (kernel.raw, per_block, sms * p.reduce_blocks_per_sm, (p.reduce_block,),
-                                           kernel.expression)
+        max_grid = sms * p.reduce_blocks_per_sm
+        # workspace per stream, sized for the largest grid once
+        state = self.per_device[device] = (kernel.raw, per_block, max_grid, (p.reduce_block,), kernel.expression, {})
         return state
 
     def __call__(self, x):
         n = x.size
-        if n == 0 or not x.flags.c_contiguous:
+        # ndarray._c_contiguous is the flag itself; x.flags builds an object on every call
+        if n == 0 or not x._c_contiguous:
             return None
         device = cupy.cuda.runtime.getDevice()
         if x.data.device_id != device:
             return None
         state = self.per_device.get(device) or self._prepare(device)
-        fn, per_block, max_grid, block, expression = state
+        fn, per_block, max_grid, block, expression, spaces = state
+        stream = cupy.cuda.get_current_stream().ptr
+        space = spaces.get(stream)
+        if space is None:
+            space = spaces[stream] = (cupy.empty(max_grid, self.acc), cupy.zeros(1, dtype=np.uint32))
         grid = min(-(-n // per_block), max_grid)
         out = cupy.empty((), self.acc)
-        partials, counter = _workspace(grid, self.acc)
         try:
-            fn((grid,), block, (x, np.int64(n), self.identity, partials if grid > 1 else out, out, counter))
+            fn((grid,), block, (x, np.int64(n), self.identity, space[0] if grid > 1 else out, out, space[1]))
         except Exception as exc:
             raise _k.KernelError(f"launching {expression} with grid={grid}, block={block[0]} failed: {exc}") from exc
-        return out if self.out == self.acc else out.astype(self.out)
+        return out if self.cast is None else out.astype(self.cast)
 
 
 def combine(op: Operator, values: list):
@@ -271,49 +277,26 @@ def combine(op: Operator, values: list):
 # ------------------------------------------------------------------------------------------------
 # Scans
 # ------------------------------------------------------------------------------------------------
-def _scan_kernels(op, T, acc, out_dtype, tile=None):
-    """The scan kernel group for these types; ``tile`` = (items, stages) of the look-back kernel, else
-    the policy's."""
+def _scan_kernels(op, T, acc, out_dtype, items=None):
+    """The scan kernel group for these types; ``items`` per thread of the look-back kernel, else the
+    policy's."""
     sms, p = _facts()
-    items, stages = tile or p.scan_tile(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
-    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, items, stages)
-    return _k.get_kernels(op, names), sms, p, (items, stages)
+    items = items or p.scan_items(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
+    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, items)
+    return _k.get_kernels(op, names), sms, p, items
 
 
-_resident: dict[tuple, int] = {}
-
-
-def _resident_blocks(kernel, block: int) -> int:
-    """How many blocks of ``kernel`` one SM of the current device holds (threads, registers, shared)."""
-    dev = cupy.cuda.runtime.getDevice()
-    key = (dev, kernel.expression, block)
-    found = _resident.get(key)
-    if found is None:
-        a = kernel.attributes
-        d = cupy.cuda.Device(dev).attributes
-        # the defaults are sm_90's, for a CuPy that does not list an attribute
-        by_threads = d.get("MaxThreadsPerMultiProcessor", 2048) // block
-        by_registers = d.get("MaxRegistersPerMultiprocessor", 65536) // (max(1, a["num_regs"]) * block)
-        per_block = a["shared_size_bytes"] + d.get("ReservedSharedMemoryPerBlock", 1024)
-        by_shared = d.get("MaxSharedMemoryPerMultiprocessor", 233472) // per_block
-        found = _resident[key] = max(1, min(by_threads, by_registers, by_shared))
-    return found
-
-
-def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, tile=None) -> None:
+def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, items=None) -> None:
     """One-pass decoupled look-back scan of the contiguous (R, K) ``rows`` into ``out_rows``, each row
-    seeded by ``carry[row]`` (None: the identity); ``tile`` overrides the policy's (items, stages)."""
+    seeded by ``carry[row]`` (None: the identity); ``items`` per thread overrides the policy's."""
     R, K = rows.shape
-    ks, sms, p, (items, stages) = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, tile)
-    kernel = ks["lookback"]
+    ks, sms, p, items = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, items)
     tiles_per_row = -(-K // (p.scan_block * items))
-    total = R * tiles_per_row
-    # one tile per block; two stages keep every resident block busy with tile after tile
-    grid = total if stages == 1 else min(total, sms * _resident_blocks(kernel, p.scan_block))
+    grid = R * tiles_per_row  # one block per tile
     per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
-    words = cupy.zeros(total * per_tile + 1, np.uint64)  # + the tile counter
-    kernel(grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles_per_row), _i64(total), identity,
-                                NULL if carry is None else carry, NULL, words, np.int32(inclusive)))
+    words = cupy.zeros(grid * per_tile + 1, np.uint64)  # + the tile counter
+    ks["lookback"](grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles_per_row), identity,
+                                        NULL if carry is None else carry, NULL, words, np.int32(inclusive)))
 
 
 def _inclusive_multilevel(rows, op, acc, identity, algorithm):

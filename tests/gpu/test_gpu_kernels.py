@@ -272,13 +272,13 @@ _TILE_CASES = [("4byte", np.int32, np.int32), ("4byte", np.float32, np.float32),
 @pytest.mark.parametrize("case", _TILE_CASES, ids=lambda c: f"{np.dtype(c[1]).name}->{np.dtype(c[2]).name}")
 def test_lookback_every_candidate_tile(case):
     from multireduce.backends import cupy_backend as cb
-    from multireduce.tuning import SCAN_TILE_CANDIDATES
+    from multireduce.tuning import SCAN_ITEMS_CANDIDATES
 
     size_class, T, O = case
     op = get_operator("sum")
     acc = np.dtype(O)
     rng = np.random.default_rng(7)
-    for items, stages in SCAN_TILE_CANDIDATES[size_class]:
+    for items in SCAN_ITEMS_CANDIDATES[size_class]:
         tile = 256 * items
         for rows, K in [(1, 1), (1, 33), (1, tile - 1), (1, tile), (1, tile + 1), (3, 3 * tile + 5), (1, 97 * tile + 13),
                         (5, 1025)]:
@@ -290,11 +290,11 @@ def test_lookback_every_candidate_tile(case):
                 carry_host = random_array(rng, rows, acc)
                 for carry, inclusive in [(None, True), (cupy.asarray(carry_host), False)]:
                     out = cupy.empty((rows, K), O)
-                    cb.lookback_scan(x, out, op, acc, op.identity(acc), carry, inclusive, (items, stages))
+                    cb.lookback_scan(x, out, op, acc, op.identity(acc), carry, inclusive, items)
                     seeded = np.concatenate([(carry_host if carry is not None else np.zeros(rows, acc))[:, None], h], 1)
                     ref = np.add.accumulate(seeded.astype(np.float64 if acc.kind == "f" else acc), axis=1)
                     ref = ref[:, 1:] if inclusive else ref[:, :-1]
-                    what = f"tile 256x{items} stages={stages} {np.dtype(T).name}->{acc.name} rows={rows} K={K} " \
+                    what = f"tile 256x{items} {np.dtype(T).name}->{acc.name} rows={rows} K={K} " \
                            f"offset={offset} inclusive={inclusive}"
                     mass = np.add.accumulate(np.abs(seeded.astype(np.float64)), axis=1)[:, 1 if inclusive else 0:]
                     mass = mass[:, :K]
@@ -305,24 +305,23 @@ def test_lookback_every_candidate_tile(case):
 def test_lookback_candidate_tiles_keep_order():
     """Non-commutative 2x2 matrix products through every 8-byte candidate: order across tiles and rows."""
     from multireduce.backends import cupy_backend as cb
-    from multireduce.tuning import SCAN_TILE_CANDIDATES
+    from multireduce.tuning import SCAN_ITEMS_CANDIDATES
 
     from ..helpers import matmul2x2
 
     op = matmul_operator()
     acc = np.dtype(np.uint64)
     rng = np.random.default_rng(11)
-    for items, stages in SCAN_TILE_CANDIDATES["8byte"]:
+    for items in SCAN_ITEMS_CANDIDATES["8byte"]:
         tile = 256 * items
         rows, K = 2, 40 * tile + 77
         host = random_matrices(rng, rows * K).reshape(rows, K)
         carry_host = random_matrices(rng, rows)
         out = cupy.empty((rows, K), acc)
-        cb.lookback_scan(cupy.asarray(host), out, op, acc, op.identity(acc), cupy.asarray(carry_host), True,
-                         (items, stages))
+        cb.lookback_scan(cupy.asarray(host), out, op, acc, op.identity(acc), cupy.asarray(carry_host), True, items)
         ref = _host_inclusive_scan(np.concatenate([carry_host[:, None], host], 1).T, matmul2x2).T[:, 1:]
         got = cupy.asnumpy(out)
-        assert np.array_equal(got, ref), f"tile 256x{items} stages={stages}: first difference at " \
+        assert np.array_equal(got, ref), f"tile 256x{items}: first difference at " \
             f"{np.argwhere(got != ref)[:1].tolist()}"
         assert np.count_nonzero(ref[:, -1]), "products collapsed to zero: the check would be vacuous"
 
@@ -340,7 +339,7 @@ def test_repeated_calls_take_the_whole_array_path_and_agree(dtype):
             host = random_array(rng, n, dtype, "prod" if opname == "prod" else "sum")
             dev = cupy.asarray(host)
             first = fn(dev)
-            key = (cupy.ndarray, f"multireduce.{opname}", get_operator(opname), dev.dtype)
+            key = (cupy.ndarray, f"multireduce.{opname}", opname, dev.dtype)
             assert key in api._whole_reducers
             second = fn(dev)
             assert second.dtype == first.dtype and second.shape == ()
