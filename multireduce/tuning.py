@@ -21,9 +21,9 @@ class Policy:
     # look-back scan: items per thread of 256-thread tiles. Odd, so thread t's blocked reads t*ITEMS+k hit
     # distinct shared-memory banks. H200, 2^28 elements, bytes read + written vs the copy roof
     # (docs/performance.md; sweep tables docs/sweep_scan_*.md):
-    scan_items_4byte: int = 31  # float32 256 x 31: 0.775 x copy (x 23: 0.739, x 39: 0.762)
-    scan_items_8byte: int = 19  # float64 256 x 19: 0.835 x copy (x 11: 0.784, x 15: 0.818)
-    scan_items_widening: int = 13  # int32 -> int64 256 x 13: 0.650 x copy (x 9: 0.641); in + out tiles: 40 KB
+    scan_items_4byte: int = 31  # float32 256 x 31: 0.783 x copy (x 23: 0.744, x 39: 0.764, x 47: 0.765)
+    scan_items_8byte: int = 15  # float64 256 x 15: 0.848 x copy (x 11: 0.818, x 19: 0.835, x 23: 0.836)
+    scan_items_widening: int = 9  # int32 -> int64 256 x 9: 0.672 x copy (x 13: 0.653, x 15: 0.638)
     catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
 
