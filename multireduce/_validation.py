@@ -122,6 +122,13 @@ def check_keepdims(keepdims, caller: str) -> bool:
     return bool(keepdims)
 
 
+def check_flag(value, name: str, caller: str) -> bool:
+    """A True/False argument."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{caller}: argument '{name}' must be True or False; got {value!r}")
+    return bool(value)
+
+
 def check_inclusive(inclusive, caller: str) -> bool:
     if not isinstance(inclusive, (bool, np.bool_)):
         raise TypeError(f"{caller}: argument 'inclusive' must be True or False; got {inclusive!r}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _validation as v
 from . import dtypes as _dt
-from . import graph, placement
+from . import direct, graph, placement
 from .core import ReductionPlan, ScanPlan
 from .operators import Operator, get_operator, on_registry_change
 
@@ -93,9 +93,10 @@ _whole_reducers: dict = {}
 on_registry_change(_whole_reducers.clear)
 
 
-def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None):
+def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None,
+               compute=False):
     defaults = axis is None and dtype is None and keepdims is False and split_every is None and algorithm == "auto"
-    if defaults and not mean:
+    if defaults and not mean and compute is False:
         key = (type(x), caller, op, getattr(x, "dtype", None))
         try:
             whole = _whole_reducers.get(key)
@@ -116,11 +117,11 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
         ufunc = "minimum" if op.name == "min" else "maximum"
         raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
 
+    compute = v.check_flag(compute, "compute", caller)
     if kind.startswith("dask"):
-        for i, plan in enumerate(plans):
-            groups = placement.grouping_for(x, op.commutative) if i == 0 else None
-            x = graph.reduction(x, plan, fan_in, groups)
-        return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
+        if compute:
+            return _computed_now(x, plans, keepdims, axes, fan_in, op)
+        return _lazy_reduction(x, plans, keepdims, axes, fan_in, op)
 
     if defaults and not mean and kind in ("numpy", "cupy") and len(plans) == 1:
         whole = plans[0].whole_reducer(x)
@@ -134,6 +135,26 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     if kind == "numpy" and x.ndim == 0:
         return x[()]
     return x
+
+
+def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
+    for i, plan in enumerate(plans):
+        groups = placement.grouping_for(x, op.commutative) if i == 0 else None
+        x = graph.reduction(x, plan, fan_in, groups)
+    return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
+
+
+def _computed_now(x, plans, keepdims, axes, fan_in, op):
+    """``compute=True`` on a Dask array: the result on the client, in host memory (NumPy). A whole
+    reduction of a persisted array is reduced where its chunks are (``direct``); anything else computes
+    the graph."""
+    value = direct.reduce_persisted(x, plans[0]) if len(plans) == 1 else None
+    if value is None:
+        value = _lazy_reduction(x, plans, keepdims, axes, fan_in, op).compute()
+        if type(value).__module__.startswith("cupy"):
+            value = value.get()
+    value = np.asarray(value)
+    return value[()] if value.ndim == 0 else value
 
 
 @_cached
@@ -173,42 +194,47 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
 # ------------------------------------------------------------------------------------------------
 # Reductions
 # ------------------------------------------------------------------------------------------------
-def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto",
+           compute=False):
     """Reduce ``x`` with ``op`` ("sum", "prod", "min", "max" or a registered operator) over ``axis``.
 
     ``split_every`` is the fan-in of the Dask tree (dask's config, else 16); ``algorithm`` names a GPU
-    kernel from ``multireduce.algorithms("reduce")`` and only applies to CuPy data.
+    kernel from ``multireduce.algorithms("reduce")`` and only applies to CuPy data. For a Dask array,
+    ``compute=True`` returns the result now, on the client, in host memory (NumPy); a whole reduction of
+    a persisted array then runs on the workers holding the chunks without a task graph (every function
+    below takes the same ``compute``).
     """
-    return _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, caller="multireduce.reduce")
+    return _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, caller="multireduce.reduce",
+                      compute=compute)
 
 
-def sum(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+def sum(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
     """Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64)."""
-    return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.sum")
+    return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.sum", compute=compute)
 
 
-def prod(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+def prod(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
     """Product of elements, as ``numpy.prod``; integer overflow wraps as in NumPy."""
-    return _reduction(x, "prod", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.prod")
+    return _reduction(x, "prod", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.prod", compute=compute)
 
 
-def min(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+def min(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
     """Minimum, as ``numpy.min``: NaN propagates; empty input raises ValueError.
 
     ``dtype`` (an extension over NumPy) converts the elements before they are compared.
     """
-    return _reduction(x, "min", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.min")
+    return _reduction(x, "min", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.min", compute=compute)
 
 
-def max(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+def max(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
     """Maximum, as ``numpy.max``: NaN propagates; empty input raises ValueError."""
-    return _reduction(x, "max", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.max")
+    return _reduction(x, "max", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.max", compute=compute)
 
 
-def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto"):
+def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
     """Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32)."""
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.mean",
-                      mean=True, label="mean")
+                      mean=True, label="mean", compute=compute)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -19,16 +19,17 @@ import dask
 from .graph import Grouping
 
 
-def _client():
+def default_client():
+    """The current ``distributed`` client, or None."""
     try:
-        from distributed import default_client
+        from distributed import default_client as current
 
-        return default_client()
+        return current()
     except (ImportError, ValueError):
         return None
 
 
-def _chunk_keys(x) -> list:
+def chunk_keys(x) -> list:
     from dask.core import flatten
 
     return list(flatten(x.__dask_keys__()))
@@ -44,7 +45,7 @@ def is_persisted(x) -> bool:
     layer = getattr(x.__dask_graph__(), "layers", {}).get(x.name)
     if layer is None:
         return False
-    keys = _chunk_keys(x)
+    keys = chunk_keys(x)
     return bool(keys) and all(isinstance(layer.get(k), Future) for k in keys)
 
 
@@ -52,10 +53,10 @@ def holders(x, client=None) -> dict[Hashable, str] | None:
     """Chunk key -> address of a worker holding it, for a persisted ``x``; None when unknown."""
     if not dask.config.get("multireduce.placement", True) or not is_persisted(x):
         return None
-    client = client or _client()
+    client = client or default_client()
     if client is None:
         return None
-    keys = _chunk_keys(x)
+    keys = chunk_keys(x)
     graph = x.__dask_graph__()
     who = client.who_has([graph[k] for k in keys])  # who_has takes futures, not bare keys
     found = {k: sorted(who.get(k) or who.get(str(k)) or ()) for k in keys}

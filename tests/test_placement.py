@@ -75,7 +75,7 @@ def test_noncommutative_groups_are_runs(client):
     d, _ = _spread(client, m, 200, owners)
     lazy = mr.reduce(d, op)
     holder = placement.holders(d, client)
-    keys = placement._chunk_keys(d)
+    keys = placement.chunk_keys(d)
     assert graph.task_count(lazy, "matmul2x2-partial") == _runs(holder, keys) > 1
     assert int(client.compute(lazy).result()) == sequential_fold(m)
 
@@ -89,13 +89,13 @@ def test_scan_outputs_are_made_where_inputs_live(client):
     out = client.persist(mr.cumsum(d))
     distributed.wait(out)
     holder = placement.holders(d, client)
-    keys = placement._chunk_keys(d)
+    keys = placement.chunk_keys(d)
     assert graph.task_count(mr.cumsum(d), "cumsum-totals") == _runs(holder, keys[:-1]) > 1
     # before anything gathers the result (which copies chunks to one worker)
     graph_in, graph_out = d.__dask_graph__(), out.__dask_graph__()
     where_in = client.who_has([graph_in[k] for k in keys])
-    where_out = client.who_has([graph_out[k] for k in placement._chunk_keys(out)])
-    for ki, ko in zip(keys, placement._chunk_keys(out)):
+    where_out = client.who_has([graph_out[k] for k in placement.chunk_keys(out)])
+    for ki, ko in zip(keys, placement.chunk_keys(out)):
         assert set(where_out[ko]) <= set(where_in[ki]), f"output {ko} was made away from its input"
     np.testing.assert_array_equal(client.compute(out).result(), np.cumsum(x))
 

@@ -105,7 +105,7 @@ def test_scan_outputs_made_on_the_input_gpu(client):
     out = client.persist(mr.cumsum(x))
     distributed.wait(out)
     gin, gout = x.__dask_graph__(), out.__dask_graph__()
-    kin, kout = placement._chunk_keys(x), placement._chunk_keys(out)
+    kin, kout = placement.chunk_keys(x), placement.chunk_keys(out)
     where_in = client.who_has([gin[k] for k in kin])
     where_out = client.who_has([gout[k] for k in kout])
     for ki, ko in zip(kin, kout):
@@ -137,3 +137,21 @@ def test_array_on_another_device_runs_there():
     assert s.device.id == 1 and c.device.id == 1
     assert int(s) == int(host.sum())
     np.testing.assert_array_equal(cupy.asnumpy(c), np.cumsum(host))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_compute_now_runs_on_the_gpus_without_tasks(client, dtype):
+    """``compute=True``: each worker reduces its chunks on its GPU through client.run; no task runs and
+    the answers equal the graph's (bitwise for integers)."""
+    x = gpu_array(client, (1 << 24) + 7, 1 << 20, dtype, seed=5)
+    for opname in ["sum", "min", "max", "mean"]:
+        fn = getattr(mr, opname)
+        with distributed.get_task_stream(client) as stream:
+            got = fn(x, compute=True)
+        assert not stream.data, f"{opname}: {len(stream.data)} tasks ran"
+        assert isinstance(got, np.generic)
+        graph_value = cupy.asnumpy(fn(x).compute())[()]
+        if np.dtype(dtype).kind != "f" or opname in ("min", "max"):
+            assert got == graph_value, opname
+        else:
+            assert np.isclose(got, graph_value, rtol=1e-5, atol=1e-3), (opname, got, graph_value)

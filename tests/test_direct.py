@@ -1,0 +1,106 @@
+"""``compute=True``: whole reductions of persisted arrays on the workers holding the chunks, without a
+task graph, on a real CPU cluster (the same code runs on dask-cuda workers with CuPy chunks:
+tests/multi_gpu). Every fallback to the graph is checked to give the same answer."""
+
+from __future__ import annotations
+
+import dask.array as da
+from dask.base import tokenize
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import multireduce as mr  # noqa: E402
+from multireduce import direct  # noqa: E402
+
+from .helpers import matmul_operator, random_matrices, sequential_fold  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, scheduler_port=0,
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def _spread(client, x: np.ndarray, chunk: int, owners: list[int]):
+    """A persisted array whose i-th block lives on worker owners[i]."""
+    workers = sorted(client.scheduler_info()["workers"])
+    blocks = [client.persist(da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk,
+                                           name=f"direct-{i}-{owner}-{tokenize(x)}"), workers=[workers[owner]])
+              for i, owner in enumerate(owners)]
+    whole = client.persist(da.concatenate(blocks))
+    distributed.wait(whole)
+    return whole
+
+
+def _tasks_during(client, fn):
+    with distributed.get_task_stream(client) as stream:
+        value = fn()
+    return value, len(stream.data)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint8, np.float64])
+def test_whole_reductions_run_on_the_holders_without_tasks(client, dtype):
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(9 * 1000) * 100).astype(dtype)
+    # products of floats near 1 neither overflow nor vanish; integer products wrap exactly
+    near_one = (1 + rng.standard_normal(9 * 1000) * 1e-3).astype(dtype) if np.dtype(dtype).kind == "f" else x
+    owners = [0, 0, 1, 2, 2, 2, 0, 1, 1]
+    arrays = {id(x): _spread(client, x, 1000, owners), id(near_one): _spread(client, near_one, 1000, owners)}
+    for fn, ref in [(mr.sum, np.sum), (mr.prod, np.prod), (mr.min, np.min), (mr.max, np.max), (mr.mean, np.mean)]:
+        data = near_one if fn is mr.prod else x
+        d = arrays[id(data)]
+        got, tasks = _tasks_during(client, lambda: fn(d, compute=True))
+        assert tasks == 0, f"{fn.__name__}: {tasks} tasks ran; the direct path runs none"
+        assert isinstance(got, np.generic) and got.dtype == np.asarray(fn(data)).dtype
+        if np.dtype(dtype).kind == "f":
+            assert np.isfinite(got) and np.isclose(got, ref(data.astype(np.float64)), rtol=1e-4, atol=1e-2)
+        else:
+            assert got == fn(data), fn.__name__
+        assert got == fn(d).compute() or np.isclose(got, fn(d).compute(), rtol=1e-6)
+
+
+def test_order_is_kept_for_noncommutative_operators(client):
+    op = matmul_operator()
+    m = random_matrices(np.random.default_rng(3), 8 * 300)
+    d = _spread(client, m, 300, [0, 1, 1, 2, 0, 0, 2, 1])
+    got, tasks = _tasks_during(client, lambda: mr.reduce(d, op, compute=True))
+    assert tasks == 0
+    assert int(got) == sequential_fold(m) and int(got) != sequential_fold(m[::-1])
+
+
+def test_moved_chunks_fall_back_to_the_graph_and_the_cache_is_dropped(client):
+    x = np.arange(1, 6001, dtype=np.int64)
+    d = _spread(client, x, 1000, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == x.sum()
+    assert d.name in direct._holders
+    workers = sorted(client.scheduler_info()["workers"])
+    # placement as if every chunk had moved to another worker since it was looked up
+    direct._holders[d.name] = {k: next(w for w in workers if w != v) for k, v in direct._holders[d.name].items()}
+    got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
+    assert got == x.sum() and tasks > 0  # the graph ran
+    assert d.name not in direct._holders  # the stale placement is gone...
+    got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
+    assert got == x.sum() and tasks == 0  # ...and the next call looks it up again
+
+
+def test_what_the_direct_path_cannot_do_computes_the_graph(client):
+    x = np.random.default_rng(4).integers(-50, 50, size=(60, 40))
+    lazy = da.from_array(x, chunks=(20, 20))  # not persisted: no placement
+    got, tasks = _tasks_during(client, lambda: mr.sum(lazy, compute=True))
+    assert got == x.sum() and tasks > 0 and isinstance(got, np.generic)
+    persisted = client.persist(lazy)
+    distributed.wait(persisted)
+    by_axis = mr.max(persisted, axis=0, compute=True)  # only some axes: the graph
+    assert isinstance(by_axis, np.ndarray) and np.array_equal(by_axis, x.max(axis=0))
+    with pytest.raises(TypeError, match="argument 'compute' must be True or False"):
+        mr.sum(persisted, compute="yes")
+    with pytest.raises(ValueError, match="zero-size array"):
+        mr.min(client.persist(da.zeros(0, chunks=5)), compute=True)
+
+
+def test_numpy_and_cupy_inputs_ignore_compute():
+    x = np.arange(10)
+    assert mr.sum(x, compute=True) == 45 and mr.mean(x, compute=True) == 4.5
