@@ -16,3 +16,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if "multi_gpu" in item.keywords and gpus < 2:
             item.add_marker(few_gpus)
+
+
+@pytest.fixture(scope="module")
+def cpu_client():
+    """A real distributed cluster of three single-threaded CPU workers (in-process), port 0, closed after."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, scheduler_port=0,
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+        yield client

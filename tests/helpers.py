@@ -162,3 +162,21 @@ def random_matrices(rng, n: int) -> np.ndarray:
     odd_diagonal = np.uint64(1 | (1 << 48))
     even_a01 = ~np.uint64(1 << 16)
     return (v | odd_diagonal) & even_a01
+
+
+def persist_spread(client, x: np.ndarray, chunk: int, owners: list[int]):
+    """(a persisted dask array whose i-th block lives on worker owners[i], the sorted worker addresses):
+    uneven and interleaved spreads on purpose. Block names carry the data's token, so two arrays never
+    share keys."""
+    import dask.array as da
+    import distributed
+    from dask.base import tokenize
+
+    workers = sorted(client.scheduler_info()["workers"])
+    token = tokenize(x)
+    blocks = [client.persist(da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk, name=f"spread-{i}-{owner}-{token}"),
+                             workers=[workers[owner]])
+              for i, owner in enumerate(owners)]
+    whole = client.persist(da.concatenate(blocks))
+    distributed.wait(whole)
+    return whole, workers

@@ -5,7 +5,6 @@ tests/multi_gpu). Every fallback to the graph is checked to give the same answer
 from __future__ import annotations
 
 import dask.array as da
-from dask.base import tokenize
 import numpy as np
 import pytest
 
@@ -14,25 +13,16 @@ distributed = pytest.importorskip("distributed")
 import multireduce as mr  # noqa: E402
 from multireduce import direct  # noqa: E402
 
-from .helpers import matmul_operator, random_matrices, sequential_fold  # noqa: E402
+from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, scheduler_port=0,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
-        yield c
+def client(cpu_client):
+    return cpu_client
 
 
 def _spread(client, x: np.ndarray, chunk: int, owners: list[int]):
-    """A persisted array whose i-th block lives on worker owners[i]."""
-    workers = sorted(client.scheduler_info()["workers"])
-    blocks = [client.persist(da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk,
-                                           name=f"direct-{i}-{owner}-{tokenize(x)}"), workers=[workers[owner]])
-              for i, owner in enumerate(owners)]
-    whole = client.persist(da.concatenate(blocks))
-    distributed.wait(whole)
-    return whole
+    return persist_spread(client, x, chunk, owners)[0]
 
 
 def _tasks_during(client, fn):

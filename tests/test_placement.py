@@ -18,26 +18,16 @@ distributed = pytest.importorskip("distributed")
 import multireduce as mr  # noqa: E402
 from multireduce import graph, placement  # noqa: E402
 
-from .helpers import matmul_operator, random_matrices, sequential_fold  # noqa: E402
+from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, scheduler_port=0,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
-        yield c
+def client(cpu_client):
+    return cpu_client
 
 
 def _spread(client, x: np.ndarray, chunk: int, owners: list[int]):
-    """A persisted array whose i-th block lives on worker owners[i] (an uneven spread on purpose)."""
-    workers = sorted(client.scheduler_info()["workers"])
-    blocks = []
-    for i, owner in enumerate(owners):
-        part = da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk, name=f"part-{i}-{owner}-{x.size}")
-        blocks.append(client.persist(part, workers=[workers[owner]]))
-    whole = client.persist(da.concatenate(blocks))
-    distributed.wait(whole)
-    return whole, workers
+    return persist_spread(client, x, chunk, owners)
 
 
 def _runs(holder, keys) -> int:
