@@ -116,23 +116,11 @@ def normalize_scan_axis(axis, ndim: int, caller: str) -> int:
     return normalize_axes(axis, ndim, caller)[0]
 
 
-def check_keepdims(keepdims, caller: str) -> bool:
-    if not isinstance(keepdims, (bool, np.bool_)):
-        raise TypeError(f"{caller}: argument 'keepdims' must be True or False; got {keepdims!r}")
-    return bool(keepdims)
-
-
 def check_flag(value, name: str, caller: str) -> bool:
     """A True/False argument."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{caller}: argument '{name}' must be True or False; got {value!r}")
     return bool(value)
-
-
-def check_inclusive(inclusive, caller: str) -> bool:
-    if not isinstance(inclusive, (bool, np.bool_)):
-        raise TypeError(f"{caller}: argument 'inclusive' must be True or False; got {inclusive!r}")
-    return bool(inclusive)
 
 
 def fan_in(split_every, axes: tuple[int, ...], caller: str) -> int:

@@ -59,7 +59,7 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     v.check_dtype(dtype, kinds, caller)
     requested = v.requested_dtype(requested, kinds, caller)
     axes = v.normalize_axes(axis, ndim, caller)
-    keepdims = v.check_keepdims(keepdims, caller)
+    keepdims = v.check_flag(keepdims, "keepdims", caller)
     fan_in = v.fan_in(split_every, axes, caller) if kind.startswith("dask") else None
     algorithm = v.check_algorithm(algorithm, "reduce", kind, op, caller)
     out_dtype = _dt.result_dtype(family, dtype, requested)
@@ -161,7 +161,7 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
 def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, split_every, label, caller):
     v.check_dtype(dtype, op.kinds, caller)
     requested = v.requested_dtype(requested, op.kinds, caller)
-    inclusive = v.check_inclusive(inclusive, caller)
+    inclusive = v.check_flag(inclusive, "inclusive", caller)
     ax = 0 if axis is None else v.normalize_scan_axis(axis, ndim, caller)
     algorithm = v.check_algorithm(algorithm, "scan", kind, op, caller)
     fan_in = v.fan_in(split_every, (), caller) if kind.startswith("dask") else None

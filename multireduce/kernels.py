@@ -172,11 +172,6 @@ class _Kernel:
             self._fn = self.module.get_function(self.expression)
         return self._fn
 
-    @property
-    def attributes(self) -> dict:
-        """The compiled kernel's attributes (registers, static shared memory, ...)."""
-        return self.raw.attributes
-
     def __call__(self, grid: int, block: int, args: tuple) -> None:
         if self._fn is None:
             self._fn = self.module.get_function(self.expression)

@@ -51,12 +51,16 @@ def _facts():
 _workspaces: dict[tuple, list] = {}
 
 
-def _workspace(grid: int, acc: np.dtype) -> tuple[cupy.ndarray, cupy.ndarray]:
+def _workspace(grid: int, acc: np.dtype, device: int | None = None, stream: int | None = None):
     """(partials, counter) for a one-launch reduction on the current stream: scratch for one partial per
     block and a zeroed counter for the last-block guard (the last block resets it). Reused per (device,
     stream, dtype): launches on one stream run in order, so the next one cannot overwrite partials still
-    being read."""
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr, acc)
+    being read. Callers that already know the device and stream pointer pass them."""
+    if device is None:
+        device = cupy.cuda.runtime.getDevice()
+    if stream is None:
+        stream = cupy.cuda.get_current_stream().ptr
+    key = (device, stream, acc)
     space = _workspaces.get(key)
     if space is None:
         space = _workspaces[key] = [cupy.empty(max(grid, 4096), acc), cupy.zeros(1, dtype=np.uint32)]
@@ -108,13 +112,19 @@ def _reduce_kernels_on(device: int, op: Operator, T: np.dtype, acc: np.dtype):
     return _k.get_kernels(op, _k.reduce_names(_k.ctype(T), _k.ctype(acc), op.cuda_functor, p)), sms, p
 
 
+def _vectorized_grid_rule(T: np.dtype, sms: int, p) -> tuple[int, int]:
+    """(elements per block per pass, most blocks) of ``reduce_vectorized``: grid = min(ceil(n / first),
+    second)."""
+    return p.reduce_block * (16 // T.itemsize) * p.reduce_vectors_per_thread, sms * p.reduce_blocks_per_sm
+
+
 def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
     """Reduce the contiguous 1-d array ``x1`` into the one-element device array ``out1``."""
     n = x1.size
     ks, sms, p = _reduce_kernels(op, x1.dtype, acc)
     if algorithm in ("auto", "vectorized") and op.commutative:
-        per_block = p.reduce_block * (16 // x1.dtype.itemsize) * p.reduce_vectors_per_thread
-        grid = max(1, min(-(-n // per_block), sms * p.reduce_blocks_per_sm))
+        per_block, max_grid = _vectorized_grid_rule(x1.dtype, sms, p)
+        grid = max(1, min(-(-n // per_block), max_grid))
         partials, counter = _workspace(grid, acc)
         ks["vectorized"](grid, p.reduce_block, (x1, _i64(n), identity, partials if grid > 1 else out1, out1, counter))
         return
@@ -237,10 +247,8 @@ class WholeReducer:
     def _prepare(self, device: int) -> tuple:
         ks, sms, p = _reduce_kernels(self.op, self.type, self.acc)
         kernel = ks["vectorized"]
-        per_block = p.reduce_block * (16 // self.type.itemsize) * p.reduce_vectors_per_thread
-        max_grid = sms * p.reduce_blocks_per_sm
-        # workspace per stream, sized for the largest grid once
-        state = self.per_device[device] = (kernel.raw, per_block, max_grid, (p.reduce_block,), kernel.expression, {})
+        per_block, max_grid = _vectorized_grid_rule(self.type, sms, p)
+        state = self.per_device[device] = (kernel.raw, per_block, max_grid, (p.reduce_block,), kernel.expression)
         return state
 
     def __call__(self, x):
@@ -252,15 +260,12 @@ class WholeReducer:
         if x.data.device_id != device:
             return None
         state = self.per_device.get(device) or self._prepare(device)
-        fn, per_block, max_grid, block, expression, spaces = state
-        stream = cupy.cuda.get_current_stream().ptr
-        space = spaces.get(stream)
-        if space is None:
-            space = spaces[stream] = (cupy.empty(max_grid, self.acc), cupy.zeros(1, dtype=np.uint32))
+        fn, per_block, max_grid, block, expression = state
         grid = min(-(-n // per_block), max_grid)
+        partials, counter = _workspace(grid, self.acc, device, cupy.cuda.get_current_stream().ptr)
         out = cupy.empty((), self.acc)
         try:
-            fn((grid,), block, (x, np.int64(n), self.identity, space[0] if grid > 1 else out, out, space[1]))
+            fn((grid,), block, (x, np.int64(n), self.identity, partials if grid > 1 else out, out, counter))
         except Exception as exc:
             raise _k.KernelError(f"launching {expression} with grid={grid}, block={block[0]} failed: {exc}") from exc
         return out if self.cast is None else out.astype(self.cast)
