@@ -60,7 +60,7 @@ def main():
         got = float(mr.sum(x))
         assert abs(got - ref) <= 1e-5 * n, (got, ref)
         whole = cb.WholeReducer(op, x.dtype, np.dtype(np.float32), np.dtype(np.float32))
-        fn, per_block, max_grid, block, _ = whole._prepare(cupy.cuda.runtime.getDevice())
+        fn, per_block, max_grid, block, _, _ = whole._prepare(cupy.cuda.runtime.getDevice())
         grid = min(-(-n // per_block), max_grid)
         out = cupy.empty((), np.float32)
         partials, counter = cb._workspace(grid, np.dtype(np.float32))

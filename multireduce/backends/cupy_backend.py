@@ -51,16 +51,12 @@ def _facts():
 _workspaces: dict[tuple, list] = {}
 
 
-def _workspace(grid: int, acc: np.dtype, device: int | None = None, stream: int | None = None):
+def _workspace(grid: int, acc: np.dtype) -> tuple[cupy.ndarray, cupy.ndarray]:
     """(partials, counter) for a one-launch reduction on the current stream: scratch for one partial per
     block and a zeroed counter for the last-block guard (the last block resets it). Reused per (device,
     stream, dtype): launches on one stream run in order, so the next one cannot overwrite partials still
-    being read. Callers that already know the device and stream pointer pass them."""
-    if device is None:
-        device = cupy.cuda.runtime.getDevice()
-    if stream is None:
-        stream = cupy.cuda.get_current_stream().ptr
-    key = (device, stream, acc)
+    being read."""
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr, acc)
     space = _workspaces.get(key)
     if space is None:
         space = _workspaces[key] = [cupy.empty(max(grid, 4096), acc), cupy.zeros(1, dtype=np.uint32)]
@@ -248,7 +244,9 @@ class WholeReducer:
         ks, sms, p = _reduce_kernels(self.op, self.type, self.acc)
         kernel = ks["vectorized"]
         per_block, max_grid = _vectorized_grid_rule(self.type, sms, p)
-        state = self.per_device[device] = (kernel.raw, per_block, max_grid, (p.reduce_block,), kernel.expression)
+        # its own workspace per stream, sized for the largest grid once: going through _workspace (a key
+        # with the dtype in it) measured ~1 us more per call at 2^10 (H200, profile_small.py)
+        state = self.per_device[device] = (kernel.raw, per_block, max_grid, (p.reduce_block,), kernel.expression, {})
         return state
 
     def __call__(self, x):
@@ -260,12 +258,15 @@ class WholeReducer:
         if x.data.device_id != device:
             return None
         state = self.per_device.get(device) or self._prepare(device)
-        fn, per_block, max_grid, block, expression = state
+        fn, per_block, max_grid, block, expression, spaces = state
+        stream = cupy.cuda.get_current_stream().ptr
+        space = spaces.get(stream)
+        if space is None:
+            space = spaces[stream] = (cupy.empty(max_grid, self.acc), cupy.zeros(1, dtype=np.uint32))
         grid = min(-(-n // per_block), max_grid)
-        partials, counter = _workspace(grid, self.acc, device, cupy.cuda.get_current_stream().ptr)
         out = cupy.empty((), self.acc)
         try:
-            fn((grid,), block, (x, np.int64(n), self.identity, partials if grid > 1 else out, out, counter))
+            fn((grid,), block, (x, np.int64(n), self.identity, space[0] if grid > 1 else out, out, space[1]))
         except Exception as exc:
             raise _k.KernelError(f"launching {expression} with grid={grid}, block={block[0]} failed: {exc}") from exc
         return out if self.cast is None else out.astype(self.cast)
