@@ -1,9 +1,11 @@
-"""Sweep the look-back scan's items per thread (256-thread tiles) at 2^26 and 2^28, checked and timed.
+"""Sweep the look-back scan's tile shapes (threads x items in shared memory + layers held in registers)
+at 2^26, 2^28 and 2^30 elements, checked and timed.
 
-    python benchmarks/sweep_scan.py
+    python benchmarks/sweep_scan.py [--quick]
 
-Runs the production launch (``cupy_backend.lookback_scan``) with each shape in place of the one
-``multireduce/tuning.py`` picks; prints GB/s (bytes read + written) and the ratio to the copy roof.
+Runs the production launch (``cupy_backend.lookback_scan``) with each candidate of
+``tuning.SCAN_SHAPE_CANDIDATES`` in place of the one the policy picks; prints GB/s (bytes read +
+written) and the ratio to the copy roof.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import harness as h  # noqa: E402
 
 from multireduce.operators import get_operator  # noqa: E402
-from multireduce.tuning import SCAN_ITEMS_CANDIDATES  # noqa: E402
+from multireduce.tuning import SCAN_SHAPE_CANDIDATES  # noqa: E402
 
-# the candidates live beside the policy; earlier sweeps (sweep_scan_1.md, _2.md) ran the kernel before
-# its cp.async loads, sweep_scan_3.md also timed two-stage persistent blocks (since removed)
-SHAPES = {"float32": SCAN_ITEMS_CANDIDATES["4byte"], "float64": SCAN_ITEMS_CANDIDATES["8byte"],
-          "int32->int64": SCAN_ITEMS_CANDIDATES["widening"]}
+# the candidates live beside the policy; earlier sweeps (docs/sweep_scan_1..3.md) ran 256-thread tiles
+# without held layers, sweep_scan_3.md also two-stage persistent blocks, sweep_scan_4.md kernel variants
+SHAPES = {"float32": SCAN_SHAPE_CANDIDATES["4byte"], "float64": SCAN_SHAPE_CANDIDATES["8byte"],
+          "int32->int64": SCAN_SHAPE_CANDIDATES["widening"]}
 
 
 def main(argv=None):
@@ -32,9 +34,11 @@ def main(argv=None):
 
     op = get_operator("sum")
     rows = []
-    for log2n in (26, 28):
+    for log2n in (26, 28) if args.quick else (26, 28, 30):
         n = 1 << log2n
         for label, shapes in SHAPES.items():
+            if log2n == 30 and label != "float32":
+                continue
             T, O = {"float32": (np.float32, np.float32), "float64": (np.float64, np.float64),
                     "int32->int64": (np.int32, np.int64)}[label]
             A = np.dtype(O)
@@ -46,20 +50,20 @@ def main(argv=None):
             ref = cupy.cumsum(xs[0].astype(cupy.float64))[probe].get()
             out = cupy.empty(n, O)
             identity = op.identity(A)
-            for items in shapes:
+            for shape in shapes:
 
                 def run(x):
-                    cb.lookback_scan(x.reshape(1, n), out.reshape(1, n), op, A, identity, None, True, items)
+                    cb.lookback_scan(x.reshape(1, n), out.reshape(1, n), op, A, identity, None, True, shape)
 
+                out.fill(-7)  # a shape that writes nothing must not pass on the previous shape's results
                 run(xs[0])
                 got = out[probe].get().astype(np.float64)
                 ok = bool(np.allclose(got, ref, rtol=1e-4, atol=1e-2 * np.sqrt(n)))
                 ms = h.time_gpu(run, xs)
                 gbps = moved / ms / 1e6
-                shape = f"256x{items}"
-                rows.append(h.Row("scan-sweep", shape, label, n, ms, gbps, gbps / roof, ok))
-                print(f"2^{log2n} {label:14} {shape:12}: {ms:.3f} ms {gbps:7.0f} GB/s {gbps / roof:.3f} x copy ok={ok}",
-                      flush=True)
+                rows.append(h.Row("scan-sweep", str(shape), label, n, ms, gbps, gbps / roof, ok))
+                print(f"2^{log2n} {label:14} {str(shape):12}: {ms:.3f} ms {gbps:7.0f} GB/s {gbps / roof:.3f} x copy "
+                      f"ok={ok}", flush=True)
     h.save(rows, "sweep_scan", env)
 
 

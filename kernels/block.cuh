@@ -92,6 +92,38 @@ __device__ __forceinline__ Acc block_exclusive_scan(Acc v, Op op, Acc identity, 
   return warp == 0 ? exclusive : op(scratch[warp], exclusive);
 }
 
+// N sequences scanned at once, in the order part 0 of every thread, then part 1 of every thread, ...
+// (a tile whose elements are spread over threads in N layers). ``v[p]`` becomes the fold of every
+// element before thread t's part p; ``*total`` the fold of all. ``scratch`` holds N * BLOCK / 32 values.
+template <int BLOCK, int N, class Acc, class Op>
+__device__ __forceinline__ void block_exclusive_scan_parts(Acc (&v)[N], Op op, Acc identity, Acc* scratch,
+                                                           Acc* total) {
+  constexpr int kWarps = BLOCK / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int p = 0; p < N; ++p) {
+    const Acc inclusive = warp_inclusive_scan(v[p], op);
+    if (lane == kWarp - 1) scratch[p * kWarps + warp] = inclusive;
+    v[p] = shfl_up(inclusive, 1);
+  }
+  __syncthreads();
+  Acc before_part = identity;  // the fold of the parts before p
+#pragma unroll
+  for (int p = 0; p < N; ++p) {
+    Acc before_warp = identity, part = identity;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const Acc x = scratch[p * kWarps + w];
+      if (w < warp) before_warp = op(before_warp, x);
+      part = op(part, x);
+    }
+    const Acc before_thread = op(before_part, before_warp);
+    v[p] = lane == 0 ? before_thread : op(before_thread, v[p]);
+    before_part = op(before_part, part);
+  }
+  *total = before_part;
+}
+
 // ---- the last-block guard (one launch for all blocks) ---------------------------------------------
 // Every block calls this after writing its partial; true in exactly one block, the last to arrive,
 // which then sees every partial. The counter is left at zero for the next launch on the stream.

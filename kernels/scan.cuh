@@ -110,16 +110,17 @@ __global__ void scan_finish(const Acc* inclusive_scan, Out* out, index_t rows, i
 }
 
 // ---- production: one pass with decoupled look-back ---------------------------------------------
-// One block per tile of BLOCK threads x ITEMS elements. Tiles are numbered by a counter as blocks
-// start, so every tile a block waits for belongs to a block already running. A block copies its tile
-// into shared memory with asynchronous 16-byte copies (cp.async: bytes in flight cost no registers, so
-// every load of the tile is outstanding at once under the 32-register cap that 8 blocks/SM impose),
-// each thread folds ITEMS consecutive elements, the block scans the thread totals, and warp 0
-// publishes the tile's fold (status AGGREGATE) and looks back over the preceding tiles 32 at a time
-// until it meets one whose inclusive prefix is known (status PREFIX). Tiles before a row's first
-// tile read as that row's carry-in with status PREFIX. (Persistent blocks that copy the next tile in
-// during the look-back were measured at about half the speed: docs/performance.md.)
-// Status words (and the counter after them) must be zero before the launch.
+// One block per tile; tile i is block i. A tile is BLOCK x ITEMS elements copied into shared memory with
+// asynchronous 16-byte copies (cp.async: no registers spent on bytes in flight) followed by REG_ROWS
+// layers of one 16-byte vector per thread loaded into registers. Each thread folds its ITEMS
+// consecutive shared elements and each held vector, the block scans those folds, and warp 0 publishes
+// the tile's fold (status AGGREGATE) and looks back over the preceding tiles 32 at a time until it
+// meets one whose inclusive prefix is known (status PREFIX). Tiles before a row's first tile read as
+// that row's carry-in with status PREFIX.
+// Why the registers: a tile's life is mostly waiting in the look-back for the slowest of its
+// predecessors to load, so the scan's speed follows the bytes an SM keeps in flight; shared memory
+// alone caps that at ~220 KB, the register file adds ~60-90 KB (measured: docs/performance.md).
+// Status words must be zero before the launch.
 enum : unsigned { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
 
 // Tile descriptors: the status and the value in one word written and read whole, so publishing needs
@@ -221,51 +222,74 @@ __device__ __forceinline__ void copies_wait_all() {
 }
 
 // Shared memory of one scan_lookback block, and so how many blocks an SM holds (for launch bounds).
-template <class T, class Out, int BLOCK, int ITEMS>
+// A tile is BLOCK x ITEMS elements in shared memory followed by REG_ROWS layers of one 16-byte vector
+// per thread held in registers: the register file then carries part of the tile, so that more bytes
+// are in flight per SM than shared memory alone can hold.
+template <class T, class Out, int BLOCK, int ITEMS, int REG_ROWS>
 struct LookbackTile {
-  static constexpr int kTile = BLOCK * ITEMS;
+  static constexpr int kShared = BLOCK * ITEMS;          // elements staged in shared memory
+  static constexpr int kVector = 16 / (int)sizeof(T);    // elements per 16-byte input vector
+  static constexpr int kHeld = REG_ROWS * BLOCK * kVector;  // elements held in registers
+  static constexpr int kTile = kShared + kHeld;
   static constexpr bool kInPlace = sizeof(Out) == sizeof(T);  // results overwrite the input tile
-  static constexpr int kInBytes = kTile * (int)sizeof(T);
-  static constexpr int kBytes = kInPlace ? kInBytes : kInBytes + kTile * (int)sizeof(Out);
+  static constexpr int kInBytes = kShared * (int)sizeof(T);
+  static constexpr int kBytes = kInPlace ? kInBytes : kInBytes + kShared * (int)sizeof(Out);
   static constexpr int kSharedPerSm = 227 * 1024;  // sm_90; on sm_80 fewer blocks fit than this says
   static constexpr int kByThreads = 2048 / BLOCK;
   static constexpr int kByShared = kSharedPerSm / (kBytes + 1024);
-  static constexpr int kBlocksPerSm = kByThreads < kByShared ? kByThreads : (kByShared > 0 ? kByShared : 1);
-  static_assert(kInBytes % 16 == 0 && (kTile * sizeof(Out)) % 16 == 0, "tiles are whole vectors");
+  // held vectors need registers: 4 per layer, plus a prefix per layer (an estimate ptxas then meets)
+  static constexpr int kRegisters = 32 + (REG_ROWS ? 4 * REG_ROWS + (REG_ROWS + 1) * ((int)sizeof(Out) / 4) + 4 : 0);
+  static constexpr int kByRegisters = 65536 / (BLOCK * kRegisters);
+  static constexpr int kByStorage = kByShared < kByRegisters ? kByShared : kByRegisters;
+  static constexpr int kBlocksPerSm = kByThreads < kByStorage ? kByThreads : (kByStorage > 0 ? kByStorage : 1);
+  static_assert(kInBytes % 16 == 0 && (kShared * sizeof(Out)) % 16 == 0, "tiles are whole vectors");
+  static_assert(REG_ROWS == 0 || (sizeof(Out) >= sizeof(T) && (kVector * sizeof(Out)) % 16 == 0),
+                "held layers are stored as whole output vectors");
 };
 
-template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS>
-__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS>::kBlocksPerSm))
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS = 0>
+__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
     scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity, const Acc* carry_in,
                   Acc* row_totals, unsigned long long* words, int inclusive) {
-  using Shape = LookbackTile<T, Out, BLOCK, ITEMS>;
-  constexpr int kTile = Shape::kTile;
+  using Shape = LookbackTile<T, Out, BLOCK, ITEMS, REG_ROWS>;
+  constexpr int kTile = Shape::kTile, kShared = Shape::kShared, kVector = Shape::kVector;
+  constexpr int kParts = 1 + REG_ROWS;
   __shared__ __align__(16) unsigned char raw[Shape::kBytes];
-  __shared__ Acc scratch[kWarp + 1];
+  __shared__ Acc scratch[kParts * (BLOCK / kWarp) > kWarp + 1 ? kParts * (BLOCK / kWarp) : kWarp + 1];
   __shared__ Acc tile_exclusive;
-  __shared__ index_t tile_number;
   Op op;
   const int t = threadIdx.x;
   const LookbackState<Acc> st{words};
 
-  // the tile counter sits after the descriptors
-  if (t == 0) tile_number = atomicAdd(words + (index_t)gridDim.x * LookbackState<Acc>::kWordsPerTile, 1ull);
-  __syncthreads();
-  const index_t tile = tile_number;
+  // tiles in block order, as CUB's scans: blocks of a grid are dispatched in index order, so every
+  // tile a block waits for belongs to a block already running (a ticket counter cost ~2 %: an atomic
+  // round trip before the loads could start)
+  const index_t tile = blockIdx.x;
   const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
   const index_t first = tile_in_row * kTile;
   const int valid = (int)(K - first < kTile ? K - first : kTile);
   const index_t base = row * K + first;
   T* s_in = reinterpret_cast<T*>(raw);
   Out* s_out = Shape::kInPlace ? reinterpret_cast<Out*>(raw) : reinterpret_cast<Out*>(raw + Shape::kInBytes);
+  // held layer r, element e of thread t is tile element kShared + (r * BLOCK + t) * kVector + e
+  union Vector {
+    uint4 bits;
+    T e[kVector];
+  };
+  Vector held[REG_ROWS > 0 ? REG_ROWS : 1];
+  auto held_at = [&](int r, int e) { return kShared + (r * BLOCK + t) * kVector + e; };
 
-  // load: asynchronous 16-byte copies, vector j of the tile by thread j % BLOCK, when the tile is
-  // whole and aligned; element by element otherwise (a row's last tile, rows not 16-byte aligned)
-  if (valid == kTile && reinterpret_cast<unsigned long long>(in + base) % 16 == 0) {
+  // load: asynchronous 16-byte copies into shared memory (vector j of the tile by thread j % BLOCK) and
+  // coalesced 16-byte loads into registers, when the tile is whole and aligned; element by element
+  // otherwise (a row's last tile, rows not 16-byte aligned)
+  const bool whole_in = valid == kTile && reinterpret_cast<unsigned long long>(in + base) % 16 == 0;
+  if (whole_in) {
     constexpr int kVectors = Shape::kInBytes / 16;
     const uint4* src = reinterpret_cast<const uint4*>(in + base);
 #pragma unroll
     for (int j = t; j < kVectors; j += BLOCK) copy_16_async(reinterpret_cast<uint4*>(raw) + j, src + j);
+#pragma unroll
+    for (int r = 0; r < REG_ROWS; ++r) held[r].bits = __ldg(src + kVectors + r * BLOCK + t);
     copies_wait_all();
   } else {
 #pragma unroll
@@ -273,19 +297,36 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS>::kB
       const int j = k * BLOCK + t;
       if (j < valid) s_in[j] = in[base + j];
     }
+#pragma unroll
+    for (int r = 0; r < REG_ROWS; ++r)
+#pragma unroll
+      for (int e = 0; e < kVector; ++e)
+        if (held_at(r, e) < valid) held[r].e[e] = in[base + held_at(r, e)];
   }
   __syncthreads();
 
-  // pass 1: each thread folds its ITEMS consecutive elements (one accumulator, not ITEMS: registers
-  // decide how many tiles an SM holds)
+  // pass 1: each thread folds its ITEMS consecutive elements in shared memory (one accumulator, not
+  // ITEMS: registers decide how many tiles an SM holds) and each of its held vectors
   const int mine = t * ITEMS;
-  Acc own = identity;
+  Acc part[kParts];
+  part[0] = identity;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    if (mine + k < valid) own = op(own, convert<Acc>(s_in[mine + k]));
+    if (mine + k < valid) part[0] = op(part[0], convert<Acc>(s_in[mine + k]));
+  }
+#pragma unroll
+  for (int r = 0; r < REG_ROWS; ++r) {
+    part[1 + r] = identity;
+#pragma unroll
+    for (int e = 0; e < kVector; ++e)
+      if (held_at(r, e) < valid) part[1 + r] = op(part[1 + r], convert<Acc>(held[r].e[e]));
   }
   Acc aggregate;
-  const Acc thread_prefix = block_exclusive_scan<BLOCK>(own, op, identity, scratch, &aggregate);
+  if constexpr (REG_ROWS == 0) {
+    part[0] = block_exclusive_scan<BLOCK>(part[0], op, identity, scratch, &aggregate);
+  } else {
+    block_exclusive_scan_parts<BLOCK>(part, op, identity, scratch, &aggregate);
+  }
 
   // the fold of everything before this tile
   if (t < kWarp) {
@@ -305,10 +346,37 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS>::kB
     }
   }
   __syncthreads();
+  const Acc before = tile_exclusive;
+  const bool whole_out = valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0;
 
-  // pass 2: rescan the same elements from shared memory, seeded (each thread rewrites only the slots
-  // it has just read, so in-place results are safe)
-  Acc running = op(tile_exclusive, thread_prefix);
+  // pass 2: rescan the same elements, seeded. Held vectors are stored straight from registers
+  // (coalesced: thread t's vector of layer r sits next to thread t+1's).
+#pragma unroll
+  for (int r = 0; r < REG_ROWS; ++r) {
+    constexpr int kOutVectors = kVector * (int)sizeof(Out) / 16;
+    union {
+      uint4 bits[kOutVectors > 0 ? kOutVectors : 1];
+      Out e[kVector];
+    } result;
+    Acc running = op(before, part[1 + r]);
+#pragma unroll
+    for (int e = 0; e < kVector; ++e) {
+      const Acc next = op(running, convert<Acc>(held[r].e[e]));
+      result.e[e] = convert<Out>(inclusive ? next : running);
+      running = next;
+    }
+    if (whole_out) {
+      uint4* dst = reinterpret_cast<uint4*>(out + base + kShared) + (r * BLOCK + t) * kOutVectors;
+#pragma unroll
+      for (int k = 0; k < kOutVectors; ++k) dst[k] = result.bits[k];
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVector; ++e)
+        if (held_at(r, e) < valid) out[base + held_at(r, e)] = result.e[e];
+    }
+  }
+  // shared part: each thread rewrites only the slots it has just read, so in-place results are safe
+  Acc running = op(before, part[0]);
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
     const int j = mine + k;
@@ -319,8 +387,8 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS>::kB
     }
   }
   __syncthreads();
-  if (valid == kTile && reinterpret_cast<unsigned long long>(out + base) % 16 == 0) {
-    constexpr int kVectors = kTile * sizeof(Out) / 16;
+  if (whole_out) {
+    constexpr int kVectors = kShared * sizeof(Out) / 16;
     const uint4* src = reinterpret_cast<const uint4*>(s_out);
     uint4* dst = reinterpret_cast<uint4*>(out + base);
 #pragma unroll

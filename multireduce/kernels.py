@@ -21,7 +21,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .operators import Operator
-from .tuning import Policy
+from .tuning import SCAN_SHAPE_CANDIDATES, Policy, ScanShape
 
 ENTRY = "multireduce.cuh"
 COMPILE_OPTIONS = ("--std=c++17",)
@@ -97,15 +97,16 @@ def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, items: int) -> dict[str, str]:
-    """Every scan kernel for element type T, accumulator Acc and output Out, by role."""
+def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, shape: ScanShape) -> dict[str, str]:
+    """Every scan kernel for element type T, accumulator Acc and output Out, by role; ``shape`` is the
+    look-back kernel's tile."""
     B = p.scan_block
     return MappingProxyType({
         "hillis_steele": f"mr::scan_hillis_steele_tiles<{T}, {Acc}, {Op}, {B}>",
         "blelloch": f"mr::scan_blelloch_tiles<{T}, {Acc}, {Op}, {B}>",
         "add_back": f"mr::scan_add_back<{Acc}, {Op}>",
         "finish": f"mr::scan_finish<{Acc}, {Out}, {Op}>",
-        "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {B}, {items}>",
+        "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {shape.block}, {shape.items}, {shape.held}>",
         "columns": f"mr::scan_columns<{T}, {Acc}, {Out}, {Op}>",
     })
 
@@ -197,12 +198,26 @@ def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
             T, A, O = ctype(dtype), ctype(acc), ctype(out)
             exprs.update(reduce_names(T, A, op.cuda_functor, policy).values())
             exprs.update(reduce_names(A, A, op.cuda_functor, policy).values())  # later passes over partials
-            items = policy.scan_items(dtype.itemsize, acc.itemsize, out.itemsize)
-            exprs.update(scan_names(T, A, O, op.cuda_functor, policy, items).values())
+            shape = policy.scan_shape(dtype.itemsize, acc.itemsize, out.itemsize)
+            exprs.update(scan_names(T, A, O, op.cuda_functor, policy, shape).values())
             exprs.update(scan_names(A, A, A, op.cuda_functor, policy,
-                                    policy.scan_items(acc.itemsize, acc.itemsize, acc.itemsize)).values())
+                                    policy.scan_shape(acc.itemsize, acc.itemsize, acc.itemsize)).values())
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = _dt.accumulator_dtype(_dt.result_dtype("mean", dtype))
                 exprs.update(reduce_names(T, ctype(mean_acc), op.cuda_functor, policy).values())
+        if opname == "sum":  # every look-back tile the sweep may pick (tuning.SCAN_SHAPE_CANDIDATES)
+            for size_class, shapes in SCAN_SHAPE_CANDIDATES.items():
+                for T, A, O in _CANDIDATE_TYPES[size_class]:
+                    for shape in shapes:
+                        exprs.add(scan_names(T, A, O, op.cuda_functor, policy, shape)["lookback"])
         groups.append((opname, sorted(exprs)))
     return groups
+
+
+# (input, accumulator, output) C types that exercise each look-back size class
+_CANDIDATE_TYPES = {
+    "4byte": [("float", "float", "float"), ("mr::half", "float", "mr::half")],
+    "8byte": [("double", "double", "double"), ("unsigned long long", "unsigned long long", "unsigned long long")],
+    "widening": [("int", "long long", "long long")],
+    "widening_narrow": [("unsigned char", "unsigned long long", "unsigned long long")],
+}

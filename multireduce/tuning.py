@@ -10,6 +10,30 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class ScanShape:
+    """One look-back scan tile: ``block`` threads x ``items`` consecutive elements each in shared memory,
+    then ``held`` layers of one 16-byte vector per thread kept in registers."""
+
+    block: int
+    items: int
+    held: int = 0
+
+    def tile(self, in_itemsize: int) -> int:
+        """Elements per tile for inputs of ``in_itemsize`` bytes."""
+        return self.block * (self.items + self.held * (16 // in_itemsize))
+
+    def __str__(self) -> str:
+        return f"{self.block}x{self.items}+{self.held}v"
+
+
+def scan_size_class(in_size: int, acc_size: int, out_size: int) -> str:
+    """The key of SCAN_SHAPE_CANDIDATES (and of the policy's shapes) for these element sizes."""
+    if in_size != out_size and max(in_size, out_size) > 4:
+        return "widening" if in_size >= 4 else "widening_narrow"
+    return "8byte" if max(in_size, acc_size, out_size) > 4 else "4byte"
+
+
+@dataclass(frozen=True)
 class Policy:
     reduce_block: int = 256  # threads per block, production reduce
     reduce_blocks_per_sm: int = 8  # a full SM at 256 threads (2048 resident threads on sm_80/sm_90)
@@ -17,29 +41,31 @@ class Policy:
     reduce_row_block: int = 256  # one block per row, axis reductions
     ordered_block: int = 256
     ordered_items: int = 7  # odd: thread t reads slots t*ITEMS+k without shared-memory bank conflicts
-    scan_block: int = 256
-    # look-back scan: items per thread of 256-thread tiles. Odd, so thread t's blocked reads t*ITEMS+k hit
-    # distinct shared-memory banks. H200, 2^28 elements, bytes read + written vs the copy roof
-    # (docs/performance.md; sweep tables docs/sweep_scan_*.md):
-    scan_items_4byte: int = 31  # float32 256 x 31: 0.783 x copy (x 23: 0.744, x 39: 0.764, x 47: 0.765)
-    scan_items_8byte: int = 15  # float64 256 x 15: 0.848 x copy (x 11: 0.818, x 19: 0.835, x 23: 0.836)
-    scan_items_widening: int = 9  # int32 -> int64 256 x 9: 0.672 x copy (x 13: 0.653, x 15: 0.638)
+    scan_block: int = 256  # catalogue scans (Hillis-Steele, Blelloch)
+    # look-back scan tiles (kernels/scan.cuh). Items odd, so thread t's blocked reads t*ITEMS+k hit distinct
+    # shared-memory banks. H200, bytes read + written vs the copy roof at 2^28 (2^26) elements, session 3
+    # (docs/performance.md, docs/sweep_scan_4.md); without held layers the best was 256x31 / 256x15 /
+    # 256x9: 0.81 / 0.87 / 0.70 x copy.
+    scan_4byte: ScanShape = ScanShape(128, 61, 6)  # float32 0.853-0.859 (0.826) x copy; +4v 0.848, +8v 0.851
+    scan_8byte: ScanShape = ScanShape(128, 27, 4)  # float64 0.903-0.905 (0.898); 128x31+5v 0.907, +6v 0.894
+    scan_widening: ScanShape = ScanShape(64, 17, 6)  # int32 -> int64 0.784 (0.774); 96x17+4v 0.779
+    # widening from 1- or 2-byte inputs: a held layer would widen into 16-32 registers of results
+    scan_widening_narrow: ScanShape = ScanShape(256, 9, 0)
     catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
 
-    def scan_items(self, in_size: int, acc_size: int, out_size: int) -> int:
-        """Items per thread of the look-back scan for these element sizes."""
-        if in_size != out_size and max(in_size, out_size) > 4:
-            return self.scan_items_widening
-        return self.scan_items_8byte if max(in_size, acc_size, out_size) > 4 else self.scan_items_4byte
+    def scan_shape(self, in_size: int, acc_size: int, out_size: int) -> ScanShape:
+        """The look-back tile for these element sizes."""
+        return getattr(self, "scan_" + scan_size_class(in_size, acc_size, out_size))
 
 
-# Look-back items per thread worth measuring, by element size class; the sweep (benchmarks/sweep_scan.py)
-# times them and the GPU tests check every one, so any may become a default.
-SCAN_ITEMS_CANDIDATES = {
-    "4byte": (23, 31, 39, 47),
-    "8byte": (11, 15, 19, 23),
-    "widening": (9, 13, 15),
+# Look-back tiles worth measuring, by element size class; the sweep (benchmarks/sweep_scan.py) times
+# them and the GPU tests check every one, so any may become a default.
+SCAN_SHAPE_CANDIDATES = {
+    "4byte": (ScanShape(128, 61, 6), ScanShape(128, 53, 4), ScanShape(128, 73, 8), ScanShape(256, 31)),
+    "8byte": (ScanShape(128, 27, 4), ScanShape(128, 31, 5), ScanShape(128, 43, 8), ScanShape(256, 15)),
+    "widening": (ScanShape(64, 17, 6), ScanShape(96, 17, 4), ScanShape(128, 17, 4), ScanShape(256, 9)),
+    "widening_narrow": (ScanShape(256, 9),),
 }
 
 _POLICIES = {

@@ -283,26 +283,25 @@ def combine(op: Operator, values: list):
 # ------------------------------------------------------------------------------------------------
 # Scans
 # ------------------------------------------------------------------------------------------------
-def _scan_kernels(op, T, acc, out_dtype, items=None):
-    """The scan kernel group for these types; ``items`` per thread of the look-back kernel, else the
-    policy's."""
+def _scan_kernels(op, T, acc, out_dtype, shape=None):
+    """The scan kernel group for these types; ``shape`` the look-back kernel's tile, else the policy's."""
     sms, p = _facts()
-    items = items or p.scan_items(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
-    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, items)
-    return _k.get_kernels(op, names), sms, p, items
+    shape = shape or p.scan_shape(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
+    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, shape)
+    return _k.get_kernels(op, names), sms, p, shape
 
 
-def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, items=None) -> None:
+def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, shape=None) -> None:
     """One-pass decoupled look-back scan of the contiguous (R, K) ``rows`` into ``out_rows``, each row
-    seeded by ``carry[row]`` (None: the identity); ``items`` per thread overrides the policy's."""
+    seeded by ``carry[row]`` (None: the identity); ``shape`` (a tuning.ScanShape) overrides the policy's."""
     R, K = rows.shape
-    ks, sms, p, items = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, items)
-    tiles_per_row = -(-K // (p.scan_block * items))
+    ks, sms, p, shape = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, shape)
+    tiles_per_row = -(-K // shape.tile(rows.dtype.itemsize))
     grid = R * tiles_per_row  # one block per tile
     per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
-    words = cupy.zeros(grid * per_tile + 1, np.uint64)  # + the tile counter
-    ks["lookback"](grid, p.scan_block, (rows, out_rows, _i64(K), _i64(tiles_per_row), identity,
-                                        NULL if carry is None else carry, NULL, words, np.int32(inclusive)))
+    words = cupy.zeros(grid * per_tile, np.uint64)
+    ks["lookback"](grid, shape.block, (rows, out_rows, _i64(K), _i64(tiles_per_row), identity,
+                                       NULL if carry is None else carry, NULL, words, np.int32(inclusive)))
 
 
 def _inclusive_multilevel(rows, op, acc, identity, algorithm):

@@ -265,23 +265,25 @@ def _host_inclusive_scan(values: np.ndarray, ufunc) -> np.ndarray:
     return out
 
 
-_TILE_CASES = [("4byte", np.int32, np.int32), ("4byte", np.float32, np.float32), ("8byte", np.int64, np.int64),
-               ("8byte", np.float64, np.float64), ("widening", np.int32, np.int64), ("widening", np.uint8, np.uint64)]
+# (input, output, accumulator): every size class of tuning.scan_size_class, float16 for 8-element held vectors
+_TILE_CASES = [(np.int32, np.int32, np.int32), (np.float32, np.float32, np.float32), (np.int64, np.int64, np.int64),
+               (np.float64, np.float64, np.float64), (np.int32, np.int64, np.int64), (np.uint8, np.uint64, np.uint64),
+               (np.float16, np.float16, np.float32)]
 
 
-@pytest.mark.parametrize("case", _TILE_CASES, ids=lambda c: f"{np.dtype(c[1]).name}->{np.dtype(c[2]).name}")
+@pytest.mark.parametrize("case", _TILE_CASES, ids=lambda c: f"{np.dtype(c[0]).name}->{np.dtype(c[1]).name}")
 def test_lookback_every_candidate_tile(case):
     from multireduce.backends import cupy_backend as cb
-    from multireduce.tuning import SCAN_ITEMS_CANDIDATES
+    from multireduce.tuning import SCAN_SHAPE_CANDIDATES, scan_size_class
 
-    size_class, T, O = case
+    T, O, acc = (np.dtype(d) for d in case)
     op = get_operator("sum")
-    acc = np.dtype(O)
     rng = np.random.default_rng(7)
-    for items in SCAN_ITEMS_CANDIDATES[size_class]:
-        tile = 256 * items
-        for rows, K in [(1, 1), (1, 33), (1, tile - 1), (1, tile), (1, tile + 1), (3, 3 * tile + 5), (1, 97 * tile + 13),
-                        (5, 1025)]:
+    for shape in SCAN_SHAPE_CANDIDATES[scan_size_class(T.itemsize, acc.itemsize, O.itemsize)]:
+        tile = shape.tile(T.itemsize)
+        shared = shape.block * shape.items  # where the held layers begin
+        for rows, K in [(1, 1), (1, 33), (1, shared - 1), (1, shared + 7), (1, tile - 1), (1, tile), (1, tile + 1),
+                        (3, 3 * tile + 5), (1, 97 * tile + 13), (5, 1025)]:
             host = random_array(rng, rows * K + 1, T)
             dev = cupy.asarray(host)
             for offset in (0, 1):  # aligned rows, and a view one element in (scalar loads)
@@ -290,12 +292,11 @@ def test_lookback_every_candidate_tile(case):
                 carry_host = random_array(rng, rows, acc)
                 for carry, inclusive in [(None, True), (cupy.asarray(carry_host), False)]:
                     out = cupy.empty((rows, K), O)
-                    cb.lookback_scan(x, out, op, acc, op.identity(acc), carry, inclusive, items)
+                    cb.lookback_scan(x, out, op, acc, op.identity(acc), carry, inclusive, shape)
                     seeded = np.concatenate([(carry_host if carry is not None else np.zeros(rows, acc))[:, None], h], 1)
                     ref = np.add.accumulate(seeded.astype(np.float64 if acc.kind == "f" else acc), axis=1)
                     ref = ref[:, 1:] if inclusive else ref[:, :-1]
-                    what = f"tile 256x{items} {np.dtype(T).name}->{acc.name} rows={rows} K={K} " \
-                           f"offset={offset} inclusive={inclusive}"
+                    what = f"tile {shape} {T.name}->{O.name} rows={rows} K={K} offset={offset} inclusive={inclusive}"
                     mass = np.add.accumulate(np.abs(seeded.astype(np.float64)), axis=1)[:, 1 if inclusive else 0:]
                     mass = mass[:, :K]
                     assert_matches(cupy.asnumpy(out), ref.astype(np.float64) if acc.kind == "f" else ref,
@@ -305,23 +306,23 @@ def test_lookback_every_candidate_tile(case):
 def test_lookback_candidate_tiles_keep_order():
     """Non-commutative 2x2 matrix products through every 8-byte candidate: order across tiles and rows."""
     from multireduce.backends import cupy_backend as cb
-    from multireduce.tuning import SCAN_ITEMS_CANDIDATES
+    from multireduce.tuning import SCAN_SHAPE_CANDIDATES
 
     from ..helpers import matmul2x2
 
     op = matmul_operator()
     acc = np.dtype(np.uint64)
     rng = np.random.default_rng(11)
-    for items in SCAN_ITEMS_CANDIDATES["8byte"]:
-        tile = 256 * items
+    for shape in SCAN_SHAPE_CANDIDATES["8byte"]:
+        tile = shape.tile(acc.itemsize)
         rows, K = 2, 40 * tile + 77
         host = random_matrices(rng, rows * K).reshape(rows, K)
         carry_host = random_matrices(rng, rows)
         out = cupy.empty((rows, K), acc)
-        cb.lookback_scan(cupy.asarray(host), out, op, acc, op.identity(acc), cupy.asarray(carry_host), True, items)
+        cb.lookback_scan(cupy.asarray(host), out, op, acc, op.identity(acc), cupy.asarray(carry_host), True, shape)
         ref = _host_inclusive_scan(np.concatenate([carry_host[:, None], host], 1).T, matmul2x2).T[:, 1:]
         got = cupy.asnumpy(out)
-        assert np.array_equal(got, ref), f"tile 256x{items}: first difference at " \
+        assert np.array_equal(got, ref), f"tile {shape}: first difference at " \
             f"{np.argwhere(got != ref)[:1].tolist()}"
         assert np.count_nonzero(ref[:, -1]), "products collapsed to zero: the check would be vacuous"
 

@@ -1,0 +1,58 @@
+"""The launch policy's look-back tiles: which shape each dtype gets, and that every shape the sweep may
+pick satisfies what kernels/scan.cuh assumes (whole 16-byte vectors, conflict-free odd items, static
+shared memory under 48 KB). The GPU tests run every candidate; these need no GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from multireduce import dtypes
+from multireduce.tuning import SCAN_SHAPE_CANDIDATES, ScanShape, policy, scan_size_class
+
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+def _scan_sizes(dtype):
+    out = dtypes.result_dtype("sum", np.dtype(dtype))
+    return np.dtype(dtype).itemsize, dtypes.accumulator_dtype(out).itemsize, out.itemsize
+
+
+@pytest.mark.parametrize(("dtype", "size_class"), [
+    (np.float32, "4byte"), (np.float16, "4byte"), (np.float64, "8byte"), (np.int64, "8byte"),
+    (np.int32, "widening"), (np.uint32, "widening"), (np.int8, "widening_narrow"), (np.uint16, "widening_narrow"),
+])
+def test_each_dtype_gets_its_size_class(dtype, size_class):
+    sizes = _scan_sizes(dtype)
+    assert scan_size_class(*sizes) == size_class
+    assert policy(9).scan_shape(*sizes) == getattr(policy(9), "scan_" + size_class)
+
+
+def test_tile_counts_shared_items_and_held_vectors():
+    shape = ScanShape(128, 61, 6)
+    assert shape.tile(4) == 128 * 61 + 6 * 128 * 4
+    assert shape.tile(8) == 128 * 61 + 6 * 128 * 2
+    assert shape.tile(2) == 128 * 61 + 6 * 128 * 8
+    assert ScanShape(256, 9).tile(1) == 256 * 9
+    assert str(shape) == "128x61+6v"
+
+
+# (input, output) element sizes per size class, the widest staging each class needs
+_CLASS_SIZES = {"4byte": [(4, 4), (2, 2), (1, 1)], "8byte": [(8, 8)], "widening": [(4, 8)],
+                "widening_narrow": [(1, 8), (2, 8)]}
+
+
+@pytest.mark.parametrize("size_class", sorted(SCAN_SHAPE_CANDIDATES))
+def test_every_candidate_fits_the_kernel(size_class):
+    shapes = SCAN_SHAPE_CANDIDATES[size_class]
+    assert getattr(policy(9), "scan_" + size_class) in shapes, "the default must be one the GPU tests check"
+    for shape in shapes:
+        assert shape.block % 32 == 0 and 32 <= shape.block <= 1024, shape
+        assert shape.items % 2 == 1, f"{shape}: even items per thread put a warp's reads on few banks"
+        for in_size, out_size in _CLASS_SIZES[size_class]:
+            shared = shape.block * shape.items
+            assert shared * in_size % 16 == 0 and shared * out_size % 16 == 0, f"{shape}: tiles are whole vectors"
+            staged = shared * in_size + (0 if in_size == out_size else shared * out_size)
+            assert staged + 1024 <= STATIC_SHARED_LIMIT, f"{shape}: {staged} bytes of static shared memory"
+            if shape.held:
+                assert out_size >= in_size and (16 // in_size) * out_size % 16 == 0, shape
