@@ -200,8 +200,12 @@ def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
             exprs.update(reduce_names(A, A, op.cuda_functor, policy).values())  # later passes over partials
             shape = policy.scan_shape(dtype.itemsize, acc.itemsize, out.itemsize)
             exprs.update(scan_names(T, A, O, op.cuda_functor, policy, shape).values())
-            exprs.update(scan_names(A, A, A, op.cuda_functor, policy,
-                                    policy.scan_shape(acc.itemsize, acc.itemsize, acc.itemsize)).values())
+            # the catalogue scans run in the accumulator: (T, Acc, Acc), (Acc, Acc, Acc), (Acc, Acc, Out)
+            for t_in, t_out, size_in, size_out in [(T, A, dtype.itemsize, acc.itemsize),
+                                                   (A, A, acc.itemsize, acc.itemsize),
+                                                   (A, O, acc.itemsize, out.itemsize)]:
+                shape = policy.scan_shape(size_in, acc.itemsize, size_out)
+                exprs.update(scan_names(t_in, A, t_out, op.cuda_functor, policy, shape).values())
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = _dt.accumulator_dtype(_dt.result_dtype("mean", dtype))
                 exprs.update(reduce_names(T, ctype(mean_acc), op.cuda_functor, policy).values())
@@ -219,5 +223,5 @@ _CANDIDATE_TYPES = {
     "4byte": [("float", "float", "float"), ("mr::half", "float", "mr::half")],
     "8byte": [("double", "double", "double"), ("unsigned long long", "unsigned long long", "unsigned long long")],
     "widening": [("int", "long long", "long long")],
-    "widening_narrow": [("unsigned char", "unsigned long long", "unsigned long long")],
+    "mixed": [("unsigned char", "unsigned long long", "unsigned long long"), ("double", "float", "float")],
 }

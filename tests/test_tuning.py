@@ -20,7 +20,7 @@ def _scan_sizes(dtype):
 
 @pytest.mark.parametrize(("dtype", "size_class"), [
     (np.float32, "4byte"), (np.float16, "4byte"), (np.float64, "8byte"), (np.int64, "8byte"),
-    (np.int32, "widening"), (np.uint32, "widening"), (np.int8, "widening_narrow"), (np.uint16, "widening_narrow"),
+    (np.int32, "widening"), (np.uint32, "widening"), (np.int8, "mixed"), (np.uint16, "mixed"), (np.bool_, "mixed"),
 ])
 def test_each_dtype_gets_its_size_class(dtype, size_class):
     sizes = _scan_sizes(dtype)
@@ -37,22 +37,37 @@ def test_tile_counts_shared_items_and_held_vectors():
     assert str(shape) == "128x61+6v"
 
 
-# (input, output) element sizes per size class, the widest staging each class needs
-_CLASS_SIZES = {"4byte": [(4, 4), (2, 2), (1, 1)], "8byte": [(8, 8)], "widening": [(4, 8)],
-                "widening_narrow": [(1, 8), (2, 8)]}
+def _element_sizes():
+    """(input, accumulator, output) sizes of every scan the library launches: each operator and dtype of
+    the table, the catalogue scans' accumulator passes, and a narrowing ``dtype=``."""
+    from multireduce.operators import get_operator
+
+    sizes = {(8, 4, 4)}  # cumsum(float64 array, dtype=float32)
+    for opname in ("sum", "prod", "min", "max"):
+        op = get_operator(opname)
+        for dtype in dtypes.GPU_DTYPES:
+            if dtype.kind not in op.kinds:
+                continue
+            out = dtypes.result_dtype(op.family, dtype)
+            acc = dtypes.accumulator_dtype(out).itemsize
+            sizes |= {(dtype.itemsize, acc, out.itemsize), (dtype.itemsize, acc, acc), (acc, acc, acc),
+                      (acc, acc, out.itemsize)}
+    return sorted(sizes)
 
 
-@pytest.mark.parametrize("size_class", sorted(SCAN_SHAPE_CANDIDATES))
-def test_every_candidate_fits_the_kernel(size_class):
+@pytest.mark.parametrize("sizes", _element_sizes(), ids=lambda s: "in{}-acc{}-out{}".format(*s))
+def test_every_candidate_fits_the_kernel(sizes):
+    in_size, acc_size, out_size = sizes
+    size_class = scan_size_class(in_size, acc_size, out_size)
     shapes = SCAN_SHAPE_CANDIDATES[size_class]
     assert getattr(policy(9), "scan_" + size_class) in shapes, "the default must be one the GPU tests check"
     for shape in shapes:
         assert shape.block % 32 == 0 and 32 <= shape.block <= 1024, shape
         assert shape.items % 2 == 1, f"{shape}: even items per thread put a warp's reads on few banks"
-        for in_size, out_size in _CLASS_SIZES[size_class]:
-            shared = shape.block * shape.items
-            assert shared * in_size % 16 == 0 and shared * out_size % 16 == 0, f"{shape}: tiles are whole vectors"
-            staged = shared * in_size + (0 if in_size == out_size else shared * out_size)
-            assert staged + 1024 <= STATIC_SHARED_LIMIT, f"{shape}: {staged} bytes of static shared memory"
-            if shape.held:
-                assert out_size >= in_size and (16 // in_size) * out_size % 16 == 0, shape
+        shared = shape.block * shape.items
+        assert shared * in_size % 16 == 0 and shared * out_size % 16 == 0, f"{shape}: tiles are whole vectors"
+        staged = shared * in_size + (0 if in_size == out_size else shared * out_size)
+        scratch = (1 + shape.held) * (shape.block // 32) * acc_size + 33 * acc_size + 64
+        assert staged + scratch <= STATIC_SHARED_LIMIT, f"{shape}: {staged} bytes of static shared memory"
+        if shape.held:
+            assert out_size >= in_size and (16 // in_size) * out_size % 16 == 0, shape
