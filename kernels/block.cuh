@@ -67,34 +67,10 @@ __device__ __forceinline__ Acc block_reduce_ordered(Acc v, Op op, Acc identity, 
   return block_fold<BLOCK, true>(v, op, identity, scratch);
 }
 
-// Exclusive scan of one value per thread across the block; ``*total`` gets the block's fold (all
-// threads). ``scratch`` holds kWarp + 1 values.
-template <int BLOCK, class Acc, class Op>
-__device__ __forceinline__ Acc block_exclusive_scan(Acc v, Op op, Acc identity, Acc* scratch, Acc* total) {
-  constexpr int kWarps = BLOCK / kWarp;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  Acc inclusive = warp_inclusive_scan(v, op);
-  Acc exclusive = shfl_up(inclusive, 1);
-  if (lane == 0) exclusive = identity;
-  __syncthreads();
-  if (lane == kWarp - 1) scratch[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    Acc w = lane < kWarps ? scratch[lane] : identity;
-    Acc w_inclusive = warp_inclusive_scan(w, op);
-    Acc w_exclusive = shfl_up(w_inclusive, 1);
-    if (lane == 0) w_exclusive = identity;
-    if (lane < kWarps) scratch[lane] = w_exclusive;
-    if (lane == kWarps - 1) scratch[kWarp] = w_inclusive;
-  }
-  __syncthreads();
-  *total = scratch[kWarp];
-  return warp == 0 ? exclusive : op(scratch[warp], exclusive);
-}
-
-// N sequences scanned at once, in the order part 0 of every thread, then part 1 of every thread, ...
-// (a tile whose elements are spread over threads in N layers). ``v[p]`` becomes the fold of every
-// element before thread t's part p; ``*total`` the fold of all. ``scratch`` holds N * BLOCK / 32 values.
+// Exclusive scan across the block of N values per thread, in the order part 0 of every thread, then
+// part 1 of every thread, ... (N = 1: one value per thread; more: a tile spread over threads in N
+// layers). ``v[p]`` becomes the fold of every element before thread t's part p; ``*total`` the fold of
+// all (every thread). ``scratch`` holds N * BLOCK / 32 values, free on entry.
 template <int BLOCK, int N, class Acc, class Op>
 __device__ __forceinline__ void block_exclusive_scan_parts(Acc (&v)[N], Op op, Acc identity, Acc* scratch,
                                                            Acc* total) {

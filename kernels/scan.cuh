@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG
   constexpr int kTile = Shape::kTile, kShared = Shape::kShared, kVector = Shape::kVector;
   constexpr int kParts = 1 + REG_ROWS;
   __shared__ __align__(16) unsigned char raw[Shape::kBytes];
-  __shared__ Acc scratch[kParts * (BLOCK / kWarp) > kWarp + 1 ? kParts * (BLOCK / kWarp) : kWarp + 1];
+  __shared__ Acc scratch[kParts * (BLOCK / kWarp)];
   __shared__ Acc tile_exclusive;
   Op op;
   const int t = threadIdx.x;
@@ -322,11 +322,7 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG
       if (held_at(r, e) < valid) part[1 + r] = op(part[1 + r], convert<Acc>(held[r].e[e]));
   }
   Acc aggregate;
-  if constexpr (REG_ROWS == 0) {
-    part[0] = block_exclusive_scan<BLOCK>(part[0], op, identity, scratch, &aggregate);
-  } else {
-    block_exclusive_scan_parts<BLOCK>(part, op, identity, scratch, &aggregate);
-  }
+  block_exclusive_scan_parts<BLOCK>(part, op, identity, scratch, &aggregate);
 
   // the fold of everything before this tile
   if (t < kWarp) {

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .operators import Operator
-from .tuning import SCAN_SHAPE_CANDIDATES, Policy, ScanShape
+from .tuning import SCAN_SHAPE_CANDIDATES, Policy, ScanShape, scan_size_class
 
 ENTRY = "multireduce.cuh"
 COMPILE_OPTIONS = ("--std=c++17",)
@@ -200,6 +200,9 @@ def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
             exprs.update(reduce_names(A, A, op.cuda_functor, policy).values())  # later passes over partials
             shape = policy.scan_shape(dtype.itemsize, acc.itemsize, out.itemsize)
             exprs.update(scan_names(T, A, O, op.cuda_functor, policy, shape).values())
+            if opname == "sum":  # every look-back tile the sweep may pick for these sizes
+                for candidate in SCAN_SHAPE_CANDIDATES[scan_size_class(dtype.itemsize, acc.itemsize, out.itemsize)]:
+                    exprs.add(scan_names(T, A, O, op.cuda_functor, policy, candidate)["lookback"])
             # the catalogue scans run in the accumulator: (T, Acc, Acc), (Acc, Acc, Acc), (Acc, Acc, Out)
             for t_in, t_out, size_in, size_out in [(T, A, dtype.itemsize, acc.itemsize),
                                                    (A, A, acc.itemsize, acc.itemsize),
@@ -209,19 +212,6 @@ def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = _dt.accumulator_dtype(_dt.result_dtype("mean", dtype))
                 exprs.update(reduce_names(T, ctype(mean_acc), op.cuda_functor, policy).values())
-        if opname == "sum":  # every look-back tile the sweep may pick (tuning.SCAN_SHAPE_CANDIDATES)
-            for size_class, shapes in SCAN_SHAPE_CANDIDATES.items():
-                for T, A, O in _CANDIDATE_TYPES[size_class]:
-                    for shape in shapes:
-                        exprs.add(scan_names(T, A, O, op.cuda_functor, policy, shape)["lookback"])
         groups.append((opname, sorted(exprs)))
     return groups
 
-
-# (input, accumulator, output) C types that exercise each look-back size class
-_CANDIDATE_TYPES = {
-    "4byte": [("float", "float", "float"), ("mr::half", "float", "mr::half")],
-    "8byte": [("double", "double", "double"), ("unsigned long long", "unsigned long long", "unsigned long long")],
-    "widening": [("int", "long long", "long long")],
-    "mixed": [("unsigned char", "unsigned long long", "unsigned long long"), ("double", "float", "float")],
-}
