@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import dask.array
 import numpy as np
 
 from . import dtypes as _dt
@@ -22,7 +23,7 @@ except ImportError:  # pragma: no cover
 
 
 def is_dask_array(x) -> bool:
-    return type(x).__module__.split(".")[0] == "dask" and hasattr(x, "__dask_graph__") and hasattr(x, "chunks")
+    return isinstance(x, dask.array.Array)
 
 
 def array_kind(x) -> str:
@@ -42,25 +43,37 @@ def array_kind(x) -> str:
     return "numpy"
 
 
+def _native(x):
+    """``x`` in native byte order: ufuncs refuse a ``dtype=`` that differs from the data's only by byte
+    order, and kernels read native words. A new array (lazily, chunk by chunk, for dask); ``x`` itself is
+    left as it is."""
+    dt = x.dtype
+    if dt.isnative:
+        return x
+    return x.astype(dt.newbyteorder("="))
+
+
 def as_array(x, caller: str):
-    """(array, kind): ``x`` itself for NumPy, CuPy and Dask arrays; array-likes (lists, scalars) become
-    NumPy arrays. ``kind`` is 'numpy', 'cupy', 'dask-numpy' or 'dask-cupy'."""
+    """(array, kind): ``x`` itself for NumPy, CuPy and Dask arrays (a native-byte-order copy where it
+    is big-endian on a little-endian machine, or the reverse); array-likes (lists, scalars) become NumPy
+    arrays. ``kind`` is 'numpy', 'cupy', 'dask-numpy' or 'dask-cupy'."""
     cls = type(x)
     if cls is np.ndarray:
-        return x, "numpy"
+        return _native(x), "numpy"
     if cls.__module__.startswith("cupy"):
         return x, "cupy"
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{caller}: argument 'x' is a masked array; expected a plain array (use x.filled(...))")
     if is_dask_array(x):
-        return x, array_kind(x)
+        kind = array_kind(x)
+        return (_native(x) if kind == "dask-numpy" else x), kind
     if hasattr(x, "__cuda_array_interface__"):
         raise TypeError(
             f"{caller}: argument 'x' is a {type(x).__name__} on the GPU; expected a CuPy array "
             "(wrap it with cupy.asarray(x), which does not copy)"
         )
     try:
-        return np.asarray(x), "numpy"
+        return _native(np.asarray(x)), "numpy"
     except Exception as exc:
         raise TypeError(f"{caller}: argument 'x' must be an array; got {type(x).__name__} ({exc})") from None
 
@@ -123,18 +136,24 @@ def check_flag(value, name: str, caller: str) -> bool:
     return bool(value)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def fan_in(split_every, axes: tuple[int, ...], caller: str) -> int:
-    """The tree's fan-in: ``split_every`` (int >= 2 or dask's {axis: int}), else dask's config, else 16."""
+    """The tree's fan-in: ``split_every`` (int >= 2 or dask's {axis: int >= 1}), else dask's config, else
+    16. Every entry point and input kind calls this, so a value is accepted or refused the same way
+    everywhere, also where it is then unused (NumPy and CuPy input)."""
     if split_every is None:
         import dask
 
         split_every = dask.config.get("split_every", None) or 16
     if isinstance(split_every, dict):
-        values = [split_every.get(a, 1) for a in axes]
-        if not all(isinstance(v, numbers.Integral) and v >= 1 for v in values):
-            raise ValueError(f"{caller}: argument 'split_every' as a dict must map axes to ints >= 1; got {split_every!r}")
-        return max(2, math.prod(int(v) for v in values))
-    if isinstance(split_every, (bool, np.bool_)) or not isinstance(split_every, numbers.Integral) or split_every < 2:
+        if not all(_is_int(k) and _is_int(v) and v >= 1 for k, v in split_every.items()):
+            raise ValueError(f"{caller}: argument 'split_every' as a dict must map int axes to ints >= 1; "
+                             f"got {split_every!r}")
+        return max(2, math.prod(int(split_every.get(a, 1)) for a in axes))
+    if not _is_int(split_every) or split_every < 2:
         raise ValueError(f"{caller}: argument 'split_every' must be an int >= 2 or a dict of axis -> int; got {split_every!r}")
     return int(split_every)
 

@@ -36,17 +36,27 @@ def _run_device(kind: str, x):
     return _NO_SWITCH
 
 
+def _typed(value):
+    """A cache key that tells apart values that compare equal across types: ``1.0 == 1 == True``, so
+    without the types a call with ``axis=1`` would let ``axis=1.0`` or ``axis=True`` through unchecked."""
+    if isinstance(value, tuple):
+        return tuple(_typed(v) for v in value)
+    return (type(value), value)
+
+
 def _cached(fn):
-    """Memoize a resolver on its (hashable) arguments; unhashable ones (a list axis, a dict split_every)
-    take the uncached path. Exceptions are never cached, so bad input raises on every call."""
-    cached = functools.lru_cache(maxsize=512)(fn)
+    """Memoize a resolver on its (hashable) arguments and their types; unhashable ones (a list axis, a
+    dict split_every) take the uncached path. Exceptions are never cached, so bad input raises on every
+    call, whatever came before."""
+    cached = functools.lru_cache(maxsize=512)(lambda typed, *key: fn(*key))
 
     def resolve(*key):
         try:
-            hash(key)
+            typed = _typed(key)
+            hash(typed)
         except TypeError:
             return fn(*key)
-        return cached(*key)
+        return cached(typed, *key)
 
     return resolve
 
@@ -60,7 +70,7 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     requested = v.requested_dtype(requested, kinds, caller)
     axes = v.normalize_axes(axis, ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
-    fan_in = v.fan_in(split_every, axes, caller) if kind.startswith("dask") else None
+    fan_in = v.fan_in(split_every, axes, caller)
     algorithm = v.check_algorithm(algorithm, "reduce", kind, op, caller)
     out_dtype = _dt.result_dtype(family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)
@@ -164,7 +174,7 @@ def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, 
     inclusive = v.check_flag(inclusive, "inclusive", caller)
     ax = 0 if axis is None else v.normalize_scan_axis(axis, ndim, caller)
     algorithm = v.check_algorithm(algorithm, "scan", kind, op, caller)
-    fan_in = v.fan_in(split_every, (), caller) if kind.startswith("dask") else None
+    fan_in = v.fan_in(split_every, (ax,), caller)
     out_dtype = _dt.result_dtype(op.family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)
     if "cupy" in kind:

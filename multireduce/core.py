@@ -69,7 +69,10 @@ class ReductionPlan:
                 warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
                 value = value * np.nan
             else:
-                value = value / self.acc_dtype.type(partial.count)
+                # as numpy.mean: integer and bool sums are divided in float64 and cast back (unsafe), since
+                # the count need not fit a narrow result type such as int8
+                count = self.acc_dtype.type(partial.count) if self.acc_dtype.kind in "fc" else float(partial.count)
+                value = value / count
         if not self.keepdims:
             value = value.squeeze(axis=self.axes)
         return value.astype(self.out_dtype, copy=False)

@@ -29,11 +29,23 @@ def _fold_pairs(x: np.ndarray, op: Operator, identity) -> np.ndarray:
     return x
 
 
+def _aligned(x):
+    """``x`` in a buffer whose address is a multiple of the item size.
+
+    NumPy's reductions pick a different (pairwise) summation order for misaligned data, so a chunk that
+    arrives at an odd address (a view into a message buffer on a worker) would give other bits than the
+    same values elsewhere; a copy makes the order depend on the values only."""
+    if isinstance(x, np.ndarray) and not x.flags.aligned:
+        return np.array(x, copy=True, order="K")
+    return x
+
+
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
     """Reduce ``axes`` of ``x`` with ``op`` in ``acc_dtype``; the result keeps the reduced axes (size 1).
 
     Non-commutative operators take one axis at a time, so the caller passes one axis for them.
     """
+    x = _aligned(x)
     acc_dtype = np.dtype(acc_dtype)
     identity = op.identity(acc_dtype)
     if op.ufunc is not None:
@@ -56,7 +68,7 @@ def reduce_all(x, op: Operator, acc_dtype, algorithm: str = "auto"):
     """The whole of ``x`` in one ufunc call (0-d); None for callables, which take the general path."""
     if op.ufunc is None:
         return None
-    return np.asarray(op.ufunc.reduce(x, axis=None, dtype=acc_dtype))
+    return np.asarray(op.ufunc.reduce(_aligned(x), axis=None, dtype=acc_dtype))
 
 
 class _WholeReducer:
@@ -71,7 +83,7 @@ class _WholeReducer:
     def __call__(self, x):
         if type(x) is not np.ndarray or x.size == 0:
             return None
-        value = self.ufunc.reduce(x, axis=None, dtype=self.acc)
+        value = self.ufunc.reduce(_aligned(x), axis=None, dtype=self.acc)
         return value if value.dtype == self.out else value.astype(self.out)
 
 
@@ -117,7 +129,7 @@ def scan(
 ):
     """Scan ``x`` along ``axis``; ``carry`` (keepdims shape) is combined in on the left of every element."""
     acc_dtype = np.dtype(acc_dtype)
-    scanned = _inclusive_scan(x, op, axis, acc_dtype)
+    scanned = _inclusive_scan(_aligned(x), op, axis, acc_dtype)
     if carry is not None:
         scanned = np.asarray(op.combine(np.asarray(carry, dtype=acc_dtype), scanned)).astype(acc_dtype, copy=False)
     if not inclusive:
@@ -128,6 +140,7 @@ def scan(
             if carry is not None
             else np.full(shape, op.identity(acc_dtype), dtype=acc_dtype)
         )
-        body = np.take(scanned, np.arange(scanned.shape[axis] - 1), axis=axis)
-        scanned = np.concatenate([first, body], axis=axis)
+        # shift right by one and keep the input's length: an empty input (or chunk) stays empty
+        length = scanned.shape[axis]
+        scanned = np.take(np.concatenate([first, scanned], axis=axis), np.arange(length), axis=axis)
     return scanned.astype(out_dtype, copy=False)
