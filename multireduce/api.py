@@ -202,47 +202,95 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
 
 
 # ------------------------------------------------------------------------------------------------
+# Docstrings: one text per shared parameter, in NumPy's style
+# ------------------------------------------------------------------------------------------------
+_PARAMETERS = {
+    "x": """x : array_like, numpy.ndarray, cupy.ndarray or dask.array.Array
+    The input. NumPy input is computed now on the CPU, CuPy input now on its GPU, and a Dask array
+    gives a lazy Dask array with chunks of the input's type.""",
+    "op": """op : str or Operator
+    "sum", "prod", "min", "max" or the name of an operator registered with
+    ``multireduce.register_operator`` (or the Operator it returned).""",
+    "axis": """axis : None or int or tuple of ints, optional
+    Axis or axes along which to reduce. The default, None, reduces every axis.""",
+    "scan_axis": """axis : int, optional
+    Axis along which to scan. The default, None, scans the flattened array.""",
+    "dtype": """dtype : data-type, optional
+    The type of the result, also used for the accumulator (float16 is accumulated in float32). By
+    default, NumPy's rule for this function.""",
+    "keepdims": """keepdims : bool, optional
+    If True, the reduced axes are left in the result with size one.""",
+    "inclusive": """inclusive : bool, optional
+    True (default): element i of the result includes x[i]. False: an exclusive scan, which starts every
+    lane from the operator's identity; the result has as many elements as ``x``.""",
+    "split_every": """split_every : int >= 2 or dict of {axis: int >= 1}, optional
+    The fan-in of the Dask tree (as in ``dask.array``); by default dask's ``split_every`` config, else
+    16. Checked for every input, used for Dask input only.""",
+    "algorithm": """algorithm : str, optional
+    "auto" (default) or a GPU kernel named by ``multireduce.algorithms()``; other names apply to CuPy
+    data only.""",
+    "compute": """compute : bool, optional
+    For a Dask array: False (default) returns a lazy Dask array; True returns the result now, on the
+    client, as NumPy (a whole reduction of a persisted array then runs where its chunks are, without a
+    task graph). Other input is computed now in any case.""",
+}
+
+
+def _doc(summary: str, params: tuple[str, ...], returns: str):
+    """Attach a NumPy-style docstring built from the shared parameter texts."""
+
+    def attach(fn):
+        body = "\n".join(_PARAMETERS[p] for p in params)
+        fn.__doc__ = f"{summary}\n\nParameters\n----------\n{body}\n\nReturns\n-------\n{returns}\n"
+        return fn
+
+    return attach
+
+
+_REDUCTION = ("x", "axis", "dtype", "keepdims", "split_every", "algorithm", "compute")
+_SCAN = ("x", "scan_axis", "dtype", "split_every", "algorithm")
+_REDUCED = """out : numpy scalar or array, cupy.ndarray or dask.array.Array
+    The reduced array: a NumPy scalar where every axis of NumPy input is reduced."""
+_SCANNED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
+    An array of the shape of ``x`` (flattened for ``axis=None``)."""
+
+
+# ------------------------------------------------------------------------------------------------
 # Reductions
 # ------------------------------------------------------------------------------------------------
-def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto",
+@_doc("Reduce ``x`` with the associative operator ``op``.", _REDUCTION[:1] + ("op",) + _REDUCTION[1:], _REDUCED)
+def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto",
            compute=False):
-    """Reduce ``x`` with ``op`` ("sum", "prod", "min", "max" or a registered operator) over ``axis``.
-
-    ``split_every`` is the fan-in of the Dask tree (dask's config, else 16); ``algorithm`` names a GPU
-    kernel from ``multireduce.algorithms("reduce")`` and only applies to CuPy data. For a Dask array,
-    ``compute=True`` returns the result now, on the client, in host memory (NumPy); a whole reduction of
-    a persisted array then runs on the workers holding the chunks without a task graph (every function
-    below takes the same ``compute``).
-    """
     return _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, caller="multireduce.reduce",
                       compute=compute)
 
 
-def sum(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
-    """Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64)."""
+@_doc("Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64).", _REDUCTION,
+      _REDUCED)
+def sum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.sum", compute=compute)
 
 
-def prod(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
-    """Product of elements, as ``numpy.prod``; integer overflow wraps as in NumPy."""
+@_doc("Product of elements, as ``numpy.prod``; integer overflow wraps as in NumPy.", _REDUCTION, _REDUCED)
+def prod(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
     return _reduction(x, "prod", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.prod", compute=compute)
 
 
-def min(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
-    """Minimum, as ``numpy.min``: NaN propagates; empty input raises ValueError.
-
-    ``dtype`` (an extension over NumPy) converts the elements before they are compared.
-    """
+@_doc("Minimum, as ``numpy.min``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
+      "NumPy) converts the elements before they are compared.", _REDUCTION, _REDUCED)
+def min(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
     return _reduction(x, "min", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.min", compute=compute)
 
 
-def max(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
-    """Maximum, as ``numpy.max``: NaN propagates; empty input raises ValueError."""
+@_doc("Maximum, as ``numpy.max``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
+      "NumPy) converts the elements before they are compared.", _REDUCTION, _REDUCED)
+def max(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
     return _reduction(x, "max", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.max", compute=compute)
 
 
-def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="auto", compute=False):
-    """Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32)."""
+@_doc("Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32; a narrow "
+      "``dtype=`` sums in that type and divides as NumPy does).", _REDUCTION, _REDUCED)
+def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.mean",
                       mean=True, label="mean", compute=compute)
 
@@ -250,22 +298,20 @@ def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, algorithm="
 # ------------------------------------------------------------------------------------------------
 # Scans
 # ------------------------------------------------------------------------------------------------
-def scan(x, op: str | Operator, axis=None, dtype=None, inclusive=True, algorithm="auto", split_every=None):
-    """Inclusive (default) or exclusive scan of ``x`` with ``op`` along ``axis`` (None flattens).
-
-    ``op`` must be associative; it need not be commutative (element order is kept everywhere).
-    An exclusive scan starts every lane from the operator's identity.
-    """
+@_doc("Inclusive (default) or exclusive scan of ``x`` with ``op``; ``op`` must be associative, not necessarily "
+      "commutative (element order is kept everywhere).",
+      _SCAN[:1] + ("op",) + _SCAN[1:3] + ("inclusive",) + _SCAN[3:], _SCANNED)
+def scan(x, op: str | Operator, axis=None, dtype=None, *, inclusive=True, split_every=None, algorithm="auto"):
     return _scan(x, op, axis, dtype, inclusive, algorithm, caller="multireduce.scan", split_every=split_every)
 
 
-def cumsum(x, axis=None, dtype=None, algorithm="auto", split_every=None):
-    """Cumulative sum, as ``numpy.cumsum`` (``axis=None`` flattens)."""
+@_doc("Cumulative sum, as ``numpy.cumsum``.", _SCAN, _SCANNED)
+def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto"):
     return _scan(x, "sum", axis, dtype, True, algorithm, caller="multireduce.cumsum", label="cumsum",
                  split_every=split_every)
 
 
-def cumprod(x, axis=None, dtype=None, algorithm="auto", split_every=None):
-    """Cumulative product, as ``numpy.cumprod`` (``axis=None`` flattens)."""
+@_doc("Cumulative product, as ``numpy.cumprod``.", _SCAN, _SCANNED)
+def cumprod(x, axis=None, dtype=None, *, split_every=None, algorithm="auto"):
     return _scan(x, "prod", axis, dtype, True, algorithm, caller="multireduce.cumprod", label="cumprod",
                  split_every=split_every)
