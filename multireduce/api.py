@@ -17,7 +17,7 @@ from . import _validation as v
 from . import dtypes as _dt
 from . import direct, graph, placement
 from .core import ReductionPlan, ScanPlan
-from .operators import Operator, get_operator, on_registry_change
+from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, on_registry_change
 
 __all__ = ["sum", "prod", "min", "max", "mean", "reduce", "cumsum", "cumprod", "scan"]
 
@@ -93,6 +93,34 @@ def _check_gpu(caller, op, dtype, acc_dtype, out_dtype):
     if not op.builtin and not op.cuda:
         raise ValueError(f"{caller}: operator {op.name!r} has no CUDA expression, so it cannot run on CuPy data; "
                          "register it with cuda='...'")
+
+
+def _gpu_present() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver or no device: the CPU checks are all that can run
+        return False
+
+
+def _check_on_gpu(op: Operator) -> None:
+    """At registration, where CuPy and a GPU exist: compile the CUDA expression (through the reduction
+    kernels, so a compile error raises ``kernels.KernelError`` now) and run the identity, associativity and
+    commutativity samples through it. Each ``op(a, b)`` is a reduction of the row ``[a, b]``."""
+    if not op.cuda or not _gpu_present():
+        return
+    import cupy
+
+    def combine(a, b, dtype):
+        rows = cupy.asarray(np.stack([a, b], axis=1))
+        return cupy.asnumpy(_reduction(rows, op, 1, None, False, None, "auto", caller="multireduce.register_operator"))
+
+    kinds = "".join(k for k in op.kinds if _dt.gpu_supported(SAMPLE_DTYPES[k]))
+    check_algebra(op.name, op.identity_value, combine, op.commutative, kinds, where="cuda")
+
+
+on_register(_check_on_gpu)
 
 
 # (array type, caller, operator as passed, dtype) -> a backend's whole-array reducer, for calls with every

@@ -11,6 +11,7 @@ Operators travel inside Dask tasks as objects, so a worker never needs the clien
 from __future__ import annotations
 
 import keyword
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import dtypes as _dt
 
-__all__ = ["Operator", "register_operator", "get_operator", "operators", "unregister_operator"]
+__all__ = ["Operator", "register_operator", "get_operator", "operators", "unregister_operator", "on_register"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,6 +147,167 @@ def on_registry_change(callback: Callable[[], None]) -> None:
 def _changed() -> None:
     for callback in _LISTENERS:
         callback()
+
+
+_CHECKS: list[Callable[[Operator], None]] = []
+
+
+def on_register(check: Callable[[Operator], None]) -> None:
+    """Run ``check(op)`` on every new operator before it is registered; it raises to refuse the operator.
+    Layers above (the GPU) add checks here, so this module needs none of them."""
+    _CHECKS.append(check)
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks at registration: samples, not proofs
+# ------------------------------------------------------------------------------------------------
+#: the dtype each kind is sampled in: the widest, where wrap-around and rounding are least likely to hide
+#: a wrong identity
+SAMPLE_DTYPES = {"b": np.bool_, "i": np.int64, "u": np.uint64, "f": np.float64, "c": np.complex128}
+_SAMPLES = 64
+#: float results may differ by this many units of the dtype's epsilon, relative to the operands'
+#: magnitude, between the two groupings (a + b) + c and a + (b + c)
+FLOAT_TOLERANCE_EPS = 16
+
+
+def samples(dtype, n: int = _SAMPLES, seed: int = 0) -> np.ndarray:
+    """``n`` reproducible values of ``dtype``: small ones, 0, 1, -1, and (integers) the full range."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, n).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        small = rng.integers(max(info.min, -1000), 1000, n // 2, dtype=dtype)
+        wide = rng.integers(info.min, info.max, n - n // 2, dtype=dtype, endpoint=True)
+        values = np.concatenate([small, wide])
+    else:
+        values = (rng.standard_normal(n) * 100).astype(dtype)
+        if dtype.kind == "c":
+            values = values + 1j * (rng.standard_normal(n) * 100).astype(dtype)
+    values[:3] = [0, 1, -1] if dtype.kind in "ifc" else [0, 1, 2]
+    return values
+
+
+def _close(left: np.ndarray, right: np.ndarray, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Elementwise: equal for integers and bools, within FLOAT_TOLERANCE_EPS * eps * scale for floats."""
+    if dtype.kind in "biu":
+        return left == right
+    tol = FLOAT_TOLERANCE_EPS * np.finfo(dtype).eps * scale
+    same = (left == right) | (np.isnan(left) & np.isnan(right))
+    return same | (np.abs(left - right) <= tol)
+
+
+def _first_failure(ok: np.ndarray):
+    bad = np.flatnonzero(~np.asarray(ok, dtype=bool))
+    return None if bad.size == 0 else int(bad[0])
+
+
+def check_algebra(name: str, identity, combine: Callable, commutative: bool, kinds: str, where: str = "cpu") -> None:
+    """Refuse an operator whose identity or associativity (and commutativity, if claimed) fails on samples
+    of every kind it accepts. ``combine(a, b, dtype)`` applies the operator elementwise. An error raised by
+    the CPU function is reported as a kind it does not accept; other sides' errors (a CUDA compile error)
+    pass through as they are."""
+    for kind in kinds:
+        dtype = np.dtype(SAMPLE_DTYPES[kind])
+        try:
+            e = np.array(identity).astype(dtype)[()]
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"register_operator: argument 'identity' is {identity!r}, which does not convert to "
+                            f"{dtype} (operator {name!r} accepts {_dt.KIND_NAMES[kind]} dtypes): {exc}") from None
+        a, b, c = samples(dtype, seed=1), samples(dtype, seed=2)[::-1], samples(dtype, seed=3)[::2].repeat(2)
+        try:
+            with np.errstate(all="ignore"):
+                ex = combine(np.full_like(a, e), a, dtype)
+                xe = combine(a, np.full_like(a, e), dtype)
+                left = combine(combine(a, b, dtype), c, dtype)
+                right = combine(a, combine(b, c, dtype), dtype)
+                swapped = combine(b, a, dtype) if commutative else None
+                ab = combine(a, b, dtype) if commutative else None
+        except Exception as exc:
+            if where != "cpu":
+                raise
+            raise TypeError(f"register_operator: operator {name!r} ({where}) fails on {dtype} values, a kind it "
+                            f"accepts (kinds={kinds!r}); pass kinds= without {kind!r}: "
+                            f"{type(exc).__name__}: {exc}") from None
+        with np.errstate(all="ignore"):
+            # an infinite identity (max: -inf) must give x exactly, so it adds no tolerance
+            finite_e = np.abs(e) if np.isfinite(e) else 0
+            scale = (np.abs(a) + finite_e).astype(np.float64) if dtype.kind in "fc" else None
+            i = _first_failure(_close(ex, a, scale, dtype) & _close(xe, a, scale, dtype))
+            if i is not None:
+                raise ValueError(f"register_operator: argument 'identity' is {identity!r}, which is not an identity "
+                                 f"of operator {name!r} ({where}) on {dtype}: with e={e!r}, x={a[i]!r}: "
+                                 f"op(e, x) = {ex[i]!r}, op(x, e) = {xe[i]!r}, expected x")
+            if dtype.kind in "fc":
+                scale = np.abs(a) + np.abs(b) + np.abs(c) + np.abs(left)
+                scale = np.where(np.isfinite(scale), scale, np.inf).astype(np.float64)
+            i = _first_failure(_close(left, right, scale, dtype))
+            if i is not None:
+                tolerance = (f" (beyond the tolerance of {FLOAT_TOLERANCE_EPS} x eps relative to the operands)"
+                             if dtype.kind in "fc" else "")
+                raise ValueError(f"register_operator: operator {name!r} ({where}) is not associative on {dtype}"
+                                 f"{tolerance}: a={a[i]!r}, b={b[i]!r}, c={c[i]!r}: op(op(a, b), c) = {left[i]!r} "
+                                 f"but op(a, op(b, c)) = {right[i]!r}")
+            if commutative:
+                if dtype.kind in "fc":
+                    scale = (np.abs(a) + np.abs(b) + np.abs(ab)).astype(np.float64)
+                i = _first_failure(_close(ab, swapped, scale, dtype))
+                if i is not None:
+                    raise ValueError(f"register_operator: operator {name!r} ({where}) was declared commutative=True "
+                                     f"but on {dtype}, a={a[i]!r}, b={b[i]!r}: op(a, b) = {ab[i]!r}, "
+                                     f"op(b, a) = {swapped[i]!r}; pass commutative=False")
+
+
+def _cpu_combine(cpu: Callable) -> Callable:
+    # as the NumPy backend applies it: the result is held in the accumulator dtype
+    return lambda a, b, dtype: np.asarray(cpu(a, b)).astype(dtype, copy=False)
+
+
+_CUDA_FORBIDDEN = (";", "{", "}", "#", "//", "/*", "*/", "\\", "\"", "'")
+_PAIRS = {"(": ")", "[": "]"}
+
+
+def check_cuda_expression(cuda: str, name: str) -> None:
+    """One C++ expression and nothing else: it is pasted between ``return static_cast<A>(`` and ``);``, so a
+    ``;``, a brace, a preprocessor line, a comment, a string or an unbalanced bracket could end the
+    function and add code of its own. Refused with the offending token named; needs no compiler."""
+    for token in _CUDA_FORBIDDEN:
+        if token in cuda:
+            raise ValueError(f"register_operator: argument 'cuda' must be a single expression in a and b; "
+                             f"{token!r} is not allowed (operator {name!r}); got {cuda!r}. Put helper functions "
+                             "in cuda_preamble=")
+    stack = []
+    for ch in cuda:
+        if ch in _PAIRS:
+            stack.append(_PAIRS[ch])
+        elif ch in ")]":
+            if not stack or stack.pop() != ch:
+                raise ValueError(f"register_operator: argument 'cuda' has an unbalanced {ch!r} (operator {name!r}); "
+                                 f"got {cuda!r}")
+    if stack:
+        raise ValueError(f"register_operator: argument 'cuda' leaves {''.join(reversed(stack))!r} unclosed "
+                         f"(operator {name!r}); got {cuda!r}")
+
+
+def check_cuda_preamble(preamble: str, name: str) -> None:
+    """Device code may hold braces, but they must close inside the preamble: one more ``}`` would end the
+    ``mr_user`` namespace and let what follows out of it."""
+    depth = 0
+    for line in preamble.splitlines():
+        code = line.split("//", 1)[0]
+        if "/*" in code:
+            raise ValueError(f"register_operator: argument 'cuda_preamble' may use // comments only "
+                             f"(operator {name!r})")
+        for ch in code:
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            if depth < 0:
+                raise ValueError(f"register_operator: argument 'cuda_preamble' closes a brace it did not open "
+                                 f"(operator {name!r}): {line.strip()!r}")
+    if depth:
+        raise ValueError(f"register_operator: argument 'cuda_preamble' leaves {depth} brace(s) open (operator {name!r})")
+
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -174,6 +336,21 @@ def register_operator(
         every kernel and across chunks; algorithms that reorder elements refuse them.
     cuda_preamble : device code (helper ``__device__`` functions) the expression may call.
     kinds : the dtype kinds (NumPy ``dtype.kind`` letters) the operator accepts.
+    replace : replace an operator registered under the same name.
+
+    Checks at registration, before anything is registered (each failure raises, naming the values):
+
+    - ``identity`` is a number that converts to every accepted kind, and ``op(e, x) == x == op(x, e)``;
+    - associativity, ``op(op(a, b), c) == op(a, op(b, c))``: exact for integers and booleans, for floats
+      within ``FLOAT_TOLERANCE_EPS`` (16) times the dtype's epsilon relative to the operands;
+    - ``op(a, b) == op(b, a)`` where ``commutative=True`` is claimed;
+    - ``cuda`` is a single expression (no ``;``, braces, ``#``, comments, strings; balanced brackets), and
+      ``cuda_preamble`` closes every brace it opens;
+    - on a machine with CuPy and a GPU, the CUDA expression is compiled and passes the same identity and
+      associativity checks on the GPU.
+
+    These are checks on 64 random samples per kind (in the widest dtype of the kind), not proofs: an
+    operator can pass them and still be wrong on values the samples miss.
     """
     if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name):
         raise ValueError(f"register_operator: argument 'name' must be a Python identifier; got {name!r}")
@@ -195,10 +372,20 @@ def register_operator(
         raise TypeError(f"register_operator: argument 'cuda' must be a CUDA expression string; got {cuda!r}")
     if not isinstance(commutative, bool):
         raise TypeError(f"register_operator: argument 'commutative' must be True or False; got {commutative!r}")
-    if not kinds or set(kinds) - set(_dt.KIND_NAMES):
+    if not isinstance(kinds, str) or not kinds or set(kinds) - set(_dt.KIND_NAMES):
         raise ValueError(
             f"register_operator: argument 'kinds' must be letters out of {''.join(_dt.KIND_NAMES)!r}; got {kinds!r}"
         )
+    if not isinstance(cuda_preamble, str):
+        raise TypeError(f"register_operator: argument 'cuda_preamble' must be a string; got {cuda_preamble!r}")
+    if not isinstance(replace, bool):
+        raise TypeError(f"register_operator: argument 'replace' must be True or False; got {replace!r}")
+    if isinstance(identity, (str, bytes)) or not isinstance(identity, (numbers.Number, np.generic, np.ndarray)):
+        raise TypeError(f"register_operator: argument 'identity' must be a number; got {identity!r}")
+    if cuda is not None:
+        check_cuda_expression(cuda, name)
+        check_cuda_preamble(cuda_preamble, name)
+    check_algebra(name, identity, _cpu_combine(cpu), commutative, kinds)
     op = Operator(
         name,
         "user",
@@ -213,6 +400,8 @@ def register_operator(
         raise ValueError(
             f"register_operator: an operator named {name!r} is already registered; pass replace=True to replace it"
         )
+    for check in _CHECKS:
+        check(op)
     _REGISTRY[name] = op
     _changed()
     return op

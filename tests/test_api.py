@@ -206,16 +206,16 @@ def test_register_operator_validates():
         mr.register_operator("nocpu", identity=0, cpu=3, commutative=True)
     with pytest.raises(TypeError, match="argument 'commutative' must be True or False"):
         mr.register_operator("nocomm", identity=0, cpu=np.add, commutative="yes")
-    mr.register_operator("xor_once", identity=0, cpu=np.bitwise_xor, commutative=True, replace=True)
+    mr.register_operator("xor_once", identity=0, cpu=np.bitwise_xor, commutative=True, kinds="biu", replace=True)
     with pytest.raises(ValueError, match="already registered"):
-        mr.register_operator("xor_once", identity=0, cpu=np.bitwise_xor, commutative=True)
+        mr.register_operator("xor_once", identity=0, cpu=np.bitwise_xor, commutative=True, kinds="biu")
     assert "xor_once" in mr.operators()
     mr.unregister_operator("xor_once")
     assert "xor_once" not in mr.operators()
 
 
 def test_user_ufunc_operator():
-    mr.register_operator("bxor", identity=0, cpu=np.bitwise_xor, cuda="a ^ b", commutative=True, replace=True)
+    mr.register_operator("bxor", identity=0, cpu=np.bitwise_xor, cuda="a ^ b", commutative=True, kinds="biu", replace=True)
     x = random_array(np.random.default_rng(3), (50, 40), np.uint32)
     assert mr.reduce(x, "bxor") == np.bitwise_xor.reduce(x, axis=None)
     np.testing.assert_array_equal(mr.reduce(x, "bxor", axis=1), np.bitwise_xor.reduce(x, axis=1))
@@ -284,7 +284,7 @@ def test_cached_reducer_follows_a_replaced_operator_and_options():
     mr.register_operator("pick", identity=0, cpu=np.add, commutative=True, replace=True)
     try:
         assert mr.reduce(x, "pick") == 36 and mr.reduce(x, "pick") == 36
-        mr.register_operator("pick", identity=0, cpu=np.bitwise_xor, commutative=True, replace=True)
+        mr.register_operator("pick", identity=0, cpu=np.bitwise_xor, commutative=True, kinds="biu", replace=True)
         assert mr.reduce(x, "pick") == np.bitwise_xor.reduce(x)
     finally:
         mr.unregister_operator("pick")

@@ -226,17 +226,18 @@ def test_bad_input_on_gpu_is_refused_before_launch():
         mr.min(cupy.ones(3, dtype=cupy.complex64))
     with pytest.raises(TypeError, match="not supported on the GPU"):
         mr.sum(cupy.ones(3, dtype=cupy.complex64))
-    op = mr.register_operator("cpu_only_xor", identity=0, cpu=np.bitwise_xor, commutative=True, replace=True)
+    op = mr.register_operator("cpu_only_xor", identity=0, cpu=np.bitwise_xor, commutative=True, kinds="biu", replace=True)
     with pytest.raises(ValueError, match="no CUDA expression"):
         mr.reduce(cupy.arange(4), op)
 
 
 def test_compile_errors_name_the_kernel():
-    op = mr.register_operator("broken", identity=0, cpu=np.add, cuda="a +* b", commutative=True, replace=True)
     from multireduce.kernels import KernelError
 
-    with pytest.raises(KernelError, match=r"broken.*reduce_vectorized<int, int, mr_user::op_broken"):
-        mr.reduce(cupy.arange(4, dtype=cupy.int32), op)
+    # compiled at registration (operators' GPU check), so the error comes before any data is reduced
+    with pytest.raises(KernelError, match=r"broken.*mr_user::op_broken"):
+        mr.register_operator("broken", identity=0, cpu=np.add, cuda="a +* b", commutative=True, replace=True)
+    assert "broken" not in mr.operators()
 
 
 def test_results_stay_on_the_device_and_kernels_are_ours(monkeypatch):
