@@ -11,6 +11,7 @@ Operators travel inside Dask tasks as objects, so a worker never needs the clien
 from __future__ import annotations
 
 import keyword
+import warnings
 import numbers
 import re
 from dataclasses import dataclass, field
@@ -211,10 +212,16 @@ def check_algebra(name: str, identity, combine: Callable, commutative: bool, kin
     for kind in kinds:
         dtype = np.dtype(SAMPLE_DTYPES[kind])
         try:
-            e = np.array(identity).astype(dtype)[()]
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                e = np.array(identity).astype(dtype)[()]
+                exact = bool(e == identity)
         except (TypeError, ValueError, OverflowError) as exc:
+            exact, e = False, exc
+        if not exact:
             raise TypeError(f"register_operator: argument 'identity' is {identity!r}, which does not convert to "
-                            f"{dtype} (operator {name!r} accepts {_dt.KIND_NAMES[kind]} dtypes): {exc}") from None
+                            f"{dtype} exactly (operator {name!r} accepts {_dt.KIND_NAMES[kind]} dtypes; "
+                            f"converted: {e!r}); narrow kinds= or register one operator per kind")
         a, b, c = samples(dtype, seed=1), samples(dtype, seed=2)[::-1], samples(dtype, seed=3)[::2].repeat(2)
         try:
             with np.errstate(all="ignore"):
