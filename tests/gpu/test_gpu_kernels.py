@@ -360,3 +360,30 @@ def test_repeated_calls_take_the_whole_array_path_and_agree(dtype):
                 fn(empty)
         else:
             assert float(fn(empty)) == float(get_operator(opname).identity(np.dtype(_expected_dtypes(opname, dtype)[1])))
+
+
+def test_first_calls_compile_only_production_kernels():
+    """algorithm="auto" never waits for the catalogue: the first reduction and scan of a dtype build only
+    groups of the production source, and a catalogue algorithm builds its own group when asked for."""
+    from multireduce import kernels
+
+    rng = np.random.default_rng(23)
+    host = random_array(rng, 1025, np.int16)
+    x = cupy.asarray(host)
+    before = set(kernels._modules)
+    assert int(mr.sum(x)) == int(host.astype(np.int64).sum())
+    got = cupy.asnumpy(mr.cumsum(x.reshape(5, 205), axis=1))
+    assert np.array_equal(got, np.cumsum(host.astype(np.int64).reshape(5, 205), axis=1))
+    new = set(kernels._modules) - before
+    assert new, "no kernel group was built: the dtype was not fresh"
+    assert {key[2].entry for key in new} == {kernels.ENTRY}
+    mr.sum(x, algorithm="warp_shuffle")
+    assert kernels.CATALOGUE_ENTRY in {key[2].entry for key in set(kernels._modules) - before}
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
+def test_exclusive_scans_of_empty_input_keep_the_input_shape(shape):
+    x = cupy.empty(shape, cupy.float32)
+    for inclusive in (True, False):
+        out = mr.scan(x, "sum", axis=-1, inclusive=inclusive)
+        assert out.shape == shape and out.size == 0, (shape, inclusive, out.shape)
