@@ -11,6 +11,8 @@ production kernels of its types. Nothing here launches a kernel; ``backends.cupy
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import posixpath
 import re
@@ -154,6 +156,57 @@ def module_text(op: Operator, entry: str = ENTRY) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# Precompiled production kernels (tools/build_prebuilt.py): no compiler at first call for built-ins
+# ------------------------------------------------------------------------------------------------
+PREBUILT_DIR = Path(__file__).resolve().parent / "_prebuilt"
+
+
+def prebuilt_key(op: Operator) -> str:
+    """What a prebuilt binary was compiled from: the production source with ``op``'s functor, and the
+    options; a binary whose key differs is never loaded."""
+    text = module_text(op, ENTRY) + "\n// " + " ".join(COMPILE_OPTIONS)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _prebuilt_index() -> dict:
+    try:
+        return json.loads((PREBUILT_DIR / "index.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+_prebuilt_modules: dict = {}
+
+
+def _prebuilt_kernels(op: Operator, group: Group, device: int) -> dict | None:
+    """``group``'s kernels from the shipped fatbin, or None where it cannot serve them (a user operator,
+    the catalogue, a source changed since the build, an expression not built, a GPU older than sm_80)."""
+    if not op.builtin or group.entry != ENTRY or os.environ.get("MULTIREDUCE_NO_PREBUILT"):
+        return None
+    entry = _prebuilt_index().get(op.name)
+    if entry is None:
+        return None
+    names = group.names
+    mangled = entry["mangled"]
+    if any(e not in mangled for e in names.values()):
+        return None
+    import cupy
+
+    module = _prebuilt_modules.get((device, op.name))
+    if module is None:
+        major = int(cupy.cuda.Device(device).compute_capability[:-1])
+        if major < 8 or entry["key"] != prebuilt_key(op):
+            return None
+        try:
+            module = cupy.RawModule(path=str(PREBUILT_DIR / entry["file"]))
+        except Exception:  # a driver too old for the binary: compile as for any other source
+            return None
+        _prebuilt_modules[(device, op.name)] = module
+    return {role: Kernel(module.get_function(mangled[expr]), expr) for role, expr in names.items()}
+
+
+# ------------------------------------------------------------------------------------------------
 # Compilation, memoized per device and group
 # ------------------------------------------------------------------------------------------------
 _modules: dict = {}
@@ -162,7 +215,10 @@ _lock = threading.Lock()
 
 @functools.lru_cache(maxsize=1024)
 def _operator_token(op: Operator) -> str:
-    """Operators hash by identity; tokenizing one costs tens of microseconds, so it is done once."""
+    """Operators hash by identity; tokenizing one costs tens of microseconds, so it is done once. A
+    built-in operator is its functor (no dask import on a first call that needs none)."""
+    if op.builtin:
+        return op.cuda_functor
     from dask.base import tokenize
 
     return tokenize(op)
@@ -179,6 +235,10 @@ def get_kernels(op: Operator, group: Group) -> dict[str, "Kernel"]:
         return found
     with _lock:
         if key not in _modules:
+            found = _prebuilt_kernels(op, group, key[0])
+            if found is not None:
+                _modules[key] = found
+                return found
             if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
                 os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
             names = group.names

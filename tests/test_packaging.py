@@ -24,6 +24,9 @@ def test_wheel_contains_the_cuda_sources(tmp_path):
     for header in ["multireduce.cuh", "catalogue.cuh", "common.cuh", "block.cuh", "reduce.cuh", "scan.cuh",
                    "catalogue/reduce.cuh", "catalogue/scan.cuh"]:
         assert f"multireduce/_cuda/{header}" in names
+    assert "multireduce/_prebuilt/index.json" in names
+    for opname in ("sum", "prod", "min", "max"):
+        assert f"multireduce/_prebuilt/{opname}.fatbin" in names
 
 
 def _kernel_names(text: str) -> set[str]:
@@ -98,3 +101,29 @@ def test_every_instantiation_compiles():
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-20000:]
     assert "0 translation units failed" in proc.stdout
+
+
+def test_prebuilt_kernels_match_the_current_source():
+    """The shipped binaries were built from today's production source and cover every production
+    instantiation; otherwise run `python tools/build_prebuilt.py` (a stale binary is never loaded, but
+    every first call would wait for NVRTC)."""
+    import json
+
+    from multireduce import kernels
+    from multireduce.operators import get_operator
+    from multireduce.tuning import policy
+
+    index = json.loads((kernels.PREBUILT_DIR / "index.json").read_text())
+    total = 0
+    for opname, entry, expressions in kernels.all_instantiations(policy(9)):
+        if entry != kernels.ENTRY:
+            continue
+        built = index[opname]
+        assert built["key"] == kernels.prebuilt_key(get_operator(opname)), \
+            f"{opname}: kernels changed since the prebuilt binaries were made: run tools/build_prebuilt.py"
+        missing = sorted(set(expressions) - set(built["mangled"]))
+        assert not missing, f"{opname}: {len(missing)} instantiations not prebuilt, e.g. {missing[0]}"
+        assert all(m.startswith("_ZN2mr") for m in built["mangled"].values())
+        assert {"sm_80", "sm_90"} <= set(built["archs"]) and built["ptx"] == "compute_80"
+        total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
+    assert total < 64e6, f"prebuilt binaries take {total / 1e6:.1f} MB"
