@@ -271,9 +271,10 @@ class Kernel:
             raise KernelError(f"launching {self.expression} with grid={grid}, block={block} failed: {exc}") from exc
 
 
-def all_instantiations(policy: Policy) -> list[tuple[str, str, list[str]]]:
+def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[str, str, list[str]]]:
     """Every (operator name, entry, name expressions) group the dtype table produces, production and
-    catalogue apart, for CI's nvcc check."""
+    catalogue apart, for CI's nvcc check; ``candidates`` adds every look-back tile the sweep may pick
+    (sum only), which the prebuilt binaries leave out (only the policy's tiles run by default)."""
     from .operators import get_operator
 
     groups = []
@@ -298,10 +299,10 @@ def all_instantiations(policy: Policy) -> list[tuple[str, str, list[str]]]:
                                                    (A, O, acc.itemsize, out.itemsize)]:
                 shape = policy.scan_shape(size_in, acc.itemsize, size_out)
                 prod.update(scan_names(t_in, A, t_out, F, policy, shape).names.values())
-            if opname == "sum":  # every look-back tile the sweep may pick for these sizes
+            if opname == "sum" and candidates:  # every look-back tile the sweep may pick for these sizes
                 for candidate in SCAN_SHAPE_CANDIDATES[scan_size_class(dtype.itemsize, acc.itemsize, out.itemsize)]:
                     prod.add(scan_names(T, A, O, F, policy, candidate).names["lookback"])
-                # mean accumulates integers in float64
+            if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = ctype(_dt.accumulator_dtype(_dt.result_dtype("mean", dtype)))
                 prod.update(reduce_names(T, mean_acc, F, policy).names.values())
                 cat.update(reduce_catalogue_names(T, mean_acc, F, policy).names.values())

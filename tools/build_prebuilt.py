@@ -1,7 +1,7 @@
 """Build the precompiled production kernels shipped in ``multireduce/_prebuilt`` (package data).
 
 For each built-in operator, the production instantiations of ``kernels.all_instantiations`` (the list CI
-compiles with tools/compile_kernels.py) become one fatbin: cubins for the ARCHS below and compute_80 PTX,
+compiles with tools/compile_kernels.py, less the sweep's candidate tiles) become one fatbin: cubins for the ARCHS below and compute_80 PTX,
 which the driver JIT-compiles for any other GPU of compute capability 8.0 or newer. ``index.json`` records,
 per operator, the SHA-256 of the source text (``kernels.prebuilt_key``) and each name expression's
 mangled name, read from the relocations of the host object that takes every kernel's address (the host
@@ -31,7 +31,9 @@ from multireduce import kernels
 from multireduce.operators import get_operator
 from multireduce.tuning import policy
 
-ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
+# cubins for the GPUs measured or most used (sm_80 also runs on sm_86/sm_89); the rest JIT the PTX once (the
+# driver caches the result). sm_100/sm_120 cubins would double the size (each operator ~2-3 MB per arch).
+ARCHS = ("sm_80", "sm_90")
 PTX = "compute_80"
 OUT = Path(__file__).resolve().parent.parent / "multireduce" / "_prebuilt"
 ARRAY = "multireduce_instantiations"
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
     parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
-    groups = [(op, exprs) for op, entry, exprs in kernels.all_instantiations(policy(9)) if entry == kernels.ENTRY]
+    groups = [(op, exprs) for op, entry, exprs in kernels.all_instantiations(policy(9), candidates=False)
+              if entry == kernels.ENTRY]
     work = tempfile.mkdtemp(prefix="multireduce-prebuilt-")
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
