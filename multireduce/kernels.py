@@ -111,22 +111,20 @@ def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> Group:
     })
 
 
+# the seeds' ladder rungs that write one partial per block (kernels/catalogue/reduce.cuh)
+_PARTIALS_RUNGS = ("neighbored", "neighbored_compact", "interleaved", "first_add", "unroll_last_warp",
+                   "complete_unroll", "grid_stride", "warp_shuffle")
+
+
 @functools.lru_cache(maxsize=None)
 def reduce_catalogue_names(T: str, Acc: str, Op: str, p: Policy) -> Group:
     """The catalogue's reductions (``algorithm=`` one of them) for T and Acc, by role."""
     B = p.catalogue_block
-    return _group(CATALOGUE_ENTRY, {
-        "neighbored": f"mr::reduce_neighbored_partials<{T}, {Acc}, {Op}, {B}>",
-        "neighbored_compact": f"mr::reduce_neighbored_compact_partials<{T}, {Acc}, {Op}, {B}>",
-        "interleaved": f"mr::reduce_interleaved_partials<{T}, {Acc}, {Op}, {B}>",
-        "first_add": f"mr::reduce_first_add_partials<{T}, {Acc}, {Op}, {B}>",
-        "unroll_last_warp": f"mr::reduce_unroll_last_warp_partials<{T}, {Acc}, {Op}, {B}>",
-        "complete_unroll": f"mr::reduce_complete_unroll_partials<{T}, {Acc}, {Op}, {B}>",
-        "grid_stride": f"mr::reduce_grid_stride_partials<{T}, {Acc}, {Op}, {B}>",
-        "warp_shuffle": f"mr::reduce_warp_shuffle_partials<{T}, {Acc}, {Op}, {B}>",
-        "last_block": f"mr::reduce_last_block<{T}, {Acc}, {Op}, {B}>",
-        "ordered_single_block": f"mr::reduce_ordered_single_block<{T}, {Acc}, {Op}, {p.ordered_block}, {p.ordered_items}>",
-    })
+    names = {rung: f"mr::reduce_{rung}_partials<{T}, {Acc}, {Op}, {B}>" for rung in _PARTIALS_RUNGS}
+    names["last_block"] = f"mr::reduce_last_block<{T}, {Acc}, {Op}, {B}>"
+    names["ordered_single_block"] = (f"mr::reduce_ordered_single_block<{T}, {Acc}, {Op}, {p.ordered_block}, "
+                                     f"{p.ordered_items}>")
+    return _group(CATALOGUE_ENTRY, names)
 
 
 @functools.lru_cache(maxsize=None)
