@@ -362,23 +362,26 @@ def test_repeated_calls_take_the_whole_array_path_and_agree(dtype):
             assert float(fn(empty)) == float(get_operator(opname).identity(np.dtype(_expected_dtypes(opname, dtype)[1])))
 
 
-def test_first_calls_compile_only_production_kernels():
+def test_first_calls_compile_only_production_kernels(monkeypatch):
     """algorithm="auto" never waits for the catalogue: the first reduction and scan of a dtype build only
     groups of the production source, and a catalogue algorithm builds its own group when asked for."""
     from multireduce import kernels
+    from multireduce.backends import cupy_backend as cb
 
+    monkeypatch.setattr(kernels, "_modules", {})  # as in a fresh process (the groups already built stay valid)
+    cb._reduce_kernels_on.cache_clear()
     rng = np.random.default_rng(23)
     host = random_array(rng, 1025, np.int16)
     x = cupy.asarray(host)
-    before = set(kernels._modules)
-    assert int(mr.sum(x)) == int(host.astype(np.int64).sum())
+    assert int(mr.sum(x, axis=0)) == int(host.astype(np.int64).sum())  # axis=0: not the cached fast path
     got = cupy.asnumpy(mr.cumsum(x.reshape(5, 205), axis=1))
     assert np.array_equal(got, np.cumsum(host.astype(np.int64).reshape(5, 205), axis=1))
-    new = set(kernels._modules) - before
-    assert new, "no kernel group was built: the dtype was not fresh"
-    assert {key[2].entry for key in new} == {kernels.ENTRY}
-    mr.sum(x, algorithm="warp_shuffle")
-    assert kernels.CATALOGUE_ENTRY in {key[2].entry for key in set(kernels._modules) - before}
+    assert kernels._modules, "no kernel group was looked up"
+    assert {key[2].entry for key in kernels._modules} == {kernels.ENTRY}
+    ref = int(host.astype(np.int64).sum())
+    assert int(mr.sum(x, algorithm="warp_shuffle")) == ref
+    assert kernels.CATALOGUE_ENTRY in {key[2].entry for key in kernels._modules}
+    cb._reduce_kernels_on.cache_clear()  # its entries point into the dict monkeypatch puts back
 
 
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
