@@ -40,7 +40,7 @@ for _ in range(2):
     times.append(time.perf_counter() - s)
 from multireduce import kernels
 print(json.dumps({"import_cupy": t1 - t0, "import_multireduce": t2 - t1, "first": times[0],
-                  "second": times[1], "prebuilt_modules": len(kernels._prebuilt_modules)}))
+                  "second": times[1], "prebuilt_modules": sum(map(bool, kernels._prebuilt_modules.values()))}))
 """
 
 FUNCTIONS = ["sum", "prod", "min", "max", "mean", "cumsum", "cumprod"]

@@ -194,14 +194,16 @@ def _prebuilt_kernels(op: Operator, group: Group, device: int) -> dict | None:
     module = _prebuilt_modules.get((device, op.name))
     if module is None:
         major = int(cupy.cuda.Device(device).compute_capability[:-1])
-        if major < 8 or entry["key"] != prebuilt_key(op):
-            return None
-        try:
-            module = cupy.RawModule(path=str(PREBUILT_DIR / entry["file"]))
-        except Exception:  # a driver too old for the binary: compile as for any other source
-            return None
+        usable = major >= 8 and entry["key"] == prebuilt_key(op)
+        module = cupy.RawModule(path=str(PREBUILT_DIR / entry["file"])) if usable else False
         _prebuilt_modules[(device, op.name)] = module
-    return {role: Kernel(module.get_function(mangled[expr]), expr) for role, expr in names.items()}
+    if module is False:
+        return None
+    try:  # the module loads at the first lookup
+        return {role: Kernel(module.get_function(mangled[expr]), expr) for role, expr in names.items()}
+    except Exception:  # e.g. a driver older than the toolkit that built the binary: compile instead
+        _prebuilt_modules[(device, op.name)] = False
+        return None
 
 
 # ------------------------------------------------------------------------------------------------
