@@ -104,7 +104,8 @@ def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> Group:
     """The production reductions (``algorithm="auto"``) for element type T and accumulator Acc, by role."""
     return _group(ENTRY, {
         "vectorized": f"mr::reduce_vectorized<{T}, {Acc}, {Op}, {p.reduce_block}, {p.reduce_vectors_per_thread}>",
-        "ordered_multi_block": f"mr::reduce_ordered_multi_block<{T}, {Acc}, {Op}, {p.ordered_block}, {p.ordered_items}>",
+        "ordered_multi_block": (f"mr::reduce_ordered_multi_block<{T}, {Acc}, {Op}, {p.ordered_block}, "
+                                f"{p.ordered_items}>"),
         "rows": f"mr::reduce_rows<{T}, {Acc}, {Op}, {p.reduce_row_block}, {p.ordered_items}, false>",
         "rows_ordered": f"mr::reduce_rows<{T}, {Acc}, {Op}, {p.reduce_row_block}, {p.ordered_items}, true>",
         "columns": f"mr::reduce_columns<{T}, {Acc}, {Op}>",

@@ -1,8 +1,9 @@
 """Build the precompiled production kernels shipped in ``multireduce/_prebuilt`` (package data).
 
 For each built-in operator, the production instantiations of ``kernels.all_instantiations`` (the list CI
-compiles with tools/compile_kernels.py, less the sweep's candidate tiles) become one fatbin: cubins for the ARCHS below and compute_80 PTX,
-which the driver JIT-compiles for any other GPU of compute capability 8.0 or newer. ``index.json`` records,
+compiles with tools/compile_kernels.py, less the sweep's candidate tiles) become one fatbin: cubins for
+the ARCHS below and compute_80 PTX, which the driver JIT-compiles for any other GPU of compute capability
+8.0 or newer. ``index.json`` records,
 per operator, the SHA-256 of the source text (``kernels.prebuilt_key``) and each name expression's
 mangled name, read from the relocations of the host object that takes every kernel's address (the host
 stub of a kernel has the device kernel's mangled name). At run time ``kernels.get_kernels`` loads a fatbin
