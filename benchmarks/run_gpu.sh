@@ -3,7 +3,8 @@
 # short table last. Full logs go to $OUT.
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests, bench, sweep (look-back tile shapes),
-# small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce).
+# small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
+# first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests bench"
@@ -27,6 +28,11 @@ fi
 if has small; then
   timeout 120 python3 benchmarks/profile_small.py > "$OUT/profile-small.log" 2>&1 || rc=1
   grep -E "^\|" "$OUT/profile-small.log" || tail -n 20 "$OUT/profile-small.log"
+fi
+if has first; then
+  { timeout 400 python3 benchmarks/first_call.py; timeout 400 python3 benchmarks/first_call.py --no-prebuilt; } \
+    > "$OUT/first-call.log" 2>&1 || rc=1
+  cat "$OUT/first-call.log"
 fi
 if has profile; then
   timeout 240 ncu --kernel-name regex:"scan_lookback|reduce_vectorized" --launch-skip 2 --launch-count 2 \

@@ -1,4 +1,5 @@
-// multireduce: every kernel, for one compilation unit (CuPy's RawModule and CI's nvcc check).
+// multireduce: the production kernels (what algorithm="auto" launches), for one compilation unit (CuPy's
+// RawModule and CI's nvcc check); the catalogue is catalogue.cuh.
 #pragma once
 #include "common.cuh"
 #include "block.cuh"

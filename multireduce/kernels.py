@@ -1,21 +1,24 @@
 """Our CUDA kernels as CuPy modules: the source, the template instantiations, compilation and caching.
 
-The source is ``kernels/multireduce.cuh`` with its includes inlined, so CuPy's on-disk cache key
-covers every line of device code (a changed header can never load a stale binary). Kernels are
-compiled in groups: one ``RawModule`` per (device, operator, family, type triple) holds every kernel
-of that family for those types, so a process compiles each group once and later processes load it
-from CuPy's cache. Nothing here launches a kernel; ``backends.cupy_backend`` does.
+Two sources: ``kernels/multireduce.cuh``, the production kernels (what ``algorithm="auto"`` launches),
+and ``kernels/catalogue.cuh``, the seeds' teaching kernels, compiled only when ``algorithm=`` names one.
+Each is compiled with its includes inlined, so CuPy's on-disk cache key covers every line of device code
+(a changed header can never load a stale binary). Kernels are compiled in groups: one ``RawModule`` per
+(device, operator, group of name expressions), so the first ``sum`` of a new dtype compiles only the few
+production kernels of its types. Nothing here launches a kernel; ``backends.cupy_backend`` does.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+import posixpath
 import re
 import threading
 from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from .operators import Operator
 from .tuning import SCAN_SHAPE_CANDIDATES, Policy, ScanShape, scan_size_class
 
 ENTRY = "multireduce.cuh"
+CATALOGUE_ENTRY = "catalogue.cuh"
 COMPILE_OPTIONS = ("--std=c++17",)
 _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
 
@@ -33,16 +37,19 @@ class KernelError(RuntimeError):
 
 
 def source_dir() -> Path:
-    """The installed ``multireduce/_cuda`` package data, or ``kernels/`` of a source checkout."""
-    try:
-        return Path(str(resources.files("multireduce._cuda")))
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "kernels"
+    """``kernels/`` of the source checkout this package was imported from, else the installed
+    ``multireduce/_cuda`` package data (an editable install maps that name to one checkout only, which
+    need not be this one)."""
+    checkout = Path(__file__).resolve().parent.parent / "kernels"
+    if (checkout / ENTRY).is_file():
+        return checkout
+    return Path(str(resources.files("multireduce._cuda")))
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_source() -> str:
-    """The whole device source, includes inlined once each."""
+def kernel_source(entry: str = ENTRY) -> str:
+    """The device source of ``entry`` (``ENTRY`` or ``CATALOGUE_ENTRY``), includes inlined once each;
+    an include is resolved against the directory of the file that names it, as nvcc does."""
     seen: set[str] = set()
 
     def inline(name: str) -> str:
@@ -51,9 +58,10 @@ def kernel_source() -> str:
         seen.add(name)
         text = (source_dir() / name).read_text()
         text = text.replace("#pragma once", "")
-        return _INCLUDE.sub(lambda m: inline(m.group(1)), text)
+        here = posixpath.dirname(name)
+        return _INCLUDE.sub(lambda m: inline(posixpath.normpath(posixpath.join(here, m.group(1)))), text)
 
-    return inline(ENTRY)
+    return inline(entry)
 
 
 def cache_dir() -> str:
@@ -72,47 +80,131 @@ def ctype(dtype) -> str:
     return _dt.CUDA_TYPE_NAMES[np.dtype(dtype)]
 
 
+class Group(tuple):
+    """One module's kernels: (entry, ((role, name expression), ...)), hashable so it keys the module cache;
+    ``names`` gives role -> expression."""
+
+    __slots__ = ()
+
+    @property
+    def entry(self) -> str:
+        return self[0]
+
+    @property
+    def names(self) -> dict[str, str]:
+        return dict(self[1])
+
+
+def _group(entry: str, names: dict[str, str]) -> Group:
+    return Group((entry, tuple(names.items())))
+
+
 @functools.lru_cache(maxsize=None)
-def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> dict[str, str]:
-    """Every reduction kernel for element type T and accumulator Acc, by role."""
-    B = p.catalogue_block
-    names = {
-        "neighbored": f"mr::reduce_neighbored_partials<{T}, {Acc}, {Op}>",
-        "neighbored_compact": f"mr::reduce_neighbored_compact_partials<{T}, {Acc}, {Op}>",
-        "interleaved": f"mr::reduce_interleaved_partials<{T}, {Acc}, {Op}>",
-        "first_add": f"mr::reduce_first_add_partials<{T}, {Acc}, {Op}>",
-        "unroll_last_warp": f"mr::reduce_unroll_last_warp_partials<{T}, {Acc}, {Op}>",
-        "complete_unroll": f"mr::reduce_complete_unroll_partials<{T}, {Acc}, {Op}, {B}>",
-        "grid_stride": f"mr::reduce_grid_stride_partials<{T}, {Acc}, {Op}>",
-        "warp_shuffle": f"mr::reduce_warp_shuffle_partials<{T}, {Acc}, {Op}>",
-        "last_block": f"mr::reduce_last_block<{T}, {Acc}, {Op}>",
-        "vectorized": f"mr::reduce_vectorized<{T}, {Acc}, {Op}, {p.reduce_block}>",
-        "ordered_single_block": f"mr::reduce_ordered_single_block<{T}, {Acc}, {Op}, {p.ordered_block}, {p.ordered_items}>",
-        "ordered_multi_block": f"mr::reduce_ordered_multi_block<{T}, {Acc}, {Op}, {p.ordered_block}, {p.ordered_items}>",
+def reduce_names(T: str, Acc: str, Op: str, p: Policy) -> Group:
+    """The production reductions (``algorithm="auto"``) for element type T and accumulator Acc, by role."""
+    return _group(ENTRY, {
+        "vectorized": f"mr::reduce_vectorized<{T}, {Acc}, {Op}, {p.reduce_block}, {p.reduce_vectors_per_thread}>",
+        "ordered_multi_block": (f"mr::reduce_ordered_multi_block<{T}, {Acc}, {Op}, {p.ordered_block}, "
+                                f"{p.ordered_items}>"),
         "rows": f"mr::reduce_rows<{T}, {Acc}, {Op}, {p.reduce_row_block}, {p.ordered_items}, false>",
         "rows_ordered": f"mr::reduce_rows<{T}, {Acc}, {Op}, {p.reduce_row_block}, {p.ordered_items}, true>",
         "columns": f"mr::reduce_columns<{T}, {Acc}, {Op}>",
-    }
-    return MappingProxyType(names)
+    })
+
+
+# the seeds' ladder rungs that write one partial per block (kernels/catalogue/reduce.cuh)
+_PARTIALS_RUNGS = ("neighbored", "neighbored_compact", "interleaved", "first_add", "unroll_last_warp",
+                   "complete_unroll", "grid_stride", "warp_shuffle")
 
 
 @functools.lru_cache(maxsize=None)
-def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, shape: ScanShape) -> dict[str, str]:
-    """Every scan kernel for element type T, accumulator Acc and output Out, by role; ``shape`` is the
+def reduce_catalogue_names(T: str, Acc: str, Op: str, p: Policy) -> Group:
+    """The catalogue's reductions (``algorithm=`` one of them) for T and Acc, by role."""
+    B = p.catalogue_block
+    names = {rung: f"mr::reduce_{rung}_partials<{T}, {Acc}, {Op}, {B}>" for rung in _PARTIALS_RUNGS}
+    names["last_block"] = f"mr::reduce_last_block<{T}, {Acc}, {Op}, {B}>"
+    names["ordered_single_block"] = (f"mr::reduce_ordered_single_block<{T}, {Acc}, {Op}, {p.ordered_block}, "
+                                     f"{p.ordered_items}>")
+    return _group(CATALOGUE_ENTRY, names)
+
+
+@functools.lru_cache(maxsize=None)
+def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, shape: ScanShape) -> Group:
+    """The production scans for element type T, accumulator Acc and output Out, by role; ``shape`` is the
     look-back kernel's tile."""
-    B = p.scan_block
-    return MappingProxyType({
-        "hillis_steele": f"mr::scan_hillis_steele_tiles<{T}, {Acc}, {Op}, {B}>",
-        "blelloch": f"mr::scan_blelloch_tiles<{T}, {Acc}, {Op}, {B}>",
-        "add_back": f"mr::scan_add_back<{Acc}, {Op}>",
-        "finish": f"mr::scan_finish<{Acc}, {Out}, {Op}>",
+    return _group(ENTRY, {
         "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {shape.block}, {shape.items}, {shape.held}>",
         "columns": f"mr::scan_columns<{T}, {Acc}, {Out}, {Op}>",
     })
 
 
-def module_text(op: Operator) -> str:
-    return kernel_source() + "\n" + op.cuda_source()
+@functools.lru_cache(maxsize=None)
+def scan_catalogue_names(T: str, Acc: str, Out: str, Op: str, p: Policy) -> Group:
+    """The catalogue's block scans and their multi-level driver's kernels, by role."""
+    B = p.scan_block
+    return _group(CATALOGUE_ENTRY, {
+        "hillis_steele": f"mr::scan_hillis_steele_tiles<{T}, {Acc}, {Op}, {B}>",
+        "blelloch": f"mr::scan_blelloch_tiles<{T}, {Acc}, {Op}, {B}>",
+        "add_back": f"mr::scan_add_back<{Acc}, {Op}>",
+        "finish": f"mr::scan_finish<{Acc}, {Out}, {Op}>",
+    })
+
+
+def module_text(op: Operator, entry: str = ENTRY) -> str:
+    return kernel_source(entry) + "\n" + op.cuda_source()
+
+
+# ------------------------------------------------------------------------------------------------
+# Precompiled production kernels (tools/build_prebuilt.py): no compiler at first call for built-ins
+# ------------------------------------------------------------------------------------------------
+PREBUILT_DIR = Path(__file__).resolve().parent / "_prebuilt"
+
+
+def prebuilt_key(op: Operator) -> str:
+    """What a prebuilt binary was compiled from: the production source with ``op``'s functor, and the
+    options; a binary whose key differs is never loaded."""
+    text = module_text(op, ENTRY) + "\n// " + " ".join(COMPILE_OPTIONS)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _prebuilt_index() -> dict:
+    try:
+        return json.loads((PREBUILT_DIR / "index.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+_prebuilt_modules: dict = {}
+
+
+def _prebuilt_kernels(op: Operator, group: Group, device: int) -> dict | None:
+    """``group``'s kernels from the shipped fatbin, or None where it cannot serve them (a user operator,
+    the catalogue, a source changed since the build, an expression not built, a GPU older than sm_80)."""
+    if not op.builtin or group.entry != ENTRY or os.environ.get("MULTIREDUCE_NO_PREBUILT"):
+        return None
+    entry = _prebuilt_index().get(op.name)
+    if entry is None:
+        return None
+    names = group.names
+    mangled = entry["mangled"]
+    if any(e not in mangled for e in names.values()):
+        return None
+    import cupy
+
+    module = _prebuilt_modules.get((device, op.name))
+    if module is None:
+        major = int(cupy.cuda.Device(device).compute_capability[:-1])
+        usable = major >= 8 and entry["key"] == prebuilt_key(op)
+        module = cupy.RawModule(path=str(PREBUILT_DIR / entry["file"])) if usable else False
+        _prebuilt_modules[(device, op.name)] = module
+    if module is False:
+        return None
+    try:  # the module loads at the first lookup
+        return {role: Kernel(module.get_function(mangled[expr]), expr) for role, expr in names.items()}
+    except Exception:  # e.g. a driver older than the toolkit that built the binary: compile instead
+        _prebuilt_modules[(device, op.name)] = False
+        return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -124,94 +216,100 @@ _lock = threading.Lock()
 
 @functools.lru_cache(maxsize=1024)
 def _operator_token(op: Operator) -> str:
-    """Operators hash by identity; tokenizing one costs tens of microseconds, so it is done once."""
+    """Operators hash by identity; tokenizing one costs tens of microseconds, so it is done once. A
+    built-in operator is its functor (no dask import on a first call that needs none)."""
+    if op.builtin:
+        return op.cuda_functor
     from dask.base import tokenize
 
     return tokenize(op)
 
 
-def get_kernels(op: Operator, names) -> dict[str, object]:
-    """Compile (or fetch) the group ``names`` (from ``reduce_names`` / ``scan_names``, which return one
-    shared read-only mapping per type triple) for ``op`` on the current device; role -> kernel."""
+def get_kernels(op: Operator, group: Group) -> dict[str, "Kernel"]:
+    """Compile (or fetch) ``group`` (from ``reduce_names`` & co.) for ``op`` on the current device; role ->
+    kernel. Callers that launch often keep the result (the backend binds it once per device)."""
     import cupy
 
-    # keyed by identity (hashing the mapping on every launch costs microseconds); each entry keeps its
-    # mapping alive, so an id can never be reused by another mapping while the entry exists
-    key = (cupy.cuda.runtime.getDevice(), _operator_token(op), id(names))
+    key = (cupy.cuda.runtime.getDevice(), _operator_token(op), group)
     found = _modules.get(key)
     if found is not None:
-        return found[1]
+        return found
     with _lock:
         if key not in _modules:
+            found = _prebuilt_kernels(op, group, key[0])
+            if found is not None:
+                _modules[key] = found
+                return found
             if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
                 os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
+            names = group.names
             expressions = sorted(set(names.values()))
             try:
-                module = cupy.RawModule(code=module_text(op), options=COMPILE_OPTIONS, name_expressions=expressions)
+                module = cupy.RawModule(code=module_text(op, group.entry), options=COMPILE_OPTIONS,
+                                        name_expressions=expressions)
                 module.compile()
             except Exception as exc:  # CompileException carries NVRTC's log
                 raise KernelError(
                     f"compiling multireduce kernels for operator {op.name!r} failed; instantiations: "
                     f"{', '.join(expressions)}\n{exc}"
                 ) from exc
-            _modules[key] = (names, {role: _Kernel(module, expr) for role, expr in names.items()})
-    return _modules[key][1]
+            _modules[key] = {role: Kernel(module.get_function(expr), expr) for role, expr in names.items()}
+    return _modules[key]
 
 
-class _Kernel:
-    """A RawKernel that names itself when a launch fails."""
+class Kernel:
+    """A loaded kernel and the one place a launch's failure is turned into a KernelError naming it."""
 
-    __slots__ = ("module", "expression", "_fn")
+    __slots__ = ("fn", "expression")
 
-    def __init__(self, module, expression: str):
-        self.module, self.expression, self._fn = module, expression, None
-
-    @property
-    def raw(self):
-        """The CuPy RawKernel itself, loaded (for launch paths that cannot afford this wrapper)."""
-        if self._fn is None:
-            self._fn = self.module.get_function(self.expression)
-        return self._fn
+    def __init__(self, fn, expression: str):
+        self.fn, self.expression = fn, expression
 
     def __call__(self, grid: int, block: int, args: tuple) -> None:
-        if self._fn is None:
-            self._fn = self.module.get_function(self.expression)
         try:
-            self._fn((int(grid),), (int(block),), args)
+            self.fn((grid,), (block,), args)
         except Exception as exc:
             raise KernelError(f"launching {self.expression} with grid={grid}, block={block} failed: {exc}") from exc
 
 
-def all_instantiations(policy: Policy) -> list[tuple[str, list[str]]]:
-    """Every (operator functor, name expressions) group the dtype table produces, for CI's nvcc check."""
+def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[str, str, list[str]]]:
+    """Every (operator name, entry, name expressions) group the dtype table produces, production and
+    catalogue apart, for CI's nvcc check; ``candidates`` adds every look-back tile the sweep may pick
+    (sum only), which the prebuilt binaries leave out (only the policy's tiles run by default)."""
     from .operators import get_operator
 
     groups = []
     for opname in ("sum", "prod", "min", "max"):
         op = get_operator(opname)
-        exprs: set[str] = set()
+        prod: set[str] = set()
+        cat: set[str] = set()
+        F = op.cuda_functor
         for dtype in _dt.GPU_DTYPES:
             if dtype.kind not in op.kinds:
                 continue
             out = _dt.result_dtype(op.family, dtype)
             acc = _dt.accumulator_dtype(out)
             T, A, O = ctype(dtype), ctype(acc), ctype(out)
-            exprs.update(reduce_names(T, A, op.cuda_functor, policy).values())
-            exprs.update(reduce_names(A, A, op.cuda_functor, policy).values())  # later passes over partials
-            shape = policy.scan_shape(dtype.itemsize, acc.itemsize, out.itemsize)
-            exprs.update(scan_names(T, A, O, op.cuda_functor, policy, shape).values())
-            if opname == "sum":  # every look-back tile the sweep may pick for these sizes
-                for candidate in SCAN_SHAPE_CANDIDATES[scan_size_class(dtype.itemsize, acc.itemsize, out.itemsize)]:
-                    exprs.add(scan_names(T, A, O, op.cuda_functor, policy, candidate)["lookback"])
-            # the catalogue scans run in the accumulator: (T, Acc, Acc), (Acc, Acc, Acc), (Acc, Acc, Out)
-            for t_in, t_out, size_in, size_out in [(T, A, dtype.itemsize, acc.itemsize),
+            for t_in in (T, A):  # later passes run over partials in the accumulator
+                prod.update(reduce_names(t_in, A, F, policy).names.values())
+                cat.update(reduce_catalogue_names(t_in, A, F, policy).names.values())
+            # the scan itself, the carries (totals scanned in the accumulator) and the accumulator passes
+            for t_in, t_out, size_in, size_out in [(T, O, dtype.itemsize, out.itemsize),
+                                                   (T, A, dtype.itemsize, acc.itemsize),
                                                    (A, A, acc.itemsize, acc.itemsize),
                                                    (A, O, acc.itemsize, out.itemsize)]:
                 shape = policy.scan_shape(size_in, acc.itemsize, size_out)
-                exprs.update(scan_names(t_in, A, t_out, op.cuda_functor, policy, shape).values())
+                prod.update(scan_names(t_in, A, t_out, F, policy, shape).names.values())
+            if opname == "sum" and candidates:  # every look-back tile the sweep may pick for these sizes
+                for candidate in SCAN_SHAPE_CANDIDATES[scan_size_class(dtype.itemsize, acc.itemsize, out.itemsize)]:
+                    prod.add(scan_names(T, A, O, F, policy, candidate).names["lookback"])
             if opname == "sum":  # mean accumulates integers in float64
-                mean_acc = _dt.accumulator_dtype(_dt.result_dtype("mean", dtype))
-                exprs.update(reduce_names(T, ctype(mean_acc), op.cuda_functor, policy).values())
-        groups.append((opname, sorted(exprs)))
+                mean_acc = ctype(_dt.accumulator_dtype(_dt.result_dtype("mean", dtype)))
+                prod.update(reduce_names(T, mean_acc, F, policy).names.values())
+                cat.update(reduce_catalogue_names(T, mean_acc, F, policy).names.values())
+            # the catalogue scans run in the accumulator: (T, Acc, Acc), (Acc, Acc, Acc), (Acc, Acc, Out)
+            for t_in, t_out in [(T, A), (A, A), (A, O)]:
+                cat.update(scan_catalogue_names(t_in, A, t_out, F, policy).names.values())
+        groups.append((opname, ENTRY, sorted(prod)))
+        groups.append((opname, CATALOGUE_ENTRY, sorted(cat)))
     return groups
-

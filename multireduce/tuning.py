@@ -54,7 +54,8 @@ class Policy:
     # no held layers (a narrow input's vector widens into 16-32 registers of results; or the output is
     # narrower than the input), and in + out staged in shared memory
     scan_mixed: ScanShape = ScanShape(256, 9, 0)
-    catalogue_block: int = 256  # fixed by kernels/reduce.cuh (kCatalogueBlock)
+    catalogue_block: int = 256  # the catalogue reductions' BLOCK template argument
+    elementwise_block: int = 256  # one thread per output: columns, the catalogue's add-back and finish
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
 
     def scan_shape(self, in_size: int, acc_size: int, out_size: int) -> ScanShape:
@@ -71,10 +72,10 @@ SCAN_SHAPE_CANDIDATES = {
     "mixed": (ScanShape(256, 9),),
 }
 
-_POLICIES = {
-    8: Policy(),  # Ampere / Ada
-    9: Policy(),  # Hopper: H100, H200
-}
+# One policy for every architecture: its numbers were measured on an H200 (sm_90) and no other GPU was
+# available to measure; an architecture that needs other numbers gets its own entry here, keyed by the
+# compute capability's major version.
+_POLICIES: dict[int, Policy] = {}
 
 
 def policy(compute_capability_major: int) -> Policy:

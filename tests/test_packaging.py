@@ -21,17 +21,70 @@ def test_wheel_contains_the_cuda_sources(tmp_path):
                     str(tmp_path), str(ROOT)], check=True, timeout=300)
     (wheel,) = tmp_path.glob("multireduce-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for header in ["multireduce.cuh", "common.cuh", "block.cuh", "reduce.cuh", "scan.cuh"]:
+    for header in ["multireduce.cuh", "catalogue.cuh", "common.cuh", "block.cuh", "reduce.cuh", "scan.cuh",
+                   "catalogue/reduce.cuh", "catalogue/scan.cuh"]:
         assert f"multireduce/_cuda/{header}" in names
+    assert "multireduce/_prebuilt/index.json" in names
+    for opname in ("sum", "prod", "min", "max"):
+        assert f"multireduce/_prebuilt/{opname}.fatbin" in names
 
 
-def test_kernel_source_inlines_every_header():
+def _kernel_names(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\)\)? *)?\s*(\w+)\(", text))
+
+
+def test_kernel_sources_inline_every_header_and_keep_the_catalogue_apart():
+    """The production source (what algorithm="auto" compiles) holds no teaching kernel, and each group of
+    name expressions instantiates only kernels of its own source."""
+    import re
+
+    import numpy as np
+
     from multireduce import kernels
+    from multireduce.operators import get_operator
+    from multireduce.tuning import policy
 
-    text = kernels.kernel_source()
-    assert '#include "' not in text
-    for marker in ["struct half", "block_reduce_ordered", "reduce_vectorized", "scan_lookback"]:
-        assert marker in text
+    production, catalogue = kernels.kernel_source(), kernels.kernel_source(kernels.CATALOGUE_ENTRY)
+    for text in (production, catalogue):
+        assert '#include "' not in text
+        assert "struct half" in text and "block_reduce_ordered" in text
+    prod_kernels, cat_kernels = _kernel_names(production), _kernel_names(catalogue)
+    assert {"reduce_vectorized", "reduce_ordered_multi_block", "reduce_rows", "reduce_columns", "scan_lookback",
+            "scan_columns"} <= prod_kernels
+    assert not prod_kernels & cat_kernels, "a kernel is defined in both sources"
+    p, op = policy(9), get_operator("sum")
+    T = A = kernels.ctype(np.float32)
+    shape = p.scan_shape(4, 4, 4)
+    for group, defined in [(kernels.reduce_names(T, A, op.cuda_functor, p), prod_kernels),
+                           (kernels.scan_names(T, A, A, op.cuda_functor, p, shape), prod_kernels),
+                           (kernels.reduce_catalogue_names(T, A, op.cuda_functor, p), cat_kernels),
+                           (kernels.scan_catalogue_names(T, A, A, op.cuda_functor, p), cat_kernels)]:
+        assert group.entry == (kernels.ENTRY if defined is prod_kernels else kernels.CATALOGUE_ENTRY)
+        for role, expression in group.names.items():
+            name = re.match(r"mr::(\w+)<", expression).group(1)
+            assert name in defined, f"{role}: {name} is not defined in {group.entry}"
+    # every catalogue algorithm's kernel is in the catalogue group, never in the production one
+    from multireduce.catalogue import REDUCE_ALGORITHMS
+
+    production_roles = set(kernels.reduce_names(T, A, op.cuda_functor, p).names)
+    catalogue_roles = set(kernels.reduce_catalogue_names(T, A, op.cuda_functor, p).names)
+    assert set(REDUCE_ALGORITHMS) <= production_roles | catalogue_roles
+    assert production_roles.isdisjoint(catalogue_roles)
+
+
+def test_instantiation_groups_cover_both_sources():
+    from multireduce import kernels
+    from multireduce.tuning import policy
+
+    groups = kernels.all_instantiations(policy(9))
+    assert {(op, entry) for op, entry, _ in groups} == {
+        (op, entry) for op in ("sum", "prod", "min", "max") for entry in (kernels.ENTRY, kernels.CATALOGUE_ENTRY)}
+    for op, entry, expressions in groups:
+        assert expressions and len(set(expressions)) == len(expressions)
+        assert all(("scan_lookback" in e or "reduce_vectorized" in e or "_rows<" in e or "_columns<" in e
+                    or "ordered_multi_block" in e) == (entry == kernels.ENTRY) for e in expressions), (op, entry)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None and not IN_CI, reason="nvcc is not installed here")
@@ -48,3 +101,29 @@ def test_every_instantiation_compiles():
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-20000:]
     assert "0 translation units failed" in proc.stdout
+
+
+def test_prebuilt_kernels_match_the_current_source():
+    """The shipped binaries were built from today's production source and cover every production
+    instantiation; otherwise run `python tools/build_prebuilt.py` (a stale binary is never loaded, but
+    every first call would wait for NVRTC)."""
+    import json
+
+    from multireduce import kernels
+    from multireduce.operators import get_operator
+    from multireduce.tuning import policy
+
+    index = json.loads((kernels.PREBUILT_DIR / "index.json").read_text())
+    total = 0
+    for opname, entry, expressions in kernels.all_instantiations(policy(9), candidates=False):
+        if entry != kernels.ENTRY:
+            continue
+        built = index[opname]
+        assert built["key"] == kernels.prebuilt_key(get_operator(opname)), \
+            f"{opname}: kernels changed since the prebuilt binaries were made: run tools/build_prebuilt.py"
+        missing = sorted(set(expressions) - set(built["mangled"]))
+        assert not missing, f"{opname}: {len(missing)} instantiations not prebuilt, e.g. {missing[0]}"
+        assert all(m.startswith("_ZN2mr") for m in built["mangled"].values())
+        assert {"sm_80", "sm_90"} <= set(built["archs"]) and built["ptx"] == "compute_80"
+        total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
+    assert total < 24e6, f"prebuilt binaries take {total / 1e6:.1f} MB"

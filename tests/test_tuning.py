@@ -71,3 +71,29 @@ def test_every_candidate_fits_the_kernel(sizes):
         assert staged + scratch <= STATIC_SHARED_LIMIT, f"{shape}: {staged} bytes of static shared memory"
         if shape.held:
             assert out_size >= in_size and (16 // in_size) * out_size % 16 == 0, shape
+
+
+def test_policy_constants_reach_the_template_arguments():
+    """Launch constants come from one place: a Policy with other numbers yields other instantiations."""
+    import dataclasses
+
+    from multireduce import kernels
+
+    base = policy(9)
+    other = dataclasses.replace(base, reduce_block=128, reduce_vectors_per_thread=2, catalogue_block=512,
+                                ordered_items=5, reduce_row_block=64, scan_block=128)
+    f, a = "float", "float"
+    names = kernels.reduce_names(f, a, "mr::Sum", other).names
+    assert names["vectorized"] == "mr::reduce_vectorized<float, float, mr::Sum, 128, 2>"
+    assert names["ordered_multi_block"].endswith(f", {other.ordered_block}, 5>")
+    assert names["rows"] == "mr::reduce_rows<float, float, mr::Sum, 64, 5, false>"
+    catalogue = kernels.reduce_catalogue_names(f, a, "mr::Sum", other).names
+    assert all(e.endswith(", 512>") for r, e in catalogue.items() if r != "ordered_single_block")
+    scans = kernels.scan_catalogue_names(f, a, a, "mr::Sum", other).names
+    assert scans["blelloch"].endswith(", 128>") and scans["hillis_steele"].endswith(", 128>")
+    shape = ScanShape(96, 17, 4)
+    assert kernels.scan_names(f, a, a, "mr::Sum", other, shape).names["lookback"].endswith(", 96, 17, 4>")
+    # the kernels declare those template parameters (no constant of their own in the source)
+    source = kernels.kernel_source() + kernels.kernel_source(kernels.CATALOGUE_ENTRY)
+    assert "kCatalogueBlock" not in source
+    assert "int BLOCK, int VECTORS>\n__global__ void __launch_bounds__(BLOCK) reduce_vectorized" in source

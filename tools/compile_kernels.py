@@ -23,13 +23,18 @@ from multireduce.operators import get_operator
 from multireduce.tuning import policy
 
 
+def unit_name(opname: str, entry: str) -> str:
+    """One translation unit per (operator, source): "sum" production, "sum-catalogue" the catalogue."""
+    return opname if entry == kernels.ENTRY else f"{opname}-{entry.split('.')[0]}"
+
+
 def translation_units() -> list[tuple[str, str, int]]:
     units = []
-    for opname, expressions in kernels.all_instantiations(policy(9)):
+    for opname, entry, expressions in kernels.all_instantiations(policy(9)):
         op = get_operator(opname)
         body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
-        text = kernels.module_text(op) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
-        units.append((opname, text, len(expressions)))
+        text = kernels.module_text(op, entry) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        units.append((unit_name(opname, entry), text, len(expressions)))
     return units
 
 
@@ -93,7 +98,8 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         if arch.startswith("nvrtc:"):
             text = open(path).read().split("\nvoid* const multireduce_instantiations")[0]
-            exprs = [e for _, es in kernels.all_instantiations(policy(9)) if _ == name for e in es]
+            exprs = [e for op, entry, es in kernels.all_instantiations(policy(9)) if unit_name(op, entry) == name
+                     for e in es]
             ok, log = nvrtc_compile(nvrtc_lib, text, exprs, arch.split(":")[1])
             proc = subprocess.CompletedProcess([], 0 if ok else 1, "", log)
             return name, arch, count, proc, time.perf_counter() - start
@@ -107,7 +113,7 @@ def main(argv=None) -> int:
         for name, arch, count, proc, seconds in pool.map(compile_one, jobs):
             total += count
             status = "ok" if proc.returncode == 0 else "FAILED"
-            print(f"{status:6} {name:5} {arch}: {count} instantiations in {seconds:.1f} s", flush=True)
+            print(f"{status:6} {name:13} {arch}: {count} instantiations in {seconds:.1f} s", flush=True)
             if proc.returncode != 0:
                 failed += 1
                 print(proc.stderr[-20000:], file=sys.stderr)

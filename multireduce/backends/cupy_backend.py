@@ -6,7 +6,8 @@ Dispatch (written down, as CUB does):
   is not the last -> ``reduce_columns``, split along K when there are too few columns to fill the GPU.
 - scan: rows -> ``scan_lookback`` (one pass, carry-in per row from device memory); an axis that is not
   the last -> ``scan_columns`` when there are enough columns, else transposed to rows and back.
-- ``algorithm=`` names a catalogue kernel instead; the catalogue runs on rows.
+- ``algorithm=`` names a catalogue kernel instead; the catalogue runs on rows, from its own modules
+  (``kernels.reduce_catalogue_names`` / ``scan_catalogue_names``), compiled only when first asked for.
 Nothing here synchronises with the host: results stay on the device.
 """
 
@@ -22,7 +23,6 @@ from .. import kernels as _k
 from ..operators import Operator
 from ..tuning import policy as _policy
 
-name = "cupy"
 NULL = np.uint64(0)  # a null device pointer as a kernel argument
 
 
@@ -34,7 +34,6 @@ def concatenate(values, axis=0):
 # Device facts and reusable workspace
 # ------------------------------------------------------------------------------------------------
 _device_facts: dict[int, tuple[int, object]] = {}
-_counters: dict[tuple[int, int], cupy.ndarray] = {}
 
 
 def _facts():
@@ -98,20 +97,31 @@ def _three_axes(x, axes: tuple[int, ...], commutative: bool):
 # ------------------------------------------------------------------------------------------------
 # Reductions
 # ------------------------------------------------------------------------------------------------
-def _reduce_kernels(op: Operator, T, acc):
-    return _reduce_kernels_on(cupy.cuda.runtime.getDevice(), op, np.dtype(T), np.dtype(acc))
+def _reduce_kernels(op: Operator, T, acc, catalogue: bool = False):
+    """(role -> kernel, SMs, policy) of the production reductions, or the catalogue's."""
+    return _reduce_kernels_on(cupy.cuda.runtime.getDevice(), op, np.dtype(T), np.dtype(acc), catalogue)
 
 
 @functools.lru_cache(maxsize=4096)
-def _reduce_kernels_on(device: int, op: Operator, T: np.dtype, acc: np.dtype):
+def _reduce_kernels_on(device: int, op: Operator, T: np.dtype, acc: np.dtype, catalogue: bool):
     sms, p = _facts()
-    return _k.get_kernels(op, _k.reduce_names(_k.ctype(T), _k.ctype(acc), op.cuda_functor, p)), sms, p
+    names = _k.reduce_catalogue_names if catalogue else _k.reduce_names
+    return _k.get_kernels(op, names(_k.ctype(T), _k.ctype(acc), op.cuda_functor, p)), sms, p
 
 
-def _vectorized_grid_rule(T: np.dtype, sms: int, p) -> tuple[int, int]:
-    """(elements per block per pass, most blocks) of ``reduce_vectorized``: grid = min(ceil(n / first),
-    second)."""
-    return p.reduce_block * (16 // T.itemsize) * p.reduce_vectors_per_thread, sms * p.reduce_blocks_per_sm
+def _vectorized_rule(T: np.dtype, sms: int, p) -> tuple[int, int, int]:
+    """(elements per block per pass, most blocks, threads per block) of ``reduce_vectorized``:
+    grid = min(ceil(n / first), second)."""
+    per_block = p.reduce_block * (16 // T.itemsize) * p.reduce_vectors_per_thread
+    return per_block, sms * p.reduce_blocks_per_sm, p.reduce_block
+
+
+def _launch_vectorized(kernel, rule, x1, n: int, identity, out1, space) -> None:
+    """``reduce_vectorized`` of the contiguous ``x1`` (n elements) into ``out1``; ``space`` is
+    (partials, counter) with room for the rule's largest grid."""
+    per_block, max_grid, block = rule
+    grid = min(-(-n // per_block), max_grid)
+    kernel(grid, block, (x1, np.int64(n), identity, space[0] if grid > 1 else out1, out1, space[1]))
 
 
 def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
@@ -119,10 +129,8 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
     n = x1.size
     ks, sms, p = _reduce_kernels(op, x1.dtype, acc)
     if algorithm in ("auto", "vectorized") and op.commutative:
-        per_block, max_grid = _vectorized_grid_rule(x1.dtype, sms, p)
-        grid = max(1, min(-(-n // per_block), max_grid))
-        partials, counter = _workspace(grid, acc)
-        ks["vectorized"](grid, p.reduce_block, (x1, _i64(n), identity, partials if grid > 1 else out1, out1, counter))
+        rule = _vectorized_rule(x1.dtype, sms, p)
+        _launch_vectorized(ks["vectorized"], rule, x1, n, identity, out1, _workspace(rule[1], acc))
         return
     if algorithm in ("auto", "ordered_multi_block"):
         tile = p.ordered_block * p.ordered_items
@@ -132,6 +140,7 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
         ks["ordered_multi_block"](grid, p.ordered_block, (x1, _i64(n), _i64(segment), identity,
                                                           partials if grid > 1 else out1, out1, counter))
         return
+    ks, _, _ = _reduce_kernels(op, x1.dtype, acc, catalogue=True)
     if algorithm == "ordered_single_block":
         ks["ordered_single_block"](1, p.ordered_block, (x1, _i64(n), identity, out1))
         return
@@ -156,7 +165,7 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
         if grid == 1:
             return
         current = partials
-        ks, _, _ = _reduce_kernels(op, acc, acc)
+        ks, _, _ = _reduce_kernels(op, acc, acc, catalogue=True)
 
 
 def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
@@ -171,8 +180,9 @@ def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
     ks, _, _ = _reduce_kernels(op, x3.dtype, acc)
     out = cupy.empty(outer * segments * inner, acc)
     total = outer * segments * inner
-    grid = max(1, min(-(-total // 256), sms * 32))
-    ks["columns"](grid, 256, (x3, _i64(outer), _i64(K), _i64(inner), _i64(segments), _i64(segment), identity, out))
+    block = p.elementwise_block
+    grid = max(1, min(-(-total // block), sms * 32))
+    ks["columns"](grid, block, (x3, _i64(outer), _i64(K), _i64(inner), _i64(segments), _i64(segment), identity, out))
     if segments == 1:
         return out
     return _reduce_columns(out.reshape(outer, segments, inner), op, acc, identity, outer, segments, inner, sms, p)
@@ -241,34 +251,27 @@ class WholeReducer:
         self.per_device: dict[int, tuple] = {}
 
     def _prepare(self, device: int) -> tuple:
+        """Bind to ``device`` once: the kernel, its grid rule and a workspace per stream, sized for the
+        largest grid (going through _workspace, a key with the dtype in it, measured ~1 us more per call at
+        2^10 on an H200, profile_small.py)."""
         ks, sms, p = _reduce_kernels(self.op, self.type, self.acc)
-        kernel = ks["vectorized"]
-        per_block, max_grid = _vectorized_grid_rule(self.type, sms, p)
-        # its own workspace per stream, sized for the largest grid once: going through _workspace (a key
-        # with the dtype in it) measured ~1 us more per call at 2^10 (H200, profile_small.py)
-        state = self.per_device[device] = (kernel.raw, per_block, max_grid, (p.reduce_block,), kernel.expression, {})
+        state = self.per_device[device] = (ks["vectorized"], _vectorized_rule(self.type, sms, p), {})
         return state
 
     def __call__(self, x):
-        n = x.size
         # ndarray._c_contiguous is the flag itself; x.flags builds an object on every call
-        if n == 0 or not x._c_contiguous:
+        if x.size == 0 or not x._c_contiguous:
             return None
         device = cupy.cuda.runtime.getDevice()
         if x.data.device_id != device:
             return None
-        state = self.per_device.get(device) or self._prepare(device)
-        fn, per_block, max_grid, block, expression, spaces = state
+        kernel, rule, spaces = self.per_device.get(device) or self._prepare(device)
         stream = cupy.cuda.get_current_stream().ptr
         space = spaces.get(stream)
         if space is None:
-            space = spaces[stream] = (cupy.empty(max_grid, self.acc), cupy.zeros(1, dtype=np.uint32))
-        grid = min(-(-n // per_block), max_grid)
+            space = spaces[stream] = (cupy.empty(rule[1], self.acc), cupy.zeros(1, dtype=np.uint32))
         out = cupy.empty((), self.acc)
-        try:
-            fn((grid,), block, (x, np.int64(n), self.identity, space[0] if grid > 1 else out, out, space[1]))
-        except Exception as exc:
-            raise _k.KernelError(f"launching {expression} with grid={grid}, block={block[0]} failed: {exc}") from exc
+        _launch_vectorized(kernel, rule, x, x.size, self.identity, out, space)
         return out if self.cast is None else out.astype(self.cast)
 
 
@@ -284,11 +287,18 @@ def combine(op: Operator, values: list):
 # Scans
 # ------------------------------------------------------------------------------------------------
 def _scan_kernels(op, T, acc, out_dtype, shape=None):
-    """The scan kernel group for these types; ``shape`` the look-back kernel's tile, else the policy's."""
+    """The production scan group for these types; ``shape`` the look-back kernel's tile, else the policy's."""
     sms, p = _facts()
     shape = shape or p.scan_shape(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
     names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, shape)
     return _k.get_kernels(op, names), sms, p, shape
+
+
+def _scan_catalogue_kernels(op, T, acc, out_dtype):
+    """The catalogue's scan group for these types, compiled on first use."""
+    sms, p = _facts()
+    names = _k.scan_catalogue_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p)
+    return _k.get_kernels(op, names), sms, p
 
 
 def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, shape=None) -> None:
@@ -301,7 +311,7 @@ def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, sha
     per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
     words = cupy.zeros(grid * per_tile, np.uint64)
     ks["lookback"](grid, shape.block, (rows, out_rows, _i64(K), _i64(tiles_per_row), identity,
-                                       NULL if carry is None else carry, NULL, words, np.int32(inclusive)))
+                                       NULL if carry is None else carry, words, np.int32(inclusive)))
 
 
 def _inclusive_multilevel(rows, op, acc, identity, algorithm):
@@ -311,7 +321,7 @@ def _inclusive_multilevel(rows, op, acc, identity, algorithm):
     length works: the seed stops at two levels), then added back to every tile but each row's first.
     """
     R, K = rows.shape
-    ks, sms, p, _ = _scan_kernels(op, rows.dtype, acc, acc)
+    ks, sms, p = _scan_catalogue_kernels(op, rows.dtype, acc, acc)
     tile = p.scan_block if algorithm == "hillis_steele" else 2 * p.scan_block
     tiles = -(-K // tile)
     out = cupy.empty((R, K), acc)
@@ -319,8 +329,8 @@ def _inclusive_multilevel(rows, op, acc, identity, algorithm):
     ks[algorithm](R * tiles, p.scan_block, (rows, out, _i64(K), _i64(tiles), identity, totals))
     if tiles > 1:
         scanned = _inclusive_multilevel(totals, op, acc, identity, algorithm)
-        ks_acc, _, _, _ = _scan_kernels(op, acc, acc, acc)
-        ks_acc["add_back"](R * tiles, 256, (out, _i64(K), _i64(tile), _i64(tiles), scanned))
+        ks_acc, _, _ = _scan_catalogue_kernels(op, acc, acc, acc)
+        ks_acc["add_back"](R * tiles, p.elementwise_block, (out, _i64(K), _i64(tile), _i64(tiles), scanned))
     return out
 
 
@@ -330,11 +340,11 @@ def _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm) -
         return
     R, K = rows.shape
     inclusive_scan = _inclusive_multilevel(rows, op, acc, identity, algorithm)
-    ks_fin, sms, _, _ = _scan_kernels(op, acc, acc, out_rows.dtype)
+    ks_fin, sms, p = _scan_catalogue_kernels(op, acc, acc, out_rows.dtype)
     n = R * K
-    grid = max(1, min(-(-n // 256), sms * 8))
-    ks_fin["finish"](grid, 256, (inclusive_scan, out_rows, _i64(R), _i64(K), NULL if carry is None else carry,
-                                  identity, np.int32(inclusive)))
+    grid = max(1, min(-(-n // p.elementwise_block), sms * 8))
+    ks_fin["finish"](grid, p.elementwise_block, (inclusive_scan, out_rows, _i64(R), _i64(K),
+                                                  NULL if carry is None else carry, identity, np.int32(inclusive)))
 
 
 def scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive: bool = True,
@@ -356,8 +366,8 @@ def scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive
     sms, p = _facts()
     if algorithm == "auto" and outer * inner >= p.column_min_threads:
         ks, _, _, _ = _scan_kernels(op, x.dtype, acc, out_dtype)
-        grid = max(1, min(-(-(outer * inner) // 256), sms * 32))
-        ks["columns"](grid, 256, (x3, out, _i64(outer), _i64(K), _i64(inner), identity,
+        grid = max(1, min(-(-(outer * inner) // p.elementwise_block), sms * 32))
+        ks["columns"](grid, p.elementwise_block, (x3, out, _i64(outer), _i64(K), _i64(inner), identity,
                                   NULL if carry is None else carry, np.int32(inclusive)))
         return out
     # few long columns: scan them as rows of a transposed copy

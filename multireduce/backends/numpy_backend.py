@@ -12,8 +12,6 @@ import numpy as np
 
 from ..operators import Operator
 
-name = "numpy"
-
 
 def concatenate(values, axis=0):
     return np.concatenate(values, axis=axis)

@@ -361,3 +361,80 @@ def test_repeated_calls_take_the_whole_array_path_and_agree(dtype):
                 fn(empty)
         else:
             assert float(fn(empty)) == float(get_operator(opname).identity(np.dtype(_expected_dtypes(opname, dtype)[1])))
+
+
+def test_first_calls_compile_only_production_kernels(monkeypatch):
+    """algorithm="auto" never waits for the catalogue: the first reduction and scan of a dtype build only
+    groups of the production source, and a catalogue algorithm builds its own group when asked for."""
+    from multireduce import kernels
+    from multireduce.backends import cupy_backend as cb
+
+    monkeypatch.setattr(kernels, "_modules", {})  # as in a fresh process (the groups already built stay valid)
+    cb._reduce_kernels_on.cache_clear()
+    rng = np.random.default_rng(23)
+    host = random_array(rng, 1025, np.int16)
+    x = cupy.asarray(host)
+    assert int(mr.sum(x, axis=0)) == int(host.astype(np.int64).sum())  # axis=0: not the cached fast path
+    got = cupy.asnumpy(mr.cumsum(x.reshape(5, 205), axis=1))
+    assert np.array_equal(got, np.cumsum(host.astype(np.int64).reshape(5, 205), axis=1))
+    assert kernels._modules, "no kernel group was looked up"
+    assert {key[2].entry for key in kernels._modules} == {kernels.ENTRY}
+    ref = int(host.astype(np.int64).sum())
+    assert int(mr.sum(x, algorithm="warp_shuffle")) == ref
+    assert kernels.CATALOGUE_ENTRY in {key[2].entry for key in kernels._modules}
+    cb._reduce_kernels_on.cache_clear()  # its entries point into the dict monkeypatch puts back
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
+def test_exclusive_scans_of_empty_input_keep_the_input_shape(shape):
+    x = cupy.empty(shape, cupy.float32)
+    for inclusive in (True, False):
+        out = mr.scan(x, "sum", axis=-1, inclusive=inclusive)
+        assert out.shape == shape and out.size == 0, (shape, inclusive, out.shape)
+
+
+_NO_COMPILER = r"""
+import sys
+import cupy
+import numpy as np
+
+compiled = []
+real = cupy.RawModule
+
+
+def watched(*args, **kwargs):
+    if kwargs.get("code") is not None:
+        compiled.append(kwargs.get("name_expressions"))
+    return real(*args, **kwargs)
+
+
+cupy.RawModule = watched
+import multireduce as mr
+from multireduce import kernels
+
+rng = np.random.default_rng(3)
+for dtype in (np.float32, np.int32, np.float64, np.uint8):
+    host = (rng.random(100_003) * 4).astype(dtype)
+    x = cupy.asarray(host)
+    assert np.isclose(float(mr.sum(x)), host.astype(np.float64).sum(), rtol=1e-5), dtype
+    assert np.isclose(float(mr.max(x)), host.max()), dtype
+    ref = np.cumsum(host.astype(np.float64))
+    assert np.allclose(cupy.asnumpy(mr.cumsum(x)).astype(np.float64), ref, rtol=1e-4), dtype
+assert not compiled, f"NVRTC ran for built-in operators: {compiled[:1]}"
+assert kernels._prebuilt_modules and all(kernels._prebuilt_modules.values()), kernels._prebuilt_modules
+print("ok", len(kernels._prebuilt_modules))
+"""
+
+
+def test_first_calls_of_builtins_load_prebuilt_kernels(tmp_path):
+    """A fresh process with empty caches runs built-in reductions and scans without compiling anything."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "CUPY_CACHE_DIR": str(tmp_path), "MULTIREDUCE_KERNEL_CACHE": str(tmp_path),
+           "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("MULTIREDUCE_NO_PREBUILT", None)
+    proc = subprocess.run([sys.executable, "-c", _NO_COMPILER], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-5000:]

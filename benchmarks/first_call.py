@@ -1,0 +1,86 @@
+"""First-call cost: each built-in reduction and scan in a fresh process with empty kernel caches, against
+CuPy's own function in the same conditions, and what ``import multireduce`` adds to ``import cupy``.
+
+    python benchmarks/first_call.py [--dtype float32] [--n 1048576] [--no-prebuilt]
+
+Every measurement runs in its own subprocess whose CUPY_CACHE_DIR (and MULTIREDUCE_KERNEL_CACHE) is a new
+empty directory, so nothing compiled by an earlier run is reused. "first call" is the wall time of the
+first call plus a device synchronize; "second call" the same for the next call. ``--no-prebuilt`` sets
+MULTIREDUCE_NO_PREBUILT=1, to see what the run-time compiler costs without the shipped binaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import cupy
+t1 = time.perf_counter()
+import multireduce as mr
+t2 = time.perf_counter()
+which, name, dtype, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+x = (cupy.random.random(n) * 2 + 0.5).astype(dtype)
+cupy.cuda.get_current_stream().synchronize()
+fn = getattr(mr if which == "multireduce" else cupy, name)
+times = []
+for _ in range(2):
+    s = time.perf_counter()
+    fn(x)
+    cupy.cuda.get_current_stream().synchronize()
+    times.append(time.perf_counter() - s)
+from multireduce import kernels
+print(json.dumps({"import_cupy": t1 - t0, "import_multireduce": t2 - t1, "first": times[0],
+                  "second": times[1], "prebuilt_modules": sum(map(bool, kernels._prebuilt_modules.values()))}))
+"""
+
+FUNCTIONS = ["sum", "prod", "min", "max", "mean", "cumsum", "cumprod"]
+
+
+def run(which: str, name: str, dtype: str, n: int, prebuilt: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="mr-first-call-") as cache:
+        env = {**os.environ, "CUPY_CACHE_DIR": cache, "MULTIREDUCE_KERNEL_CACHE": cache,
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        if not prebuilt:
+            env["MULTIREDUCE_NO_PREBUILT"] = "1"
+        proc = subprocess.run([sys.executable, "-c", CHILD, which, name, dtype, str(n)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode:
+            raise RuntimeError(f"{which}.{name}: {proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--n", type=int, default=1 << 20)
+    parser.add_argument("--no-prebuilt", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"| function ({args.dtype}, n={args.n}) | multireduce first ms | CuPy first ms | ratio | "
+          f"multireduce second ms | prebuilt modules loaded |")
+    print("|---|---|---|---|---|---|")
+    imports = []
+    for name in FUNCTIONS:
+        ours = run("multireduce", name, args.dtype, args.n, not args.no_prebuilt)
+        theirs = run("cupy", name, args.dtype, args.n, True)
+        imports.append(ours["import_multireduce"])
+        ratio = ours["first"] / theirs["first"] if theirs["first"] > 0 else float("inf")
+        print(f"| {name} | {ours['first'] * 1e3:.1f} | {theirs['first'] * 1e3:.1f} | {ratio:.2f} | "
+              f"{ours['second'] * 1e3:.2f} | {ours['prebuilt_modules']} |", flush=True)
+    imports.sort()
+    print(f"\nimport multireduce after import cupy: median {imports[len(imports) // 2]:.3f} s "
+          f"(min {imports[0]:.3f}, max {imports[-1]:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

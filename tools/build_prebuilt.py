@@ -1,0 +1,122 @@
+"""Build the precompiled production kernels shipped in ``multireduce/_prebuilt`` (package data).
+
+For each built-in operator, the production instantiations of ``kernels.all_instantiations`` (the list CI
+compiles with tools/compile_kernels.py, less the sweep's candidate tiles) become one fatbin: cubins for
+the ARCHS below and compute_80 PTX, which the driver JIT-compiles for any other GPU of compute capability
+8.0 or newer. ``index.json`` records,
+per operator, the SHA-256 of the source text (``kernels.prebuilt_key``) and each name expression's
+mangled name, read from the relocations of the host object that takes every kernel's address (the host
+stub of a kernel has the device kernel's mangled name). At run time ``kernels.get_kernels`` loads a fatbin
+only when that hash matches the current source; otherwise it compiles with NVRTC as before.
+
+    python tools/build_prebuilt.py [--jobs 2]
+
+Rebuild after any change to kernels/*.cuh, the operators' functors or the policy: tests/test_packaging.py
+fails until the index matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from multireduce import kernels
+from multireduce.operators import get_operator
+from multireduce.tuning import policy
+
+# cubins for the GPUs measured or most used (sm_80 also runs on sm_86/sm_89); the rest JIT the PTX once (the
+# driver caches the result). sm_100/sm_120 cubins would double the size (each operator ~2-3 MB per arch).
+ARCHS = ("sm_80", "sm_90")
+PTX = "compute_80"
+OUT = Path(__file__).resolve().parent.parent / "multireduce" / "_prebuilt"
+ARRAY = "multireduce_instantiations"
+
+
+def gencode_flags() -> list[str]:
+    flags = [f"-gencode=arch=compute_{a.split('_')[1]},code={a}" for a in ARCHS]
+    return flags + [f"-gencode=arch={PTX},code={PTX}"]
+
+
+def translation_unit(opname: str, expressions: list[str]) -> str:
+    body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
+    return kernels.module_text(get_operator(opname)) + f"\nextern \"C\" void* const {ARRAY}[] = {{\n  {body}\n}};\n"
+
+
+def mangled_names(nvcc: str, path: str, count: int) -> list[str]:
+    """The device symbols of the kernels the pointer array takes, in array order.
+
+    The array's relocations point into the host object's .text, at each kernel's host stub; a stub has the
+    kernel's mangled name with the internal-linkage marker (``_ZN2mrL``), which the device entry lacks.
+    Every name is checked against the entry points of a cubin of the same source."""
+    obj = path + ".host.o"
+    subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-Xcompiler", "-fPIC", "-c", path, "-o", obj],
+                   check=True, capture_output=True, text=True)
+    at = {}
+    for line in subprocess.run(["nm", obj], check=True, capture_output=True, text=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "tTwW":
+            at[int(parts[0], 16)] = parts[2]
+    relocs = subprocess.run(["readelf", "-rW", obj], check=True, capture_output=True, text=True).stdout
+    section = relocs.split("Relocation section '.rela.data.rel.ro")[1].split("Relocation section")[0]
+    rows = []
+    for line in section.splitlines()[2:]:
+        m = re.match(r"([0-9a-f]+)\s+\S+\s+\S+\s+\S+\s+\.text \+ ([0-9a-f]+)", line.strip())
+        if m:
+            rows.append((int(m.group(1), 16), at[int(m.group(2), 16)]))
+    names = [re.sub(r"^_ZN2mrL", "_ZN2mr", name) for _, name in sorted(rows)]
+    if len(names) != count:
+        raise RuntimeError(f"read {len(names)} kernel symbols from {obj}, expected {count}")
+    cubin = path + ".sm_90.cubin"
+    subprocess.run([nvcc, "-std=c++17", "-cubin", "-arch=sm_90", path, "-o", cubin],
+                   check=True, capture_output=True, text=True)
+    entries = set(subprocess.run(["readelf", "-sW", cubin], check=True, capture_output=True,
+                                 text=True).stdout.split())
+    missing = [n for n in names if n not in entries]
+    if missing:
+        raise RuntimeError(f"{len(missing)} symbols are not entry points of the cubin, e.g. {missing[0]}")
+    return names
+
+
+def build(opname: str, expressions: list[str], nvcc: str, work: str) -> dict:
+    path = os.path.join(work, f"{opname}.cu")
+    Path(path).write_text(translation_unit(opname, expressions))
+    names = mangled_names(nvcc, path, len(expressions))
+    fatbin = OUT / f"{opname}.fatbin"
+    subprocess.run([nvcc, "-std=c++17", "-fatbin", *gencode_flags(), path, "-o", str(fatbin)],
+                   check=True, capture_output=True, text=True)
+    return {"key": kernels.prebuilt_key(get_operator(opname)), "file": fatbin.name,
+            "archs": list(ARCHS), "ptx": PTX, "mangled": dict(zip(expressions, names))}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
+    args = parser.parse_args(argv)
+    OUT.mkdir(exist_ok=True)
+    groups = [(op, exprs) for op, entry, exprs in kernels.all_instantiations(policy(9), candidates=False)
+              if entry == kernels.ENTRY]
+    work = tempfile.mkdtemp(prefix="multireduce-prebuilt-")
+    try:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            built = dict(zip([op for op, _ in groups],
+                             pool.map(lambda g: build(g[0], g[1], args.nvcc, work), groups)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    (OUT / "index.json").write_text(json.dumps(built, indent=1, sort_keys=True) + "\n")
+    for op, entry in built.items():
+        size = (OUT / entry["file"]).stat().st_size
+        print(f"{op}: {len(entry['mangled'])} kernels, {size / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
