@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
-import dask.array
 import numpy as np
 
 from . import dtypes as _dt
@@ -23,7 +23,9 @@ except ImportError:  # pragma: no cover
 
 
 def is_dask_array(x) -> bool:
-    return isinstance(x, dask.array.Array)
+    # a dask array can exist only once dask.array is imported, so import time need not pay for it here
+    dask_array = sys.modules.get("dask.array")
+    return dask_array is not None and isinstance(x, dask_array.Array)
 
 
 def array_kind(x) -> str:

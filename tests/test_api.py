@@ -380,6 +380,8 @@ def test_big_endian_input_matches_numpy_and_is_left_alone(dtype):
 NARROW = [np.int8, np.uint8, np.int16, np.float16, np.bool_]
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("dtype", NARROW, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("opname", ["sum", "prod", "mean", "min", "max", "cumsum", "cumprod"])
 def test_narrow_dtype_argument_matches_numpy(opname, dtype):

@@ -231,3 +231,14 @@ def test_check_runs_on_a_second_side_the_way_the_gpu_check_does():
         raise RuntimeError("compile failed")
     with pytest.raises(RuntimeError, match="compile failed"):
         ops.check_algebra("b", 0, broken, False, "i", where="cuda")
+
+
+def test_dask_arrays_are_recognised_by_type_not_by_module_name():
+    import dask
+
+    from multireduce._validation import is_dask_array
+
+    lazy = dask.delayed(np.arange(3))  # has a dask graph, but is no dask array
+    assert not is_dask_array(lazy) and is_dask_array(da.arange(3, chunks=2))
+    with pytest.raises(TypeError, match="argument 'x'"):
+        mr.sum(lazy)
