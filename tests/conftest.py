@@ -12,9 +12,9 @@ def pytest_collection_modifyitems(config, items):
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU and CuPy; none is visible here")
     few_gpus = pytest.mark.skip(reason=f"needs 2 or more CUDA GPUs; {gpus} visible here")
     for item in items:
-        if "gpu" in item.keywords and gpus == 0:
+        if item.get_closest_marker("gpu") and gpus == 0:
             item.add_marker(no_gpu)
-        if "multi_gpu" in item.keywords and gpus < 2:
+        if item.get_closest_marker("multi_gpu") and gpus < 2:
             item.add_marker(few_gpus)
 
 
