@@ -10,12 +10,10 @@ import builtins
 import contextlib
 import functools
 
-import dask
 import numpy as np
 
 from . import _validation as v
 from . import dtypes as _dt
-from . import direct, graph, placement
 from .core import ReductionPlan, ScanPlan
 from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, on_registry_change
 
@@ -148,6 +146,8 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     op = get_operator(op, caller=caller)
     x, kind = v.as_array(x, caller)
     if split_every is None and kind.startswith("dask"):
+        import dask  # dask and the graph layers load on the first dask input: NumPy/CuPy users never pay for them
+
         split_every = dask.config.get("split_every", None)
     plans, axes, keepdims, fan_in = _resolve_reduction(kind, op, x.dtype, x.ndim, axis, dtype, keepdims, split_every,
                                                        algorithm, mean, label, caller)
@@ -176,6 +176,8 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
 
 
 def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
+    from . import graph, placement
+
     for i, plan in enumerate(plans):
         groups = placement.grouping_for(x, op.commutative) if i == 0 else None
         x = graph.reduction(x, plan, fan_in, groups)
@@ -186,6 +188,8 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
     """``compute=True`` on a Dask array: the result on the client, in host memory (NumPy). A whole
     reduction of a persisted array is reduced where its chunks are (``direct``); anything else computes
     the graph."""
+    from . import direct
+
     value = direct.reduce_persisted(x, plans[0]) if len(plans) == 1 else None
     if value is None:
         value = _lazy_reduction(x, plans, keepdims, axes, fan_in, op).compute()
@@ -214,6 +218,8 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
     x, kind = v.as_array(x, caller)
     op = get_operator(op, caller=caller)
     if split_every is None and kind.startswith("dask"):
+        import dask  # dask and the graph layers load on the first dask input: NumPy/CuPy users never pay for them
+
         split_every = dask.config.get("split_every", None)
     plan, fan_in = _resolve_scan(kind, op, x.dtype, x.ndim, axis, dtype, inclusive, algorithm, split_every, label,
                                  caller)
@@ -224,6 +230,8 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         x = x.reshape(-1)
     if kind.startswith("dask"):
         # scan totals are concatenated in chunk order: contiguous runs per worker
+        from . import graph, placement
+
         return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=False))
     with _run_device(kind, x):
         return plan(x)
