@@ -147,9 +147,9 @@ def fan_in(split_every, axes: tuple[int, ...], caller: str) -> int:
     16. Every entry point and input kind calls this, so a value is accepted or refused the same way
     everywhere, also where it is then unused (NumPy and CuPy input)."""
     if split_every is None:
-        import dask
-
-        split_every = dask.config.get("split_every", None) or 16
+        # dask is loaded whenever the input is a dask array; NumPy and CuPy calls must not import it (or need it)
+        dask = sys.modules.get("dask")
+        split_every = (dask.config.get("split_every", None) if dask is not None else None) or 16
     if isinstance(split_every, dict):
         if not all(_is_int(k) and _is_int(v) and v >= 1 for k, v in split_every.items()):
             raise ValueError(f"{caller}: argument 'split_every' as a dict must map int axes to ints >= 1; "

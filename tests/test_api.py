@@ -425,3 +425,17 @@ def test_misaligned_input_gives_the_same_bits_as_an_aligned_copy(dtype):
         assert np.asarray(mr.sum(two_d_view, axis=1)).tobytes() == np.asarray(mr.sum(two_d_view.copy(), axis=1)).tobytes()
         assert mr.cumsum(view).tobytes() == mr.cumsum(aligned).tobytes()
         assert np.array_equal(view, values)
+
+
+def test_numpy_calls_import_no_dask():
+    """NumPy and CuPy users never pay for importing dask (first-call time, issue 13), nor need it installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, multireduce as mr\n"
+            "x = np.arange(1, 1000, dtype=np.float32)\n"
+            "mr.sum(x); mr.mean(x); mr.max(x); mr.cumsum(x); mr.scan(x, 'prod', inclusive=False)\n"
+            "mr.sum(x, split_every=4)\n"
+            "print(sorted(m for m in sys.modules if m == 'dask' or m.startswith(('dask.', 'distributed'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
