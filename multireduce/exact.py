@@ -92,33 +92,41 @@ def _to_host(block):
     return np.asarray(block)
 
 
-def _bins(flat: np.ndarray, rows: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact exponent-binned sums of ``flat`` (rows x n, C order, finite float64): (hi, lo), each
-    (rows, NBINS) float64 holding integers; value = sum over bins (hi * 2**27 + lo) * 2**(k + EBASE)."""
-    hi = np.zeros(rows * NBINS)
-    lo = np.zeros(rows * NBINS)
+def _bins(flat: np.ndarray, rows: int, n: int) -> list[tuple[np.ndarray, int]]:
+    """Exact exponent-binned sums of ``flat`` (rows x n, C order, finite floats) as [(bins, shift)]: each
+    ``bins`` is (rows, NBINS) float64 holding integers; value = sum of bins[r, k] * 2**(k + shift + EBASE).
+    float16/32 mantissas fit 24 bits: one piece; float64's 53 bits: two pieces (27 high, 26-27 low)."""
+    narrow = flat.dtype.itemsize <= 4
+    pieces = [np.zeros(rows * NBINS) for _ in range(1 if narrow else 2)]
     for start in range(0, flat.size, _BATCH):
         part = flat[start : start + _BATCH]
         m, e = np.frexp(part)
-        mant = m * 9007199254740992.0  # 2**53: exact
-        h = np.floor(mant / _SPLIT)
-        low = mant - h * _SPLIT
         key = e.astype(np.int64) + 1074
         if rows > 1:
             key += (np.arange(start, start + part.size, dtype=np.int64) // n) * NBINS
-        hi += np.bincount(key, weights=h, minlength=rows * NBINS)
-        lo += np.bincount(key, weights=low, minlength=rows * NBINS)
-    return hi.reshape(rows, NBINS), lo.reshape(rows, NBINS)
+        if narrow:
+            weights = [m * part.dtype.type(2**11 if part.dtype.itemsize == 2 else 2**24)]  # exact integers
+        else:
+            mant = m * 9007199254740992.0  # 2**53: exact
+            h = np.floor(mant / _SPLIT)
+            weights = [h, mant - h * _SPLIT]
+        for acc, w in zip(pieces, weights):
+            acc += np.bincount(key, weights=w, minlength=rows * NBINS)
+    if narrow:
+        shift = 53 - (11 if flat.dtype.itemsize == 2 else 24)
+        return [(pieces[0].reshape(rows, NBINS), shift)]
+    return [(pieces[0].reshape(rows, NBINS), 27), (pieces[1].reshape(rows, NBINS), 0)]
 
 
-def _fold(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+def _fold(pieces: list[tuple[np.ndarray, int]]) -> np.ndarray:
     """Bins -> one Python int per row."""
-    totals = [0] * hi.shape[0]
-    for arr, shift in ((hi, 27), (lo, 0)):
+    rows = pieces[0][0].shape[0]
+    totals = [0] * rows
+    for arr, shift in pieces:
         r, k = np.nonzero(arr)
         for row, b, v in zip(r.tolist(), k.tolist(), arr[r, k].tolist()):
             totals[row] += int(v) << (b + shift)
-    out = np.empty(hi.shape[0], dtype=object)
+    out = np.empty(rows, dtype=object)
     out[:] = totals
     return out
 
@@ -127,7 +135,7 @@ def state_of(block, axes: tuple[int, ...]) -> ExactState:
     """The exact state of ``block`` reduced over ``axes`` (reduced axes dropped from the state's shape)."""
     x = _to_host(block)
     kept = [d for d in range(x.ndim) if d not in axes]
-    xt = np.transpose(x, kept + list(axes)).astype(np.float64, copy=False)
+    xt = np.transpose(x, kept + list(axes))
     kept_shape = tuple(x.shape[d] for d in kept)
     rows = math.prod(kept_shape)
     n = math.prod(x.shape[a] for a in axes)
@@ -150,7 +158,7 @@ def state_of(block, axes: tuple[int, ...]) -> ExactState:
         total = np.empty(kept_shape, dtype=object)
         total.fill(0)
     else:
-        total = _fold(*_bins(flat, rows, n)).reshape(kept_shape)
+        total = _fold(_bins(flat, rows, n)).reshape(kept_shape)
     return ExactState(total, nan, pinf, ninf, n)
 
 
