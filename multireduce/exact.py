@@ -1,0 +1,387 @@
+"""Exact (correctly rounded) sums, means and cumulative sums of floating-point arrays.
+
+Every finite float is ``mant * 2**(e - 53)`` with an integer ``|mant| < 2**53`` (``np.frexp``). A chunk's
+state is one Python integer per output, ``S`` with value ``S * 2**EBASE``: the exact sum of its finite
+elements, plus flags for NaN, +inf and -inf and the element count. States add exactly, so any chunking,
+tree fan-in, worker count or placement yields the same integer, and the result is rounded once
+(round-half-even) to the output dtype. Inf/NaN follow NumPy: NaN if any NaN or both infinities, else the
+infinity; a finite sum beyond the dtype's range rounds to inf.
+
+The per-chunk pass is vectorized: elements are binned by exponent with ``np.bincount``; each element
+contributes two pieces of at most 27 bits (float64 weights), so a bin's float sum stays an exact
+integer for up to ``_BATCH`` elements per call; bins are folded into the Python integer afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from ._validation import as_array, normalize_axes, normalize_scan_axis, requested_dtype
+
+EBASE = -1127  # value of bin k's unit: 2**(k + EBASE); frexp's exponent e maps to k = e + 1074
+NBINS = 2100  # e + 1074 spans 0..2098 for float64
+_BATCH = 1 << 25  # |piece| < 2**27, 2**25 pieces: bin sums < 2**52, exact in float64
+_SPLIT = float(2**27)
+
+
+def _fmt(dt: np.dtype) -> tuple[int, int]:
+    """(precision in bits, minimum normal exponent) of a float dtype."""
+    fi = np.finfo(dt)
+    return fi.nmant + 1, fi.minexp
+
+
+def round_exact(num: int, den: int, exp: int, dt: np.dtype) -> float:
+    """``num / den * 2**exp`` (den > 0) correctly rounded, half to even, to ``dt``, as a float64 that
+    ``dt`` represents exactly (or +-inf on overflow)."""
+    if num == 0:
+        return 0.0
+    p, emin = _fmt(dt)
+    sign = -1.0 if num < 0 else 1.0
+    num = abs(num)
+    # k = floor(log2(num / den)) + exp
+    k = num.bit_length() - den.bit_length()
+    if (num << max(0, -k)) < (den << max(0, k)):
+        k -= 1
+    k += exp
+    q = max(k - (p - 1), emin - (p - 1))  # the ulp's exponent (subnormals keep emin's ulp)
+    # m = num / den / 2**(q - exp), split into integer part and remainder
+    s = q - exp
+    n2, d2 = (num, den << s) if s >= 0 else (num << -s, den)
+    m, rem = divmod(n2, d2)
+    if 2 * rem > d2 or (2 * rem == d2 and m & 1):
+        m += 1
+    try:
+        value = math.ldexp(float(m), q)
+    except OverflowError:
+        return sign * math.inf
+    if value > float(np.finfo(dt).max):
+        return sign * math.inf
+    return sign * value
+
+
+@dataclass(frozen=True)
+class ExactState:
+    """Exact partial of a sum over some axes: ``total`` (object array of Python ints, value total * 2**EBASE),
+    ``nan``/``pinf``/``ninf`` flags (bool arrays of the same shape) and the element ``count`` per output."""
+
+    total: np.ndarray
+    nan: np.ndarray
+    pinf: np.ndarray
+    ninf: np.ndarray
+    count: int
+
+    def __add__(self, other: "ExactState") -> "ExactState":
+        return ExactState(
+            np.asarray(self.total + other.total, dtype=object),
+            self.nan | other.nan,
+            self.pinf | other.pinf,
+            self.ninf | other.ninf,
+            self.count + other.count,
+        )
+
+
+def _to_host(block):
+    if type(block).__module__.startswith("cupy"):
+        from .backends import cupy_exact
+
+        return cupy_exact.to_host(block)
+    return np.asarray(block)
+
+
+def _bins(flat: np.ndarray, rows: int, n: int) -> list[tuple[np.ndarray, int]]:
+    """Exact exponent-binned sums of ``flat`` (rows x n, C order, finite floats) as [(bins, shift)]: each
+    ``bins`` is (rows, NBINS) float64 holding integers; value = sum of bins[r, k] * 2**(k + shift + EBASE).
+    float16/32 mantissas fit 24 bits: one piece; float64's 53 bits: two pieces (27 high, 26-27 low)."""
+    narrow = flat.dtype.itemsize <= 4
+    pieces = [np.zeros(rows * NBINS) for _ in range(1 if narrow else 2)]
+    for start in range(0, flat.size, _BATCH):
+        part = flat[start : start + _BATCH]
+        m, e = np.frexp(part)
+        key = e.astype(np.int64) + 1074
+        if rows > 1:
+            key += (np.arange(start, start + part.size, dtype=np.int64) // n) * NBINS
+        if narrow:
+            weights = [m * part.dtype.type(2**11 if part.dtype.itemsize == 2 else 2**24)]  # exact integers
+        else:
+            mant = m * 9007199254740992.0  # 2**53: exact
+            h = np.floor(mant / _SPLIT)
+            weights = [h, mant - h * _SPLIT]
+        for acc, w in zip(pieces, weights):
+            acc += np.bincount(key, weights=w, minlength=rows * NBINS)
+    if narrow:
+        shift = 53 - (11 if flat.dtype.itemsize == 2 else 24)
+        return [(pieces[0].reshape(rows, NBINS), shift)]
+    return [(pieces[0].reshape(rows, NBINS), 27), (pieces[1].reshape(rows, NBINS), 0)]
+
+
+def _fold(pieces: list[tuple[np.ndarray, int]]) -> np.ndarray:
+    """Bins -> one Python int per row."""
+    rows = pieces[0][0].shape[0]
+    totals = [0] * rows
+    for arr, shift in pieces:
+        r, k = np.nonzero(arr)
+        for row, b, v in zip(r.tolist(), k.tolist(), arr[r, k].tolist()):
+            totals[row] += int(v) << (b + shift)
+    out = np.empty(rows, dtype=object)
+    out[:] = totals
+    return out
+
+
+def state_of(block, axes: tuple[int, ...]) -> ExactState:
+    """The exact state of ``block`` reduced over ``axes`` (reduced axes dropped from the state's shape)."""
+    x = _to_host(block)
+    kept = [d for d in range(x.ndim) if d not in axes]
+    xt = np.transpose(x, kept + list(axes))
+    kept_shape = tuple(x.shape[d] for d in kept)
+    rows = math.prod(kept_shape)
+    n = math.prod(x.shape[a] for a in axes)
+    flat = np.ascontiguousarray(xt).reshape(rows * n)
+    finite = np.isfinite(flat)
+    all_finite = bool(finite.all())
+    shaped = lambda a: a.reshape(kept_shape)  # noqa: E731
+    if all_finite:
+        false = np.zeros(kept_shape, dtype=bool)
+        nan = pinf = ninf = false
+    else:
+        grid = flat.reshape(rows, n)
+        nan = shaped(np.isnan(grid).any(axis=1))
+        pinf = shaped((grid == np.inf).any(axis=1))
+        ninf = shaped((grid == -np.inf).any(axis=1))
+        flat = np.where(finite, flat, 0.0)
+    if rows == 0:
+        total = np.empty(kept_shape, dtype=object)
+    elif n == 0:
+        total = np.empty(kept_shape, dtype=object)
+        total.fill(0)
+    else:
+        total = _fold(_bins(flat, rows, n)).reshape(kept_shape)
+    return ExactState(total, nan, pinf, ninf, n)
+
+
+def finish(state: ExactState, dt: np.dtype, mean: bool = False) -> np.ndarray:
+    """Round the state once to ``dt`` (divided exactly by the count for a mean)."""
+    out = np.empty(state.total.shape, dtype=np.float64)
+    den = state.count if mean else 1
+    flat_out = out.reshape(-1)
+    for i, (t, nan, pinf, ninf) in enumerate(
+        zip(state.total.reshape(-1), state.nan.reshape(-1), state.pinf.reshape(-1), state.ninf.reshape(-1))
+    ):
+        if nan or (pinf and ninf) or den == 0:
+            flat_out[i] = math.nan
+        elif pinf:
+            flat_out[i] = math.inf
+        elif ninf:
+            flat_out[i] = -math.inf
+        else:
+            flat_out[i] = round_exact(t, den, EBASE, dt)
+    return out.astype(dt)
+
+
+class _Commutative:
+    commutative = True
+    name = "exact-sum"
+
+
+class ExactSumPlan:
+    """The reduction contract of ``graph.reduction`` for exact sums and means: partials are ExactStates."""
+
+    op = _Commutative()
+
+    def __init__(self, axes: tuple[int, ...], out_dtype: np.dtype, keepdims: bool, mean: bool):
+        self.axes, self.out_dtype, self.keepdims, self.mean = axes, np.dtype(out_dtype), keepdims, mean
+        self.label = "exact-mean" if mean else "exact-sum"
+
+    def __dask_tokenize__(self):
+        return ("ExactSumPlan", self.axes, str(self.out_dtype), self.keepdims, self.mean)
+
+    def partial(self, *blocks) -> ExactState:
+        return self.combine(*(state_of(b, self.axes) for b in blocks))
+
+    def combine(self, *partials: ExactState) -> ExactState:
+        out = partials[0]
+        for p in partials[1:]:
+            out = out + p
+        return out
+
+    def aggregate(self, *partials: ExactState):
+        value = finish(self.combine(*partials), self.out_dtype, self.mean)
+        if self.keepdims:
+            value = np.expand_dims(value, self.axes)
+        return value
+
+    def whole(self, *blocks):
+        return self.aggregate(self.partial(*blocks))
+
+
+def _out_dtype(x_dtype: np.dtype, dtype, caller: str) -> np.dtype:
+    if x_dtype.kind != "f":
+        raise TypeError(f"{caller}: argument 'x' has dtype {x_dtype}; expected a floating-point dtype (float16/32/64)")
+    dt = requested_dtype(dtype, "f", caller)
+    dt = x_dtype if dt is None else dt
+    if dt.itemsize > 8:
+        raise TypeError(f"{caller}: argument 'dtype' is {dt}; expected float16, float32 or float64")
+    if x_dtype.itemsize > 8:
+        raise TypeError(f"{caller}: argument 'x' has dtype {x_dtype}; expected float16, float32 or float64")
+    return dt
+
+
+def _reduce(x, axis, dtype, keepdims, mean: bool, caller: str, split_every=None):
+    x, kind = as_array(x, caller)
+    if not isinstance(keepdims, (bool, np.bool_)):
+        raise TypeError(f"{caller}: argument 'keepdims' must be True or False; got {keepdims!r}")
+    out_dt = _out_dtype(np.dtype(x.dtype), dtype, caller)
+    axes = normalize_axes(axis, x.ndim, caller)
+    plan = ExactSumPlan(axes, out_dt, bool(keepdims), mean)
+    if kind.startswith("dask"):
+        from . import graph
+        from ._validation import fan_in
+
+        return graph.reduction(x, plan, fan_in(split_every, axes, caller))
+    if kind == "cupy":
+        from .backends import cupy_exact
+
+        return cupy_exact.reduce(x, plan)
+    value = plan.whole(x)
+    return value if value.ndim else value[()]
+
+
+def sum(x, axis=None, dtype=None, keepdims=False, split_every=None):  # noqa: A001 - mirrors np.sum
+    """The correctly rounded sum of ``x`` over ``axis``: the exact sum, rounded once (half to even) to
+    ``dtype`` (default: ``x``'s float dtype). Bitwise the same for any chunking, fan-in and placement."""
+    return _reduce(x, axis, dtype, keepdims, False, "exact.sum", split_every)
+
+
+def mean(x, axis=None, dtype=None, keepdims=False, split_every=None):
+    """The correctly rounded mean: exact sum / count, rounded once."""
+    return _reduce(x, axis, dtype, keepdims, True, "exact.mean", split_every)
+
+
+# -- cumulative sums ---------------------------------------------------------------------------------
+
+
+def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype) -> tuple[np.ndarray, ExactState]:
+    """Correctly rounded inclusive prefix sums of a 1-d float array, seeded with ``carry``; returns the
+    results and the state after the last element."""
+    v = values.astype(np.float64, copy=False)
+    m, e = np.frexp(np.where(np.isfinite(v), v, 0.0))
+    mant = np.ldexp(m, 53).astype(np.int64).tolist()
+    shifts = (e.astype(np.int64) + 1074).tolist()
+    total = int(carry.total[()]) if carry is not None else 0
+    nan = bool(carry.nan[()]) if carry is not None else False
+    pinf = bool(carry.pinf[()]) if carry is not None else False
+    ninf = bool(carry.ninf[()]) if carry is not None else False
+    out = np.empty(v.size, dtype=np.float64)
+    isnan, isp, isn = np.isnan(v).tolist(), (v == np.inf).tolist(), (v == -np.inf).tolist()
+    for i, (mi, si) in enumerate(zip(mant, shifts)):
+        total += mi << si
+        nan |= isnan[i]
+        pinf |= isp[i]
+        ninf |= isn[i]
+        if nan or (pinf and ninf):
+            out[i] = math.nan
+        elif pinf or ninf:
+            out[i] = math.inf if pinf else -math.inf
+        else:
+            out[i] = round_exact(total, 1, EBASE, dt)
+    state = ExactState(np.array(total, dtype=object), np.array(nan), np.array(pinf), np.array(ninf), 0)
+    return out.astype(dt), state
+
+
+def _cumsum_block(block, axis: int, dt: np.dtype, carry: np.ndarray | None = None):
+    """Exact cumsum of a NumPy block along ``axis``; ``carry``: object array of per-lane ExactStates."""
+    x = np.moveaxis(np.asarray(block), axis, -1)
+    out = np.empty(x.shape, dtype=dt)
+    lanes = x.reshape(-1, x.shape[-1]) if x.shape[-1] else x.reshape(-1, 0)
+    res = out.reshape(lanes.shape)
+    carries = carry.reshape(-1) if carry is not None else [None] * lanes.shape[0]
+    for i in range(lanes.shape[0]):
+        res[i], _ = _exact_scan_1d(lanes[i], carries[i], dt)
+    return np.moveaxis(out, -1, axis)
+
+
+def _lane_states(block, axis: int) -> np.ndarray:
+    """Per-lane exact totals of a block along ``axis``, as an object array of ExactStates."""
+    st = state_of(block, (axis,))
+    out = np.empty(st.total.shape, dtype=object)
+    for idx in np.ndindex(st.total.shape):
+        out[idx] = ExactState(
+            np.array(st.total[idx], dtype=object), np.array(st.nan[idx]), np.array(st.pinf[idx]), np.array(st.ninf[idx]), 0
+        )
+    return out
+
+
+def _add_lanes(*states: np.ndarray) -> np.ndarray:
+    out = np.empty(states[0].shape, dtype=object)
+    for idx in np.ndindex(out.shape):
+        acc = states[0][idx]
+        for s in states[1:]:
+            acc = acc + s[idx]
+        out[idx] = acc
+    return out
+
+
+def cumsum(x, axis=None, dtype=None):
+    """Inclusive cumulative sum whose every element is the correctly rounded exact prefix sum. ``axis=None``
+    flattens (as NumPy). Dask input: each chunk's exact totals are carried exactly to the chunks after it."""
+    caller = "exact.cumsum"
+    x, kind = as_array(x, caller)
+    dt = _out_dtype(np.dtype(x.dtype), dtype, caller)
+    if axis is None:
+        x = x.reshape(-1)
+        ax = 0
+    else:
+        ax = normalize_scan_axis(axis, x.ndim, caller)
+    if kind == "numpy":
+        return _cumsum_block(x, ax, dt)
+    if kind == "cupy":
+        from .backends import cupy_exact
+
+        return cupy_exact.cumsum(x, ax, dt)
+    import dask.array as da
+    from dask import delayed
+
+    blocks = x.to_delayed()
+    out_blocks = np.empty(blocks.shape, dtype=object)
+    for lane in np.ndindex(*(blocks.shape[:ax] + (1,) + blocks.shape[ax + 1 :])):
+        carry = None
+        for j in range(blocks.shape[ax]):
+            idx = lane[:ax] + (j,) + lane[ax + 1 :]
+            shape = tuple(x.chunks[d][idx[d]] for d in range(x.ndim))
+            scanned = delayed(_cumsum_block)(blocks[idx], ax, dt, carry)
+            out_blocks[idx] = da.from_delayed(scanned, shape, dtype=dt, meta=np.empty((0,) * x.ndim, dt))
+            total = delayed(_lane_states)(blocks[idx], ax)
+            carry = total if carry is None else delayed(_add_lanes)(carry, total)
+    return da.block(out_blocks.tolist())
+
+
+# -- float32 accumulation ----------------------------------------------------------------------------
+
+_WIDE_BLOCK = 1 << 16  # elements per float64 buffer along the axis: stays in cache, bounded extra memory
+
+
+def cumsum_wide(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Cumulative sum of a float16/float32 NumPy array accumulated in float64 and rounded to ``x``'s dtype:
+    bitwise ``np.cumsum(x, axis, dtype=float64).astype(x.dtype)`` (the carry enters each block's first
+    element, so the association order is the sequential one), without a full-size float64 temporary.
+    For ``numpy_backend``'s float32 cumsum (np.cumsum's bits remain available as the default/option)."""
+    if x.dtype.kind != "f" or x.dtype.itemsize >= 8:
+        raise TypeError(f"cumsum_wide: argument 'x' has dtype {x.dtype}; expected float16 or float32")
+    src = np.moveaxis(x, axis, -1)
+    out = np.empty(src.shape, dtype=x.dtype)
+    n = src.shape[-1]
+    carry = None
+    for start in range(0, n, _WIDE_BLOCK):
+        buf = src[..., start : start + _WIDE_BLOCK].astype(np.float64)
+        if carry is not None:
+            buf[..., 0] += carry
+        np.cumsum(buf, axis=-1, out=buf)
+        carry = buf[..., -1].copy()
+        out[..., start : start + _WIDE_BLOCK] = buf
+    return np.moveaxis(out, -1, axis)
+
+
+__all__ = ["cumsum_wide", "sum", "mean", "cumsum", "ExactState", "ExactSumPlan", "round_exact", "state_of", "finish"]

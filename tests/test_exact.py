@@ -1,0 +1,242 @@
+"""multireduce.exact: correctly rounded sums, means and cumsums against exact rational references."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+
+from multireduce import exact  # noqa: E402
+
+SIZES = [1, 2, 31, 33, 1023, 1025, 4097]
+FLOATS = [np.float16, np.float32, np.float64]
+
+
+def ref_round(value: Fraction, dt) -> float:
+    """``value`` correctly rounded (half to even) to ``dt``, found independently of multireduce: the two
+    neighbours of NumPy's cast of float(value), compared exactly."""
+    dt = np.dtype(dt)
+    top = np.finfo(dt).max
+    if abs(value) >= Fraction(float(top)) + Fraction(float(top) - float(np.nextafter(top, dt.type(0)))) / 2:
+        return math.copysign(math.inf, value)  # IEEE: overflow from half an ulp past the largest finite
+    with np.errstate(over="ignore"):
+        c = np.array(float(value)).astype(dt)
+    cands = [c, np.nextafter(c, dt.type(np.inf)), np.nextafter(c, dt.type(-np.inf))]
+    cands = [x for x in cands if np.isfinite(x)]
+    uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize]
+
+    def key(x):
+        return (abs(Fraction(float(x)) - value), int(np.array(x).view(uint)) & 1)
+
+    return float(min(cands, key=key))
+
+
+def exact_sum(x) -> Fraction:
+    return sum((Fraction(float(v)) for v in np.asarray(x).ravel()), Fraction(0))
+
+
+def data(rng, n, dt, kind):
+    if kind == "normal":
+        x = rng.standard_normal(n)
+    elif kind == "range":  # huge dynamic range with both signs
+        span = 12 if dt == np.float16 else 60
+        x = rng.standard_normal(n) * np.exp2(rng.integers(-span, span, n))
+    elif kind == "cancel":  # large terms that cancel, leaving small ones
+        big = rng.standard_normal(n // 2 + 1) * 1e4
+        x = np.concatenate([big, -big, rng.standard_normal(n) * 1e-3])[:n]
+        rng.shuffle(x)
+    else:
+        raise ValueError(kind)
+    x = x.astype(dt)
+    if dt == np.float16:
+        x = x[np.isfinite(x)]
+    return x
+
+
+def bits(a):
+    a = np.asarray(a)
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("kind", ["normal", "range", "cancel"])
+def test_sum_correctly_rounded(dt, kind):
+    rng = np.random.default_rng(abs(hash((str(dt), kind))) % 2**32)
+    for n in SIZES:
+        x = data(rng, n, dt, kind)
+        got = exact.sum(x)
+        assert got.dtype == x.dtype
+        assert float(got) == ref_round(exact_sum(x), dt), (n, kind)
+        if dt == np.float64:
+            assert float(got) == math.fsum(x)
+
+
+def test_sum_float32_to_float64_and_back():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1025).astype(np.float32)
+    assert exact.sum(x, dtype=np.float64) == math.fsum(x.astype(np.float64))
+    y = rng.standard_normal(1025) * 1e3
+    assert float(exact.sum(y, dtype=np.float32)) == ref_round(exact_sum(y), np.float32)
+
+
+def test_adversarial():
+    tiny = np.nextafter(0.0, 1.0)
+    cases = [
+        [1.0, 2.0**-53],  # exact tie: stays on the even 1.0
+        [1.0 + 2.0**-52, 2.0**-53],  # tie: rounds up to the even neighbour
+        [1.0, 2.0**-53, 2.0**-105],  # just over the tie
+        [1e308, 1e308, -1e308, -1e308, 1.0],  # an intermediate overflow that cancels
+        [2.0**1023, -(2.0**1023), tiny, tiny, -tiny],  # subnormal survivors
+        [tiny] * 1025,
+        [1e16, 1.0, -1e16, 3.0, 2.0**-1000],  # condition number far beyond 1e16
+        [-0.5 * tiny, 0.25],  # a value NumPy keeps in float64 only
+    ]
+    for c in cases:
+        x = np.array(c, dtype=np.float64)
+        x = x[np.isfinite(x)]
+        assert exact.sum(x) == ref_round(exact_sum(x), np.float64), c
+    assert exact.sum(np.array([2.0**1023] * 3)) == np.inf
+    assert exact.sum(np.array([-(2.0**1023)] * 3)) == -np.inf
+    h = np.array([65504.0, 16.0], dtype=np.float16)  # float16: 65520 is the tie that overflows
+    assert exact.sum(h) == np.inf and exact.sum(h).dtype == np.float16
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+def test_inf_nan_follow_numpy(dt):
+    rng = np.random.default_rng(5)
+    for specials in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf], [np.inf, np.inf, np.nan]):
+        for n in (1, 33, 1025):
+            x = rng.standard_normal(n).astype(dt)
+            pos = rng.choice(n + len(specials), len(specials), replace=False)
+            x = np.insert(x, np.sort(pos) - np.arange(len(specials)), specials).astype(dt)
+            with np.errstate(invalid="ignore"):
+                expect = np.sum(x)
+            got = exact.sum(x)
+            assert np.isnan(got) == np.isnan(expect) and (np.isnan(got) or got == expect), (specials, n)
+
+
+def test_axis_keepdims_and_input_untouched():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 33, 7)) * np.exp2(rng.integers(-40, 40, (5, 33, 7)))
+    before = x.copy()
+    for axis in (0, 1, 2, -1, (0, 2), (1, 2), None):
+        got = exact.sum(x, axis=axis, keepdims=True)
+        assert got.shape == np.sum(x, axis=axis, keepdims=True).shape
+        flat = exact.sum(x, axis=axis)
+        assert flat.shape == np.sum(x, axis=axis).shape
+        axes = tuple(range(3)) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+        moved = np.moveaxis(x, [a % 3 for a in axes], list(range(len(axes))))
+        lanes = moved.reshape(math.prod(moved.shape[: len(axes)]), -1)
+        ref = [math.fsum(lanes[:, j]) for j in range(lanes.shape[1])]
+        assert np.array_equal(np.ravel(flat), ref)
+    assert np.array_equal(x, before)
+
+
+def test_empty_and_mean():
+    assert exact.sum(np.zeros(0)) == np.sum(np.zeros(0))
+    assert exact.sum(np.ones((0, 3)), axis=0).shape == (3,)
+    rng = np.random.default_rng(11)
+    for dt in FLOATS:
+        for n in (1, 3, 31, 1025):
+            x = (rng.standard_normal(n) * 100).astype(dt)
+            ref = ref_round(exact_sum(x) / n, dt)
+            got = exact.mean(x)
+            assert float(got) == ref and got.dtype == dt
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(exact.mean(np.zeros(0)))
+
+
+def test_cumsum_every_prefix_correctly_rounded():
+    rng = np.random.default_rng(13)
+    for dt in FLOATS:
+        x = data(rng, 300, dt, "range") if dt != np.float16 else data(rng, 300, dt, "normal")
+        got = exact.cumsum(x)
+        assert got.dtype == dt and got.shape == x.shape
+        acc = Fraction(0)
+        for i, v in enumerate(x):
+            acc += Fraction(float(v))
+            assert float(got[i]) == ref_round(acc, dt), (dt, i)
+    x = np.array([1.0, np.inf, 2.0, -np.inf, 3.0, np.nan])
+    got = exact.cumsum(x)
+    with np.errstate(invalid="ignore"):
+        expect = np.cumsum(x)
+    assert np.array_equal(got, expect, equal_nan=True)
+    m = rng.standard_normal((4, 37))
+    for axis in (0, 1):
+        got = exact.cumsum(m, axis=axis)
+        lanes = np.moveaxis(m, axis, -1)
+        ref = np.array([[math.fsum(l[: i + 1]) for i in range(l.size)] for l in lanes])
+        assert np.array_equal(np.moveaxis(got, axis, -1), ref)
+    assert np.array_equal(exact.cumsum(m), exact.cumsum(m.ravel()))
+
+
+@pytest.mark.parametrize("chunks", [1, 7, 100, 1025, (3, 500, 22, 500)])
+def test_dask_sum_bitwise_across_chunkings(chunks):
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal(1025) * np.exp2(rng.integers(-80, 80, 1025))
+    d = da.from_array(x, chunks=chunks)
+    ref = exact.sum(x)
+    for split_every in (2, 3, 16):
+        got = exact.sum(d, split_every=split_every).compute()
+        assert bits(got) == bits(ref)
+    assert bits(exact.mean(d).compute()) == bits(exact.mean(x))
+    assert np.array_equal(bits(exact.cumsum(d).compute()), bits(exact.cumsum(x)))
+
+
+def test_dask_axes_and_2d_cumsum():
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((33, 31)) * 1e8
+    d = da.from_array(x, chunks=(10, 7))
+    for axis in (0, 1, None, (0, 1)):
+        for keepdims in (False, True):
+            assert np.array_equal(bits(exact.sum(d, axis=axis, keepdims=keepdims).compute()),
+                                  bits(exact.sum(x, axis=axis, keepdims=keepdims)))
+    for axis in (0, 1):
+        assert np.array_equal(bits(exact.cumsum(d, axis=axis).compute()), bits(exact.cumsum(x, axis=axis)))
+
+
+def test_distributed_worker_counts():
+    distributed = pytest.importorskip("distributed")
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal(4097) * np.exp2(rng.integers(-100, 100, 4097))
+    ref = exact.sum(x)
+    for workers in (1, 2):
+        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=False,
+                                      scheduler_port=0, dashboard_address="127.0.0.1:0") as cluster:
+            with distributed.Client(cluster) as client:
+                for chunks in (64, 1000):
+                    d = da.from_array(x, chunks=chunks)
+                    got = client.compute(exact.sum(d, split_every=4)).result()
+                    assert bits(got) == bits(ref)
+
+
+def test_bad_input_raises():
+    with pytest.raises(TypeError, match="argument 'x'.*floating"):
+        exact.sum(np.arange(5))
+    with pytest.raises(TypeError, match="argument 'dtype'"):
+        exact.sum(np.ones(3), dtype=np.int32)
+    with pytest.raises(TypeError, match="keepdims"):
+        exact.sum(np.ones(3), keepdims=1)
+    with pytest.raises(np.exceptions.AxisError):
+        exact.sum(np.ones(3), axis=1)
+    with pytest.raises(TypeError, match="argument 'x'.*floating"):
+        exact.cumsum(np.arange(5))
+
+
+@pytest.mark.parametrize("dt", [np.float16, np.float32])
+def test_cumsum_wide_is_float64_cumsum_rounded(dt, monkeypatch):
+    monkeypatch.setattr(exact, "_WIDE_BLOCK", 64)  # many blocks, so the carries are exercised
+    rng = np.random.default_rng(29)
+    for shape, axis in (((1025,), 0), ((7, 333), 1), ((333, 5), 0)):
+        x = (rng.standard_normal(shape) + 0.1).astype(dt)
+        got = exact.cumsum_wide(x, axis)
+        ref = np.cumsum(x, axis=axis, dtype=np.float64).astype(dt)
+        assert got.dtype == dt and np.array_equal(bits(got), bits(ref))
+    big = (rng.standard_normal(100_000) + 0.1).astype(np.float32)
+    err_wide = np.abs(exact.cumsum_wide(big).astype(np.float64) - np.cumsum(big, dtype=np.float64)).max()
+    err_plain = np.abs(np.cumsum(big).astype(np.float64) - np.cumsum(big, dtype=np.float64)).max()
+    assert err_wide < err_plain
