@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _validation as v
 from . import dtypes as _dt
+from . import exact as _exact
 from .core import ReductionPlan, ScanPlan
 from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, on_registry_change
 
@@ -237,6 +238,23 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         return plan(x)
 
 
+def _wants_exact(x, dtype, exact, caller: str) -> bool:
+    """``exact=True`` on floating data (requested or given): the exact path. Integer sums are exact anyway."""
+    if not v.check_flag(exact, "exact", caller):
+        return False
+    if dtype is not None:
+        return v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller).kind == "f"
+    kind = getattr(getattr(x, "dtype", None), "kind", None) or np.asarray(x).dtype.kind
+    return kind == "f"
+
+
+def _exact_now_or_lazy(result, compute, caller: str):
+    if not v.check_flag(compute, "compute", caller) or not v.is_dask_array(result):
+        return result
+    value = np.asarray(result.compute())
+    return value[()] if value.ndim == 0 else value
+
+
 # ------------------------------------------------------------------------------------------------
 # Docstrings: one text per shared parameter, in NumPy's style
 # ------------------------------------------------------------------------------------------------
@@ -269,6 +287,10 @@ _PARAMETERS = {
     For a Dask array: False (default) returns a lazy Dask array; True returns the result now, on the
     client, as NumPy (a whole reduction of a persisted array then runs where its chunks are, without a
     task graph). Other input is computed now in any case.""",
+    "exact": """exact : bool, optional
+    True: the correctly rounded result (the exact sum, rounded once, half to even), bitwise the same for
+    NumPy, CuPy and Dask input with any chunking, fan-in, worker count or placement
+    (``multireduce.exact``, docs/numerics.md). Integer input is exact either way.""",
 }
 
 
@@ -301,9 +323,13 @@ def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, spli
                       compute=compute)
 
 
-@_doc("Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64).", _REDUCTION,
-      _REDUCED)
-def sum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
+@_doc("Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64).",
+      _REDUCTION + ("exact",), _REDUCED)
+def sum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
+        exact=False):
+    if _wants_exact(x, dtype, exact, "multireduce.sum"):
+        return _exact_now_or_lazy(_exact.sum(x, axis, dtype, keepdims, split_every=split_every), compute,
+                                  "multireduce.sum")
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.sum", compute=compute)
 
 
@@ -325,8 +351,12 @@ def max(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm
 
 
 @_doc("Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32; a narrow "
-      "``dtype=`` sums in that type and divides as NumPy does).", _REDUCTION, _REDUCED)
-def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
+      "``dtype=`` sums in that type and divides as NumPy does).", _REDUCTION + ("exact",), _REDUCED)
+def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
+         exact=False):
+    if _wants_exact(x, dtype, exact, "multireduce.mean"):
+        return _exact_now_or_lazy(_exact.mean(x, axis, dtype, keepdims, split_every=split_every), compute,
+                                  "multireduce.mean")
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.mean",
                       mean=True, label="mean", compute=compute)
 
@@ -341,8 +371,10 @@ def scan(x, op: str | Operator, axis=None, dtype=None, *, inclusive=True, split_
     return _scan(x, op, axis, dtype, inclusive, algorithm, caller="multireduce.scan", split_every=split_every)
 
 
-@_doc("Cumulative sum, as ``numpy.cumsum``.", _SCAN, _SCANNED)
-def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto"):
+@_doc("Cumulative sum, as ``numpy.cumsum``.", _SCAN + ("exact",), _SCANNED)
+def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", exact=False):
+    if _wants_exact(x, dtype, exact, "multireduce.cumsum"):
+        return _exact.cumsum(x, axis, dtype)
     return _scan(x, "sum", axis, dtype, True, algorithm, caller="multireduce.cumsum", label="cumsum",
                  split_every=split_every)
 

@@ -240,3 +240,22 @@ def test_cumsum_wide_is_float64_cumsum_rounded(dt, monkeypatch):
     err_wide = np.abs(exact.cumsum_wide(big).astype(np.float64) - np.cumsum(big, dtype=np.float64)).max()
     err_plain = np.abs(np.cumsum(big).astype(np.float64) - np.cumsum(big, dtype=np.float64)).max()
     assert err_wide < err_plain
+
+
+def test_exact_keyword_of_the_api_matches_the_exact_module_and_is_chunking_independent():
+    import dask.array as da
+
+    import multireduce as mr
+
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(10_007) * 10.0 ** rng.integers(-12, 12, 10_007)).astype(np.float64)
+    ref = math.fsum(x.tolist())
+    assert mr.sum(x, exact=True) == ref
+    bits = {float(mr.sum(da.from_array(x, chunks=c), exact=True, compute=True)) for c in (7, 1000, 4096)}
+    assert bits == {ref}
+    assert float(mr.mean(x, exact=True)) == float(mr.exact.mean(x))
+    np.testing.assert_array_equal(mr.cumsum(x[:300], exact=True), mr.exact.cumsum(x[:300]))
+    # integers are exact anyway: the plain path, NumPy's dtype
+    assert mr.sum(np.arange(10, dtype=np.int32), exact=True) == 45
+    with pytest.raises(TypeError, match="argument 'exact'"):
+        mr.sum(x, exact=1)
