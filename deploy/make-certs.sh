@@ -10,8 +10,8 @@ dir=${1:?usage: deploy/make-certs.sh DIR [HOST ...]}; shift || true
 dir=${dir%/}
 cadir=${MR_CA_DIR:-$dir-ca}
 command -v openssl >/dev/null || { echo "make-certs.sh needs openssl" >&2; exit 2; }
-case "$(cd "$(dirname "$cadir")" 2>/dev/null && pwd)/$(basename "$cadir")/" in
-  "$(mkdir -p "$dir" && cd "$dir" && pwd)/"*) echo "MR_CA_DIR must not be inside $dir" >&2; exit 2;;
+case "$(realpath -m "$cadir")/" in  # DIR is what gets copied to nodes: the CA key must not ride along
+  "$(realpath -m "$dir")/"*) echo "MR_CA_DIR ($cadir) must not be inside $dir" >&2; exit 2;;
 esac
 umask 077; mkdir -p "$dir" "$cadir"
 san="DNS:localhost,IP:127.0.0.1"
