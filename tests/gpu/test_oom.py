@@ -23,9 +23,9 @@ def nearly_full_gpu():
     host = np.random.default_rng(5).standard_normal(N).astype(np.float32)
     x = cupy.asarray(host)
     free, _ = cupy.cuda.runtime.memGetInfo()
-    filler = cupy.empty(max(free - x.nbytes // 4, 0), dtype=cupy.uint8)
-    yield host, x, filler
-    del filler
+    hold = [cupy.empty(max(free - x.nbytes // 4, 0), dtype=cupy.uint8)]  # a list: the test can let it go
+    yield host, x, hold
+    hold.clear()
     pool.free_all_blocks()
 
 
@@ -34,14 +34,13 @@ def _recover_and_check(host, x, filler_holder):
     cupy.get_default_memory_pool().free_all_blocks()
     got = cupy.asnumpy(mr.cumsum(x))
     ref = np.cumsum(host.astype(np.float64))
-    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-2 * np.sqrt(np.arange(1, N + 1)).max())
+    # float32 running sums of N normals: the error grows like sqrt(N) * eps * |partial sums|
+    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * np.sqrt(N) * np.abs(ref).max())
     assert np.isclose(float(mr.sum(x, compute=True)), host.astype(np.float64).sum(), rtol=1e-4, atol=1.0)
 
 
 def test_guard_names_array_and_gpu_then_recovers(nearly_full_gpu):
-    host, x, filler = nearly_full_gpu
-    hold = [filler]
-    del filler
+    host, x, hold = nearly_full_gpu
     with pytest.raises(GPUOutOfMemoryError) as info:
         with gpu_memory_guard(x, "a scan"):
             mr.cumsum(x)
@@ -54,9 +53,7 @@ def test_guard_names_array_and_gpu_then_recovers(nearly_full_gpu):
 
 def test_api_raises_the_clear_error_then_recovers(nearly_full_gpu):
     """Needs gpu_memory_guard wired into core (ReductionPlan._chunk, ScanPlan.scan_block, the eager path)."""
-    host, x, filler = nearly_full_gpu
-    hold = [filler]
-    del filler
+    host, x, hold = nearly_full_gpu
     with pytest.raises(GPUOutOfMemoryError, match="float32"):
         mr.cumsum(x)
     _recover_and_check(host, x, hold)
