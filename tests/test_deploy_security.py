@@ -210,3 +210,15 @@ def test_local_cluster_listens_on_loopback_only():
         _assert_loopback_only(socks)
         addrs = list(cluster.scheduler_info["workers"])
         assert len(addrs) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in addrs)
+
+
+def test_kubernetes_workers_bind_the_pod_address_and_loopback_dashboard():
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "workers.yaml").read_text()) if d]
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--host") + 1] == "$(POD_IP)"
+    assert args[args.index("--dashboard-address") + 1].startswith("127.0.0.1:")
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
