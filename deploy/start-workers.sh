@@ -14,18 +14,21 @@ if [ "$kind" = auto ]; then
   fi
 fi
 log="$MR_RUN_DIR/workers-$node.log"
+# workers and nannies bind only this interface (dask's default would be every interface)
+whost=${MR_WORKER_HOST_OVERRIDE:-$("$MR_PYTHON" -m multireduce.deploy worker-host "$MR_CONFIG")} || exit 2
+listen=(--host "$whost" --dashboard-address "$MR_WORKER_DASHBOARD")
 if [ "$kind" = gpu ]; then
   extra=()
   [ -n "$MR_RMM_POOL_SIZE" ] && extra+=(--rmm-pool-size "$MR_RMM_POOL_SIZE")
   [ -n "$MR_DEVICE_MEMORY_LIMIT" ] && extra+=(--device-memory-limit "$MR_DEVICE_MEMORY_LIMIT")
   [ "$MR_ENABLE_SPILLING" = 0 ] && extra+=(--device-memory-limit 0)
   setsid "$MR_PYTHON" -m dask cuda worker --scheduler-file "$MR_SCHEDULER_FILE" --name "$node" \
-    --memory-limit "$MR_MEMORY_LIMIT" --nthreads "$MR_NTHREADS" ${extra[@]+"${extra[@]}"} $(mr_tls_args worker) \
+    --memory-limit "$MR_MEMORY_LIMIT" --nthreads "$MR_NTHREADS" "${listen[@]}" ${extra[@]+"${extra[@]}"} $(mr_tls_args worker) \
     > "$log" 2>&1 < /dev/null &
 else
   n=$MR_NWORKERS; [ "$n" = auto ] && n=1
   setsid "$MR_PYTHON" -m dask worker --scheduler-file "$MR_SCHEDULER_FILE" --name "$node" --nworkers "$n" \
-    --nthreads "$MR_NTHREADS" --memory-limit "$MR_MEMORY_LIMIT" --dashboard-address 127.0.0.1:0 \
+    --nthreads "$MR_NTHREADS" --memory-limit "$MR_MEMORY_LIMIT" "${listen[@]}" \
     $(mr_tls_args worker) > "$log" 2>&1 < /dev/null &
 fi
 echo $! > "$MR_RUN_DIR/workers-$node.pid"

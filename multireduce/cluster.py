@@ -29,6 +29,9 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, **kwarg
     """A LocalCUDACluster with one worker per GPU (``gpu=None``: when GPUs and dask-cuda exist), otherwise
     a CPU LocalCluster. Ports default to 0 and the dashboard to a free loopback port, so several clusters
     never collide. Extra keyword arguments go to the cluster class."""
+    # host binds the scheduler and every worker and nanny the cluster starts to loopback (the default would
+    # bind workers to every interface); pass host= to open it on purpose
+    kwargs.setdefault("host", "127.0.0.1")
     kwargs.setdefault("scheduler_port", 0)
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     have_gpus = gpu_count() > 0

@@ -30,7 +30,7 @@ DEFAULTS = {
             "scheduler_key": "certs/scheduler-key.pem", "worker_cert": "certs/worker.pem",
             "worker_key": "certs/worker-key.pem", "client_cert": "certs/client.pem",
             "client_key": "certs/client-key.pem"},
-    "workers": {"kind": "auto", "nworkers": "auto", "nthreads": 1, "memory_limit": "auto",
+    "workers": {"host": "", "dashboard": "127.0.0.1:0", "kind": "auto", "nworkers": "auto", "nthreads": 1, "memory_limit": "auto",
                 "rmm_pool_size": "", "device_memory_limit": "", "enable_spilling": True},
     "run": {"dir": "run"},
 }
@@ -43,8 +43,11 @@ class ConfigError(ValueError):
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
+    """True only for an address that cannot be reached from another machine. "" and the wildcards
+    ("0.0.0.0", "::") mean *every* interface to a listener, so they are not loopback."""
+    if not isinstance(host, str) or not host.strip():
+        return False
+    host = host.strip().strip("[]")
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -78,12 +81,29 @@ def load(path: str | os.PathLike) -> dict:
         cfg[section][key] = str((path.parent / Path(value).expanduser()).resolve()) if value else ""
     enabled = cfg["tls"]["enabled"]
     loopback = is_loopback(str(cfg["scheduler"]["host"]))
-    if enabled not in ("auto", True, False):
+    # compare types: 1 == True and 0 == False in Python, so `1 in (True,)` would let 1/0 through
+    if not (type(enabled) is bool or (type(enabled) is str and enabled == "auto")):
         raise ConfigError(f"config file {path}: [tls] enabled must be \"auto\", true or false; got {enabled!r}")
     if enabled is False and not loopback:
         raise ConfigError(f"config file {path}: TLS cannot be switched off for the non-loopback scheduler address "
                           f"{cfg['scheduler']['host']!r}; use \"auto\" or true")
     cfg["tls"]["on"] = bool(enabled is True or (enabled == "auto" and not loopback))
+    for key in ("host", "dashboard"):
+        if not isinstance(cfg["workers"][key], str):
+            raise ConfigError(f"config file {path}: [workers] {key} must be a string; got {cfg['workers'][key]!r}")
+    # listeners bind only the interface the file names: workers and nannies on a loopback scheduler stay on
+    # loopback; otherwise "" means "the interface that routes to the scheduler", found on each node
+    if not cfg["workers"]["host"] and loopback:
+        cfg["workers"]["host"] = "127.0.0.1"
+    wildcard = ("", "0.0.0.0", "::", "[::]")
+    if cfg["workers"]["host"] in wildcard[1:] or cfg["scheduler"]["host"] in wildcard:
+        raise ConfigError(f"config file {path}: a wildcard address binds every interface; name one in "
+                          f"[scheduler] host and [workers] host (got {cfg['scheduler']['host']!r}, "
+                          f"{cfg['workers']['host']!r})")
+    dash_host = cfg["workers"]["dashboard"].rpartition(":")[0]
+    if dash_host.strip("[]") in wildcard:
+        raise ConfigError(f"config file {path}: [workers] dashboard {cfg['workers']['dashboard']!r} binds every "
+                          "interface; give host:port, e.g. \"127.0.0.1:0\"")
     cfg["config_file"] = str(path)
     return cfg
 
@@ -132,6 +152,8 @@ def shell_env(cfg: dict) -> str:
         "MR_SCHEDULER_FILE": cfg["scheduler"]["scheduler_file"],
         "MR_TLS": int(cfg["tls"]["on"]),
         "MR_RUN_DIR": cfg["run"]["dir"],
+        "MR_WORKER_HOST": cfg["workers"]["host"],
+        "MR_WORKER_DASHBOARD": cfg["workers"]["dashboard"],
         "MR_WORKER_KIND": cfg["workers"]["kind"],
         "MR_NWORKERS": cfg["workers"]["nworkers"],
         "MR_NTHREADS": cfg["workers"]["nthreads"],
@@ -146,17 +168,28 @@ def shell_env(cfg: dict) -> str:
     return "\n".join(f"{k}={shlex.quote(str(v))}" for k, v in out.items())
 
 
+def route_source(host: str, port: int) -> str:
+    """This node's address on the interface that routes to ``host`` (a UDP connect sends no packet)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, int(port) or 9))
+        return s.getsockname()[0]
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 2 or argv[0] not in ("env", "address"):
-        print("usage: python -m multireduce.deploy {env|address} CONFIG", file=sys.stderr)
+    if len(argv) != 2 or argv[0] not in ("env", "address", "worker-host"):
+        print("usage: python -m multireduce.deploy {env|address|worker-host} CONFIG", file=sys.stderr)
         return 2
     try:
         cfg = load(argv[1])
     except ConfigError as exc:
         print(f"multireduce.deploy: {exc}", file=sys.stderr)
         return 2
-    print(shell_env(cfg) if argv[0] == "env" else scheduler_address(cfg))
+    if argv[0] == "worker-host":
+        print(cfg["workers"]["host"] or route_source(cfg["scheduler"]["host"], cfg["scheduler"]["port"]))
+    else:
+        print(shell_env(cfg) if argv[0] == "env" else scheduler_address(cfg))
     return 0
 
 
