@@ -15,6 +15,7 @@ import numpy as np
 from . import _validation as v
 from . import dtypes as _dt
 from . import exact as _exact
+from .errors import gpu_memory_guard
 from .core import ReductionPlan, ScanPlan
 from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, on_registry_change
 
@@ -166,7 +167,7 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
         whole = plans[0].whole_reducer(x)
         if whole is not None:
             _whole_reducers[(type(x), caller, op_arg, x.dtype)] = whole
-    with _run_device(kind, x):
+    with _run_device(kind, x), gpu_memory_guard(x, caller):
         for plan in plans:
             x = plan(x)
         if len(plans) > 1 and not keepdims:
@@ -234,7 +235,7 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         from . import graph, placement
 
         return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=False))
-    with _run_device(kind, x):
+    with _run_device(kind, x), gpu_memory_guard(x, caller):
         return plan(x)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends import backend_for
+from .errors import gpu_memory_guard
 from .operators import Operator
 
 
@@ -44,7 +45,8 @@ class ReductionPlan:
 
     def _chunk(self, block) -> Partial:
         backend = backend_for(block)
-        value = backend.reduce(block, self.op, self.axes, self.acc_dtype, self.algorithm)
+        with gpu_memory_guard(block, f"{self.label} of a chunk"):
+            value = backend.reduce(block, self.op, self.axes, self.acc_dtype, self.algorithm)
         return Partial(value, math.prod(block.shape[a] for a in self.axes))
 
     def partial(self, *blocks) -> Partial:
@@ -146,8 +148,9 @@ class ScanPlan:
         carry = None
         if carries is not None and index > 0:
             carry = carries[(slice(None),) * self.axis + (slice(index - 1, index),)]
-        return backend.scan(block, self.op, self.axis, self.acc_dtype, self.out_dtype, carry,
-                            self.inclusive, self.algorithm)
+        with gpu_memory_guard(block, f"{self.label} of a chunk"):
+            return backend.scan(block, self.op, self.axis, self.acc_dtype, self.out_dtype, carry,
+                                self.inclusive, self.algorithm)
 
     def __call__(self, x):
         return self.scan_block(x)
