@@ -71,49 +71,38 @@ struct LookbackState {
 };
 
 // Warp 0 only. Returns the fold of every element before ``tile`` (carry-in included) in all lanes.
-// Deterministic: the association order never depends on which predecessors happened to have published.
-// Tiles are grouped in windows of 32 aligned at the row's first tile; only a window's last tile
-// publishes a PREFIX (``publishes_prefix``), every other tile only its AGGREGATE. Tile t waits for the
-// AGGREGATEs of the tiles of its own window before it and for the PREFIX of the tile just before its
-// window (the row's carry-in for the first window), and folds them with one fixed 32-lane tree whose
-// shape depends on t's place in its window only. By induction every PREFIX, and so every output, is the
-// same bits on every run. Cost: window ends form a chain of one wait per 32 tiles (the plain look-back
-// also waits for its nearest PREFIX), and no tile reads further back than 32 tiles.
-__device__ __forceinline__ bool publishes_prefix(index_t tile_in_row) { return tile_in_row % kWarp == kWarp - 1; }
-
+// A window of 32 predecessors is read at once; only the tiles nearer than the nearest PREFIX in it
+// are waited for (a slower tile further back does not hold this one up).
 template <class Acc, class Op>
 __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row_first_tile, Acc row_carry,
                          Acc identity, Op op) {
   const int lane = threadIdx.x % kWarp;
-  const index_t anchor = row_first_tile + ((tile - row_first_tile) / kWarp) * kWarp;
-  const int stop = static_cast<int>(tile - anchor);  // lane of tile anchor - 1, whose PREFIX ends the fold
-  const index_t j = tile - 1 - lane;                  // lane 0 is the nearest tile
-  Acc v = identity;
-  unsigned status = kStatusAggregate;
-  if (lane < stop) {
-    status = st.poll(j, &v);
-  } else if (lane == stop) {
-    if (j < row_first_tile) {
-      v = row_carry;
-      status = kStatusPrefix;
-    } else {
-      status = st.poll(j, &v);
+  Acc exclusive = identity;
+  for (index_t newest = tile - 1;; newest -= kWarp) {
+    const index_t j = newest - lane;  // lane 0 is the nearest tile
+    const bool before_row = j < row_first_tile;
+    Acc v = row_carry;
+    unsigned status = before_row ? static_cast<unsigned>(kStatusPrefix) : st.poll(j, &v);
+    unsigned prefix_lanes;
+    for (unsigned backoff = 32;; backoff = backoff < 512 ? backoff * 2 : backoff) {
+      prefix_lanes = __ballot_sync(kFullMask, status == kStatusPrefix);
+      const unsigned needed = prefix_lanes ? ((prefix_lanes & (0u - prefix_lanes)) << 1) - 1u : kFullMask;
+      const unsigned missing = __ballot_sync(kFullMask, status == kStatusNone) & needed;
+      if (!missing) break;
+      __nanosleep(backoff);  // spinning warps would otherwise crowd L2
+      if ((missing >> lane) & 1u) status = st.poll(j, &v);
     }
-  }
-  for (unsigned backoff = 32;; backoff = backoff < 512 ? backoff * 2 : backoff) {
-    const bool waiting = (lane < stop && status == kStatusNone) || (lane == stop && status != kStatusPrefix);
-    const unsigned missing = __ballot_sync(kFullMask, waiting);
-    if (!missing) break;
-    __nanosleep(backoff);  // spinning warps would otherwise crowd L2
-    if (waiting) status = st.poll(j, &v);
-  }
-  // lanes hold tiles newest-first: fold with the higher (older) lane on the left
+    const int stop = prefix_lanes ? __ffs(prefix_lanes) - 1 : kWarp;
+    if (lane > stop) v = identity;
+    // lanes hold tiles newest-first: fold with the higher (older) lane on the left
 #pragma unroll
-  for (int offset = 1; offset < kWarp; offset <<= 1) {
-    Acc older = shfl_down(v, offset);
-    if (lane + offset < kWarp) v = op(older, v);
+    for (int offset = 1; offset < kWarp; offset <<= 1) {
+      Acc older = shfl_down(v, offset);
+      if (lane + offset < kWarp) v = op(older, v);
+    }
+    exclusive = op(shfl_idx(v, 0), exclusive);
+    if (prefix_lanes) return exclusive;
   }
-  return shfl_idx(v, 0);
 }
 
 // ---- asynchronous global -> shared copies (sm_80+; a plain copy through registers before) ---------
@@ -240,15 +229,15 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG
   if (t < kWarp) {
     const Acc row_carry = carry_in ? carry_in[row] : identity;
     Acc before;
-    if (t == 0 && tile_in_row + 1 < tiles_per_row) st.publish(tile, aggregate, kStatusAggregate);
     if (tile_in_row == 0) {
       before = row_carry;
     } else {
+      if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
       before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
     }
     if (t == 0) {
       Acc through = op(before, aggregate);
-      if (tile_in_row + 1 < tiles_per_row && publishes_prefix(tile_in_row)) st.publish(tile, through, kStatusPrefix);
+      if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
       tile_exclusive = before;
     }
   }

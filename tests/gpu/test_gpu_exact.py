@@ -29,6 +29,14 @@ def test_exact_sum_gpu_equals_cpu_bits(dtype, n):
     assert np.array_equal(bits(cupy.asnumpy(c)), bits(exact.cumsum(x[:2000])))
 
 
+_NOT_YET_DETERMINISTIC = pytest.mark.xfail(
+    strict=False,
+    reason="the window-anchored look-back (32-tile windows, only window ends publish a prefix) made scans "
+           "27-73 % slower on an H200 (2026-11-22: float32 0.59 x copy vs 0.81, int32->int64 0.22 vs 0.75) and "
+           "was reverted; a cheaper anchoring is open work (issue 15)")
+
+
+@_NOT_YET_DETERMINISTIC
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [(1 << 22) + 17, 1 << 24])
 def test_lookback_scan_is_bitwise_repeatable(dtype, n):
@@ -44,6 +52,7 @@ def test_lookback_scan_is_bitwise_repeatable(dtype, n):
         assert np.array_equal(bits(cupy.asnumpy(mr.cumsum(x))), first_bits)
 
 
+@_NOT_YET_DETERMINISTIC
 def test_lookback_rows_are_repeatable():
     rng = np.random.default_rng(9)
     x = cupy.asarray(rng.standard_normal((3, (1 << 20) + 5)).astype(np.float32))
