@@ -2,9 +2,17 @@
 
 Both builders take ``groups``, a function that splits the ordered list of input chunk keys feeding one
 output (a reduction's output block, or a scan's lane) into ordered groups; one task reduces a whole
-group. The default makes contiguous runs of ``split_every`` chunks; the multi-GPU layer groups by the
-worker that holds each chunk, so the task count follows the number of groups, not of chunks. Groups
-must keep order (concatenated, they give the input order back) for non-commutative operators.
+group. The default gives each chunk its own group, so a lazy input streams: no task holds more than
+one input chunk (as in ``dask.array``'s own reductions), and the partials, a few bytes each, meet in
+a tree of fan-in ``split_every``. The multi-GPU layer groups a persisted array's chunks by the worker
+that holds them (``placement``), so the task count follows the number of workers, not of chunks:
+that is only for data already in memory. Groups must keep order (concatenated, they give the input
+order back) for non-commutative operators.
+
+Contract (other plan classes are written against it): ``reduction(x, plan, split_every, groups)``
+takes any plan with ``partial(*blocks)``, ``combine(*partials)``, ``aggregate(*partials)``,
+``whole(*blocks)`` and the attributes ``axes``, ``keepdims``, ``out_dtype``, ``label`` and
+``op.commutative``.
 """
 
 from __future__ import annotations
@@ -93,7 +101,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
 
     Where ``groups`` knows which worker holds each chunk (``groups.holder``), each partial task prefers
     the worker holding its group."""
-    groups = groups or contiguous_groups(split_every)
+    groups = groups or contiguous_groups(1)
     holder = getattr(groups, "holder", None)
     token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     label = plan.label
@@ -158,7 +166,7 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     output written once. With ``groups.holder``, totals and scan tasks prefer the worker holding their
     chunks, so every output chunk is made where its input lives.
     """
-    groups = groups or contiguous_groups(split_every)
+    groups = groups or contiguous_groups(1)
     holder = getattr(groups, "holder", None)
     token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     label = plan.label
@@ -191,9 +199,13 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
                 placed_totals[key] = holder[group[0]]
             total_keys.append(key)
         if len(total_keys) <= FOLD_TOTALS_UP_TO:
-            # few groups (one per GPU, say): every scan task folds the totals itself, a stage less
+            # few groups (one per GPU, say): every scan task folds the totals itself, a stage less.
+            # It waits only for the totals before its chunk, so chunk 0 is scanned at once and a lazy
+            # input's chunks are released as they are scanned instead of all waiting for the last total
+            starts = [0, *itertools.accumulate(len(g) for g in grouped)][:-1]
             for i, idx in enumerate(index):
-                scans[(name, *idx)] = (plan.scan_block_from_totals, (x.name, *idx), i, *total_keys)
+                before = total_keys[: sum(1 for st in starts if st < i)]  # the groups reaching chunk i - 1
+                scans[(name, *idx)] = (plan.scan_block_from_totals, (x.name, *idx), i, *before)
             continue
         carries_key = (carries_name, *lane)
         carries[carries_key] = (plan.carries, *total_keys)
