@@ -121,3 +121,34 @@ def test_retired_worker(cluster, client):  # last: the cluster keeps one worker 
     victim = next(iter(placement.holders(x, client).values()))
     client.retire_workers([victim], close_workers=False, remove=True)
     _check_sum(x, ref)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lazy inputs stream: a memory-limited cluster smaller than the array
+# ------------------------------------------------------------------------------------------------
+def _chunk_inputs(array, input_name: str, prefix: str) -> list[int]:
+    """For each task of ``array`` whose key starts with ``prefix``: how many input chunks it reads."""
+    counts = []
+    for key, task in dict(array.__dask_graph__()).items():
+        name = key[0] if isinstance(key, tuple) else key
+        if isinstance(name, str) and name.startswith(prefix):
+            deps = getattr(task, "dependencies", None)
+            if deps is None:  # a tuple task
+                deps = [a for a in task[1:] if isinstance(a, tuple)]
+            counts.append(sum(1 for d in deps if isinstance(d, tuple) and d[0] == input_name))
+    return counts
+
+
+def test_lazy_inputs_stream_on_a_memory_limited_cluster():
+    # 48 chunks of 8 MB (384 MB) on 4 workers of 200 MB: only a streaming graph fits
+    with distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=True, memory_limit="200MB",
+                                  scheduler_port=0, dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster, \
+            distributed.Client(cluster) as client:
+        x = da.random.default_rng(11).standard_normal(48 * 2**20, chunks=2**20)
+        total, scanned = mr.sum(x), mr.cumsum(x)
+        assert set(_chunk_inputs(total, x.name, "sum-partial")) == {1}
+        assert set(_chunk_inputs(scanned, x.name, "cumsum-totals")) == {1}
+        ref_total, ref_scan = client.compute([x.sum(), da.cumsum(x)[::2**16].sum()], sync=True)
+        got_total, got_scan = client.compute([total, mr.sum(scanned[::2**16])], sync=True)
+        assert np.isclose(got_total, ref_total, rtol=1e-9, atol=1e-6)
+        assert np.isclose(got_scan, ref_scan, rtol=1e-9, atol=1e-3)
