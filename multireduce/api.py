@@ -185,8 +185,8 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
                              "axis=None; call x.compute_chunk_sizes() first or pass an axis")
         x = x.reshape(-1)
     if kind.startswith("dask"):
-        # scan totals are concatenated in chunk order: contiguous runs per worker
-        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=False))
+        # one totals task per worker holding chunks: each chunk's total is kept, so order survives any placement
+        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=True))
     with _run_device(kind, x):
         return plan(x)
 

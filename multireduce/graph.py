@@ -190,27 +190,29 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
             continue
         keys = [(x.name, *idx) for idx in index[:-1]]
         grouped = groups(keys)
-        _check_groups(keys, grouped, ordered=True)  # totals are concatenated in chunk order
+        _check_groups(keys, grouped, ordered=False)  # the layout below puts every chunk's total in place
+        position = {k: i for i, k in enumerate(keys)}
+        layout = [tuple(position[k] for k in group) for group in grouped]
         total_keys = []
         for g, group in enumerate(grouped):
             key = (totals_name, *lane, g)
-            totals[key] = (plan.totals, *group)
+            totals[key] = (_host_totals, plan, *group)
             if holder is not None:
                 placed_totals[key] = holder[group[0]]
             total_keys.append(key)
         if len(total_keys) <= FOLD_TOTALS_UP_TO:
             # few groups (one per GPU, say): every scan task folds the totals itself, a stage less.
-            # It waits only for the totals before its chunk, so chunk 0 is scanned at once and a lazy
-            # input's chunks are released as they are scanned instead of all waiting for the last total
-            starts = [0, *itertools.accumulate(len(g) for g in grouped)][:-1]
+            # It waits only for the groups holding chunks before its own, so chunk 0 is scanned at once
+            # and a lazy input's chunks are released as they are scanned
             for i, idx in enumerate(index):
-                before = total_keys[: sum(1 for st in starts if st < i)]  # the groups reaching chunk i - 1
-                scans[(name, *idx)] = (plan.scan_block_from_totals, (x.name, *idx), i, *before)
+                used = [g for g, pos in enumerate(layout) if min(pos) < i]
+                scans[(name, *idx)] = (_scan_from_totals, plan, (x.name, *idx), i, tuple(layout[g] for g in used),
+                                       *(total_keys[g] for g in used))
             continue
         carries_key = (carries_name, *lane)
-        carries[carries_key] = (plan.carries, *total_keys)
+        carries[carries_key] = (_carries_in_order, plan, tuple(layout), *total_keys)
         for i, idx in enumerate(index):
-            scans[(name, *idx)] = (plan.scan_block, (x.name, *idx), carries_key, i)
+            scans[(name, *idx)] = (_scan_seeded, plan, (x.name, *idx), carries_key, i)
 
     stages = []
     if totals:
@@ -219,6 +221,53 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
         stages.append((carries_name, carries, None))
     stages.append((name, scans, placed_scans))
     return _array(x, stages, x.chunks, plan.out_dtype)
+
+
+def _host(value):
+    """Small results (partials, totals, carries) cross workers as host memory: a 0-d or per-chunk
+    device array would go through CUDA serialization and a device copy on the receiving GPU."""
+    if type(value).__module__.startswith("cupy"):
+        return value.get()
+    return value
+
+
+def _like(block, value):
+    """``value`` (host) in the memory ``block`` lives in."""
+    if type(block).__module__.startswith("cupy") and not type(value).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.asarray(value)
+    return value
+
+
+def _host_totals(plan: ScanPlan, *blocks):
+    """A group's per-chunk totals (one entry per chunk, in the group's order), on the host."""
+    return _host(plan.totals(*blocks))
+
+
+def _carries_in_order(plan: ScanPlan, layout, *totals):
+    """The carries of chunks 0..k in chunk order, from per-group totals whose chunk positions are
+    ``layout`` (a worker's chunks need not be contiguous: with round-robin placement they never are).
+    Every chunk keeps its own total, so the fold is in chunk order even for non-commutative operators."""
+    axis = plan.axis
+    by_position = {}
+    for positions, total in zip(layout, totals):
+        for offset, pos in enumerate(positions):
+            by_position[pos] = total[(slice(None),) * axis + (slice(offset, offset + 1),)]
+    prefix = itertools.takewhile(lambda p: p in by_position, itertools.count())  # chunks 0..k all present
+    return plan.carries(*(by_position[p] for p in prefix))
+
+
+def _scan_seeded(plan: ScanPlan, block, carries, index: int):
+    return plan.scan_block(block, _like(block, carries) if index > 0 else None, index)
+
+
+def _scan_from_totals(plan: ScanPlan, block, index: int, layout, *totals):
+    """Scan chunk ``index`` seeded from the totals of the groups holding chunks before it."""
+    if index == 0:
+        return plan.scan_block(block, None, 0)
+    carries = _carries_in_order(plan, layout, *totals)
+    return plan.scan_block(block, _like(block, carries), index)
 
 
 def graph_depth(array: da.Array) -> int:

@@ -18,7 +18,7 @@ distributed = pytest.importorskip("distributed")
 import multireduce as mr  # noqa: E402
 from multireduce import graph, placement  # noqa: E402
 
-from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold  # noqa: E402
+from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold, sequential_scan  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,8 @@ def test_scan_outputs_are_made_where_inputs_live(client):
     distributed.wait(out)
     holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
-    assert graph.task_count(mr.cumsum(d), "cumsum-totals") == _runs(holder, keys[:-1]) > 1
+    # one totals task per worker holding any of chunks 0..n-2, however interleaved
+    assert graph.task_count(mr.cumsum(d), "cumsum-totals") == len({holder[k] for k in keys[:-1]}) == 3
     # before anything gathers the result (which copies chunks to one worker)
     graph_in, graph_out = d.__dask_graph__(), out.__dask_graph__()
     where_in = client.who_has([graph_in[k] for k in keys])
@@ -121,3 +122,19 @@ def test_worker_killed_mid_reduction_recomputes():
         victim = sorted(c.scheduler_info()["workers"])[0]
         os.kill(c.run(os.getpid)[victim], signal.SIGKILL)  # a crash, not a clean shutdown
         assert future.result(timeout=120) == x.sum()
+
+
+@pytest.mark.parametrize("owners", [[0, 1, 2, 0, 1, 2, 0, 1, 2, 0], [1, 1, 1, 0, 0, 0, 2, 2, 2, 2],
+                                    [2, 0, 0, 0, 0, 0, 0, 1, 0, 0]])
+def test_noncommutative_scan_keeps_order_whatever_the_placement(client, owners):
+    """Round-robin, contiguous and uneven: one totals task per worker, each keeping its chunks' own
+    totals, and the scan of a non-commutative operator in chunk order."""
+    op = matmul_operator()
+    m = random_matrices(np.random.default_rng(sum(owners)), 10 * 33)
+    d, _ = _spread(client, m, 33, owners)
+    holder = placement.holders(d, client)
+    keys = placement.chunk_keys(d)
+    lazy = mr.scan(d, op)
+    assert graph.task_count(lazy, "scan-matmul2x2-totals") == len({holder[k] for k in keys[:-1]})
+    got = client.compute(lazy).result()
+    np.testing.assert_array_equal(got, sequential_scan(m))
