@@ -108,6 +108,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     partial_name, combine_name, name = (f"{label}-{stage}-{token}" for stage in ("partial", "combine", "aggregate"))
     axes, ndim = plan.axes, x.ndim
     kept = [d for d in range(ndim) if d not in axes]
+    on_device = type(x._meta).__module__.startswith("cupy")  # the result's chunk type follows the input's
 
     partials: dict = {}
     combines: dict = {}
@@ -131,7 +132,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         level = []
         for g, group in enumerate(grouped):
             key = (partial_name, *kept_index, g)
-            partials[key] = (plan.partial, *group)
+            partials[key] = (_host_partial, plan, *group)
             if holder is not None:
                 placed[key] = holder[group[0]]
             level.append(key)
@@ -143,7 +144,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
                 combines[key] = (plan.combine, *level[j : j + split_every])
                 nxt.append(key)
             level, depth = nxt, depth + 1
-        finals[(name, *out_index)] = (plan.aggregate, *level)
+        finals[(name, *out_index)] = (_aggregate_on, plan, on_device, *level)
 
     if plan.keepdims:
         chunks = tuple((1,) if d in axes else x.chunks[d] for d in range(ndim))
@@ -234,6 +235,24 @@ def _host(value):
 def _like(block, value):
     """``value`` (host) in the memory ``block`` lives in."""
     if type(block).__module__.startswith("cupy") and not type(value).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.asarray(value)
+    return value
+
+
+def _host_partial(plan, *blocks):
+    """A group's partial with its value on the host: the combine tree and the aggregate then move a few
+    bytes between workers and run on the host (every operator has a CPU implementation)."""
+    from .core import Partial
+
+    partial = plan.partial(*blocks)
+    return Partial(_host(partial.value), partial.count)
+
+
+def _aggregate_on(plan, on_device: bool, *partials):
+    value = plan.aggregate(*partials)
+    if on_device and not type(value).__module__.startswith("cupy"):
         import cupy
 
         return cupy.asarray(value)
