@@ -139,7 +139,7 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
 
 def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
     for i, plan in enumerate(plans):
-        groups = placement.grouping_for(x, op.commutative) if i == 0 else None
+        groups = placement.grouping_for(x, True) if i == 0 else None  # the graph restores chunk order
         x = graph.reduction(x, plan, fan_in, groups)
     return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
 
@@ -148,7 +148,7 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
     """``compute=True`` on a Dask array: the result on the client, in host memory (NumPy). A whole
     reduction of a persisted array is reduced where its chunks are (``direct``); anything else computes
     the graph."""
-    value = direct.reduce_persisted(x, plans[0]) if len(plans) == 1 else None
+    value = direct.reduce_persisted(x, plans[0], fan_in) if len(plans) == 1 else None
     if value is None:
         value = _lazy_reduction(x, plans, keepdims, axes, fan_in, op).compute()
         if type(value).__module__.startswith("cupy"):

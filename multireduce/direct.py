@@ -33,6 +33,7 @@ from dask.utils import parse_timedelta
 
 from . import placement
 from .core import Partial, ReductionPlan
+from .graph import fold_in_order
 
 
 def _to_host(value):
@@ -56,14 +57,15 @@ def reduce_held_groups(plan: ReductionPlan, assignments: dict, dask_worker=None)
         except KeyError as exc:
             raise ChunkMissing(f"{dask_worker.address} does not hold {exc}") from None
         holder_device = getattr(getattr(blocks[0], "data", None), "device_id", None)
+        # each chunk's own partial, folded on the client in the graph's tree: the same bits as the graph
         if holder_device is not None:  # CuPy: run on the GPU that holds the chunks
             import cupy
 
             with cupy.cuda.Device(holder_device):
-                partial = plan.partial(*blocks)
+                partials = [plan.partial(b) for b in blocks]
         else:
-            partial = plan.partial(*blocks)
-        out.append((index, Partial(_to_host(partial.value), partial.count)))
+            partials = [plan.partial(b) for b in blocks]
+        out.append((index, [Partial(_to_host(p.value), p.count) for p in partials]))
     return out
 
 
@@ -94,7 +96,7 @@ async def _run_while_alive(client, plan, assignments: dict, interval: float):
             raise WorkerGone(f"a worker of {sorted(assignments)} left the cluster")
 
 
-def reduce_persisted(x, plan: ReductionPlan):
+def reduce_persisted(x, plan: ReductionPlan, split_every: int = 16):
     """The reduction of all of ``x`` now, from the workers holding its chunks; None where the graph must
     be computed instead (see the module docstring)."""
     if len(plan.axes) != x.ndim or x.npartitions == 0:
@@ -106,7 +108,7 @@ def reduce_persisted(x, plan: ReductionPlan):
     if holder is None:
         return None
     keys = placement.chunk_keys(x)
-    groups = placement.by_worker(holder, plan.op.commutative)(keys)
+    groups = placement.by_worker(holder, True)(keys)  # one group per worker: chunk order is restored below
     assignments: dict[str, list] = {}
     for index, group in enumerate(groups):
         assignments.setdefault(holder[group[0]], []).append((index, group))
@@ -115,7 +117,12 @@ def reduce_persisted(x, plan: ReductionPlan):
         replies = client.sync(_run_while_alive, client, plan, assignments, interval)
     except _placement_errors():
         return None  # the graph recomputes what moved or was lost
-    partials = sorted((p for reply in replies.values() for p in reply), key=lambda ip: ip[0])
-    if len(partials) != len(groups):
+    by_group = dict(p for reply in replies.values() for p in reply)
+    if len(by_group) != len(groups):
         return None
-    return plan.aggregate(*(p for _, p in partials))
+    position = {k: i for i, k in enumerate(keys)}
+    ordered = [None] * len(keys)
+    for index, group in enumerate(groups):
+        for k, p in zip(group, by_group[index]):
+            ordered[position[k]] = p
+    return fold_in_order(plan, split_every, ordered)

@@ -122,13 +122,34 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
             for reduced_index in itertools.product(*(range(x.numblocks[d]) for d in axes))
         ]
         grouped = groups(keys)
-        _check_groups(keys, grouped, ordered=not plan.op.commutative)
+        _check_groups(keys, grouped, ordered=False)  # every chunk's partial is put back in chunk order
+        position = {k: i for i, k in enumerate(keys)}
         out_index = _block_index(ndim, fixed) if plan.keepdims else kept_index
-        if len(grouped) == 1:  # one group (one GPU, or one chunk): reduce and finalize in one task
-            finals[(name, *out_index)] = (plan.whole, *grouped[0])
+        if len(keys) == 1:  # one chunk: reduce and finalize in one task
+            finals[(name, *out_index)] = (plan.whole, *keys)
             if holder is not None:
-                placed_finals[(name, *out_index)] = holder[grouped[0][0]]
+                placed_finals[(name, *out_index)] = holder[keys[0]]
             continue
+        if any(len(group) > 1 for group in grouped):
+            # groups of chunks held by one worker: each task returns its chunks' own partials (host
+            # values, a few bytes each) and one task folds them in chunk order with the tree every path
+            # uses, so the bits do not depend on the placement
+            layout = tuple(tuple(position[k] for k in group) for group in grouped)
+            if len(grouped) == 1:
+                finals[(name, *out_index)] = (_whole_in_order, plan, on_device, split_every, *grouped[0])
+                if holder is not None:
+                    placed_finals[(name, *out_index)] = holder[grouped[0][0]]
+                continue
+            level = []
+            for g, group in enumerate(grouped):
+                key = (partial_name, *kept_index, g)
+                partials[key] = (_chunk_partials, plan, *group)
+                if holder is not None:
+                    placed[key] = holder[group[0]]
+                level.append(key)
+            finals[(name, *out_index)] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
+            continue
+        grouped = sorted(grouped, key=lambda group: position[group[0]])  # one chunk each: the tree's order
         level = []
         for g, group in enumerate(grouped):
             key = (partial_name, *kept_index, g)
@@ -250,13 +271,41 @@ def _host_partial(plan, *blocks):
     return Partial(_host(partial.value), partial.count)
 
 
-def _aggregate_on(plan, on_device: bool, *partials):
-    value = plan.aggregate(*partials)
+def fold_in_order(plan, split_every: int, partials):
+    """Per-chunk partials, in chunk order, through the tree the lazy graph builds (contiguous combines of
+    ``split_every`` while more remain, then the aggregate): one shape for a given chunk count, so the
+    graph, the eager path and every placement give the same bits."""
+    level = list(partials)
+    while len(level) > split_every:
+        level = [plan.combine(*level[j : j + split_every]) for j in range(0, len(level), split_every)]
+    return plan.aggregate(*level)
+
+
+def _chunk_partials(plan, *blocks):
+    """Each chunk's own partial (host values), in the group's order."""
+    return [_host_partial(plan, b) for b in blocks]
+
+
+def _device(on_device: bool, value):
     if on_device and not type(value).__module__.startswith("cupy"):
         import cupy
 
         return cupy.asarray(value)
     return value
+
+
+def _whole_in_order(plan, on_device: bool, split_every: int, *blocks):
+    return _device(on_device, fold_in_order(plan, split_every, _chunk_partials(plan, *blocks)))
+
+
+def _aggregate_layout(plan, on_device: bool, split_every: int, layout, *groups):
+    by_position = {pos: p for positions, group in zip(layout, groups) for pos, p in zip(positions, group)}
+    ordered = [by_position[i] for i in range(len(by_position))]
+    return _device(on_device, fold_in_order(plan, split_every, ordered))
+
+
+def _aggregate_on(plan, on_device: bool, *partials):
+    return _device(on_device, plan.aggregate(*partials))
 
 
 def _host_totals(plan: ScanPlan, *blocks):
@@ -318,4 +367,4 @@ def task_count(array: da.Array, prefix: str) -> int:
     return sum(1 for k in array.__dask_graph__() if (k[0] if isinstance(k, tuple) else k).startswith(prefix))
 
 
-__all__ = ["reduction", "scan", "contiguous_groups", "graph_depth", "task_count"]
+__all__ = ["reduction", "scan", "contiguous_groups", "fold_in_order", "graph_depth", "task_count"]

@@ -66,7 +66,8 @@ def test_noncommutative_groups_are_runs(client):
     lazy = mr.reduce(d, op)
     holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
-    assert graph.task_count(lazy, "matmul2x2-partial") == _runs(holder, keys) > 1
+    # one partial task per worker, each keeping its chunks' own partials for the ordered fold
+    assert graph.task_count(lazy, "matmul2x2-partial") == len(set(holder.values())) == 3 < _runs(holder, keys)
     assert int(client.compute(lazy).result()) == sequential_fold(m)
 
 
@@ -138,3 +139,21 @@ def test_noncommutative_scan_keeps_order_whatever_the_placement(client, owners):
     assert graph.task_count(lazy, "scan-matmul2x2-totals") == len({holder[k] for k in keys[:-1]})
     got = client.compute(lazy).result()
     np.testing.assert_array_equal(got, sequential_scan(m))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bits_do_not_depend_on_placement_or_path(client, dtype):
+    """The same array and chunking give the same bits lazily, persisted anywhere, and eagerly."""
+    x = (np.random.default_rng(5).standard_normal(37 * 1025) * 1e3).astype(dtype)
+    lazy = da.from_array(x, chunks=1025)
+    want = {"sum": mr.sum(lazy, split_every=4).compute(), "mean": mr.mean(lazy, split_every=4).compute(),
+            "cumsum": mr.cumsum(lazy).compute()}
+    for owners in ([i % 3 for i in range(37)], [i * 3 // 37 for i in range(37)], [0] * 30 + [1] * 7, [2] * 37):
+        d, _ = _spread(client, x, 1025, owners)
+        for how in ("graph", "eager"):
+            s = mr.sum(d, split_every=4, compute=True) if how == "eager" else mr.sum(d, split_every=4).compute()
+            m = mr.mean(d, split_every=4, compute=True) if how == "eager" else mr.mean(d, split_every=4).compute()
+            assert s.tobytes() == want["sum"].tobytes(), (owners, how)
+            assert m.tobytes() == want["mean"].tobytes(), (owners, how)
+        assert mr.cumsum(d).compute().tobytes() == want["cumsum"].tobytes(), owners
+    assert np.isclose(want["sum"], x.astype(np.float64).sum(), rtol=1e-5)
