@@ -58,35 +58,15 @@ def _block_index(ndim: int, fixed: dict[int, int]) -> tuple[int, ...]:
     return tuple(fixed.get(d, 0) for d in range(ndim))
 
 
-class _WorkerOf:
-    """Per-key ``workers`` annotation: the worker that holds a task's inputs (a preference only).
-
-    Dask's graph optimisation drops layer annotations (seen with dask 2026.7.1), so the scheduler sees
-    them only for ``persist/compute(..., optimize_graph=False)``; otherwise placement rests on data
-    locality, which decides for chunks of more than a few MB (a GPU's chunks) since moving one costs
-    more than any imbalance."""
-
-    def __init__(self, placed: dict):
-        self.placed = placed
-
-    def __call__(self, key):
-        return [self.placed[key]]
-
-
-def _layer(tasks: dict, placed: dict | None = None) -> MaterializedLayer:
-    if placed:
-        return MaterializedLayer(tasks, annotations={"workers": _WorkerOf(placed), "allow_other_workers": True})
-    return MaterializedLayer(tasks, annotations={})
-
-
 def _array(x: da.Array, stages: list[tuple[str, dict, dict | None]], chunks, dtype) -> da.Array:
-    """A dask array from ``stages`` (layer name, tasks, placement), each depending on ``x`` and the
-    stages before it; the last stage is the array's own layer."""
+    """A dask array from ``stages`` (layer name, tasks), each depending on ``x`` and the stages before
+    it; the last stage is the array's own layer. No ``workers`` annotations: Dask's graph optimisation
+    drops them (dask 2026.7), and data locality already runs a group's task where its chunks are."""
     base = x.__dask_graph__()
     layers, deps = dict(base.layers), dict(base.dependencies)
     before = set(x.__dask_layers__())
-    for name, tasks, placed in stages:
-        layers[name] = _layer(tasks, placed)
+    for name, tasks in stages:
+        layers[name] = MaterializedLayer(tasks)
         deps[name] = set(before)
         before.add(name)
     name = stages[-1][0]
@@ -99,10 +79,8 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     fan-in ``split_every`` over the group partials, one ``aggregate`` task per output block that combines
     the last level and finalizes (every stage costs a scheduler round trip, milliseconds on a cluster).
 
-    Where ``groups`` knows which worker holds each chunk (``groups.holder``), each partial task prefers
-    the worker holding its group."""
+    Groups of chunks held by one worker (``placement``) run there by data locality."""
     groups = groups or contiguous_groups(1)
-    holder = getattr(groups, "holder", None)
     token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     label = plan.label
     partial_name, combine_name, name = (f"{label}-{stage}-{token}" for stage in ("partial", "combine", "aggregate"))
@@ -113,8 +91,6 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     partials: dict = {}
     combines: dict = {}
     finals: dict = {}
-    placed: dict = {}
-    placed_finals: dict = {}
     for kept_index in itertools.product(*(range(x.numblocks[d]) for d in kept)):
         fixed = dict(zip(kept, kept_index))
         keys = [
@@ -127,8 +103,6 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         out_index = _block_index(ndim, fixed) if plan.keepdims else kept_index
         if len(keys) == 1:  # one chunk: reduce and finalize in one task
             finals[(name, *out_index)] = (plan.whole, *keys)
-            if holder is not None:
-                placed_finals[(name, *out_index)] = holder[keys[0]]
             continue
         if any(len(group) > 1 for group in grouped):
             # groups of chunks held by one worker: each task returns its chunks' own partials (host
@@ -137,15 +111,11 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
             layout = tuple(tuple(position[k] for k in group) for group in grouped)
             if len(grouped) == 1:
                 finals[(name, *out_index)] = (_whole_in_order, plan, on_device, split_every, *grouped[0])
-                if holder is not None:
-                    placed_finals[(name, *out_index)] = holder[grouped[0][0]]
                 continue
             level = []
             for g, group in enumerate(grouped):
                 key = (partial_name, *kept_index, g)
                 partials[key] = (_chunk_partials, plan, *group)
-                if holder is not None:
-                    placed[key] = holder[group[0]]
                 level.append(key)
             finals[(name, *out_index)] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
             continue
@@ -154,8 +124,6 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         for g, group in enumerate(grouped):
             key = (partial_name, *kept_index, g)
             partials[key] = (_host_partial, plan, *group)
-            if holder is not None:
-                placed[key] = holder[group[0]]
             level.append(key)
         depth = 0
         while len(level) > split_every:  # the last level is folded into the aggregate task
@@ -171,10 +139,10 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         chunks = tuple((1,) if d in axes else x.chunks[d] for d in range(ndim))
     else:
         chunks = tuple(x.chunks[d] for d in kept)
-    stages = [(partial_name, partials, placed)] if partials else []
+    stages = [(partial_name, partials)] if partials else []
     if combines:
-        stages.append((combine_name, combines, None))
-    stages.append((name, finals, placed_finals if len(placed_finals) == len(finals) else None))
+        stages.append((combine_name, combines))
+    stages.append((name, finals))
     return _array(x, stages, chunks, plan.out_dtype)
 
 
@@ -185,11 +153,10 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     of chunks 0..n-2; one ``carries`` task scanning those totals; one ``scan`` task per chunk, seeded
     with its carry. With at most ``FOLD_TOTALS_UP_TO`` groups the scan tasks fold the totals themselves
     and there is no carries task. Depth 3 whatever the number of chunks, no rechunking, each input read twice and each
-    output written once. With ``groups.holder``, totals and scan tasks prefer the worker holding their
-    chunks, so every output chunk is made where its input lives.
+    output written once. Totals and scan tasks run by data locality where their chunks are, so every
+    output chunk is made where its input lives.
     """
     groups = groups or contiguous_groups(1)
-    holder = getattr(groups, "holder", None)
     token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     label = plan.label
     totals_name, carries_name, name = f"{label}-totals-{token}", f"{label}-carries-{token}", f"{label}-{token}"
@@ -200,13 +167,9 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     totals: dict = {}
     carries: dict = {}
     scans: dict = {}
-    placed_totals: dict = {}
-    placed_scans: dict = {}
     for lane in itertools.product(*(range(x.numblocks[d]) for d in others)):
         fixed = dict(zip(others, lane))
         index = [_block_index(ndim, {**fixed, axis: i}) for i in range(n)]
-        if holder is not None:
-            placed_scans.update({(name, *idx): holder[(x.name, *idx)] for idx in index})
         if n == 1:
             scans[(name, *index[0])] = (plan.scan_block, (x.name, *index[0]))
             continue
@@ -219,8 +182,6 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
         for g, group in enumerate(grouped):
             key = (totals_name, *lane, g)
             totals[key] = (_host_totals, plan, *group)
-            if holder is not None:
-                placed_totals[key] = holder[group[0]]
             total_keys.append(key)
         if len(total_keys) <= FOLD_TOTALS_UP_TO:
             # few groups (one per GPU, say): every scan task folds the totals itself, a stage less.
@@ -238,10 +199,10 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
 
     stages = []
     if totals:
-        stages.append((totals_name, totals, placed_totals))
+        stages.append((totals_name, totals))
     if carries:
-        stages.append((carries_name, carries, None))
-    stages.append((name, scans, placed_scans))
+        stages.append((carries_name, carries))
+    stages.append((name, scans))
     return _array(x, stages, x.chunks, plan.out_dtype)
 
 
