@@ -1,11 +1,16 @@
-"""multireduce vs dask.array on a LocalCUDACluster, side by side in one run, for 1, 2, 4 GPUs.
+"""multireduce vs dask.array on a LocalCUDACluster (or, with ``--cpu``, a CPU LocalCluster with NumPy
+chunks, tiny sizes, to check the script anywhere), side by side in one run, for 1, 2, 4 workers.
 
-    python benchmarks/multigpu.py [--gpus 1,2,4] [--per-gpu-gib 8,32] [--chunk-mib 256,1024] [--repeats 5]
+    python benchmarks/multigpu.py --quick          # the lead's 4 x H200 run, <= 6 minutes
+    python benchmarks/multigpu.py [--gpus 1,2,4] [--per-gpu-gib 8,32] [--chunk-log2 26,28] [--repeats 5]
+    python benchmarks/multigpu.py --cpu            # a smoke run on the CPU
 
-Data: float32, generated on the workers' GPUs (random, never zeros) and persisted as CuPy chunks.
-Times are wall-clock from the client call until the result (sum: a scalar on the client; cumsum: the
-output persisted on the workers), median of repeats after one warm-up. GB/s = bytes that must move:
-a sum reads the array once; a cumsum reads and writes it.
+Data: float32, generated on the workers (random, never zeros) and persisted twice: with Dask's own
+placement and contiguous (worker w holds the w-th run of chunks). Times are wall-clock from the client
+call until the result (sum: a scalar on the client; cumsum: the output persisted on the workers),
+median of repeats after one warm-up; a repetition starts only after the scheduler has released the
+previous result's keys. Beside each row, one extra repetition's task stream: tasks, transfers (count,
+bytes) and the wall time outside any task. Writes docs/bench_multigpu_latest.{md,json} (and $OUT).
 """
 
 from __future__ import annotations
@@ -15,20 +20,64 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def _make_block(seed, block_info=None):
-    import cupy
-
     loc = block_info[None]["chunk-location"][0]
-    rng = cupy.random.default_rng(seed + loc)
-    return rng.random(block_info[None]["chunk-shape"], dtype=cupy.float32) - 0.5
+    shape = block_info[None]["chunk-shape"]
+    try:
+        import cupy
+
+        return cupy.random.default_rng(seed + loc).random(shape, dtype=cupy.float32) - 0.5
+    except ImportError:
+        return np.random.default_rng(seed + loc).random(shape, dtype=np.float32) - 0.5
+
+
+def _make_host_block(seed, block_info=None):
+    loc = block_info[None]["chunk-location"][0]
+    return np.random.default_rng(seed + loc).random(block_info[None]["chunk-shape"], dtype=np.float32) - 0.5
+
+
+def wait_released(client, names, timeout=30.0):
+    """Until the scheduler holds no key of ``names`` (so a repetition is not served from memory)."""
+    names = [str(n) for n in names]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        held = client.run_on_scheduler(
+            lambda dask_scheduler, names=names: any(any(n in str(k) for n in names) for k in dask_scheduler.tasks))
+        if not held:
+            return
+        time.sleep(0.01)
+
+
+def breakdown(stream, wall: float) -> dict:
+    """Tasks, transfers and the time outside any task from a task stream."""
+    computes, transfers, nbytes = [], 0, 0
+    for t in stream:
+        for ss in t.get("startstops", ()):
+            if ss["action"] == "compute":
+                computes.append((ss["start"], ss["stop"]))
+            elif ss["action"] == "transfer":
+                transfers += 1
+        nbytes += t.get("nbytes", 0) if any(ss["action"] == "transfer" for ss in t.get("startstops", ())) else 0
+    covered, end = 0.0, None
+    for start, stop in sorted(computes):
+        if end is None or start > end:
+            covered += stop - start
+            end = stop
+        elif stop > end:
+            covered += stop - end
+            end = stop
+    return dict(tasks=len(stream), transfers=transfers, transfer_bytes=int(nbytes),
+                outside_tasks_ms=max(wall - covered, 0.0) * 1e3)
 
 
 def timed(fn, repeats):
@@ -45,128 +94,201 @@ def timed(fn, repeats):
     return statistics.median(times)
 
 
+def persist_placed(client, x, contiguous: bool):
+    """``x`` persisted with Dask's placement, or contiguous runs of chunks per worker."""
+    import dask.array as da
+    import distributed
+
+    if not contiguous:
+        y = client.persist(x)
+        distributed.wait(y)
+        return y
+    workers = sorted(client.scheduler_info()["workers"])
+    n = x.numblocks[0]
+    runs = [(w, n * i // len(workers), n * (i + 1) // len(workers)) for i, w in enumerate(workers)]
+    parts = [client.persist(x.blocks[lo:hi], workers=[w]) for w, lo, hi in runs if hi > lo]
+    y = client.persist(da.concatenate(parts))
+    distributed.wait(y)
+    return y
+
+
 def main(argv=None):
-    import cupy
     import dask.array as da
     import distributed
 
     import multireduce as mr
-    from multireduce.cluster import gpu_count, local_cluster
 
     p = argparse.ArgumentParser()
+    p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster with NumPy chunks, tiny sizes")
+    p.add_argument("--quick", action="store_true", help="the lead's preset: <= 6 minutes on 4 x H200")
     p.add_argument("--gpus", default="1,2,4")
     p.add_argument("--per-gpu-gib", default="8,32")
-    p.add_argument("--chunk-mib", default="256,1024")
+    p.add_argument("--chunk-log2", default="26,28", help="chunk elements, as powers of two")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--dask-cumsum-max-gib", type=float, default=8, help="skip dask's cumsum above this per GPU")
-    p.add_argument("--dask-cumsum-methods", default="sequential",
-                   help="dask cumsum methods to compare (blelloch stalled for minutes on CuPy chunks, 2026-11-21)")
+    p.add_argument("--dask-cumsum-methods", default="sequential,blelloch")
+    p.add_argument("--timeout-s", type=float, default=60, help="a row that takes longer is reported as timed out")
+    p.add_argument("--placements", default="dask,contiguous")
     args = p.parse_args(argv)
-    out_dir = os.environ.get("OUT", ".")
+    if args.quick:
+        args.gpus, args.per_gpu_gib, args.chunk_log2, args.repeats = "1,4", "8,32", "26,28", 3
+        args.timeout_s = 20
+    if args.cpu:  # blelloch timed out here too (60 s on 40 chunks of 1 MB): left out of the smoke run
+        args.gpus, args.per_gpu_gib, args.chunk_log2 = "1,2", "0.01", "18"
+        args.repeats, args.dask_cumsum_methods = min(args.repeats, 3), "sequential"
+    # a CPU smoke run never replaces the GPU table in docs/
+    out_dirs = ([] if args.cpu else [ROOT / "docs"]) + [Path(os.environ.get("OUT", "/tmp"))]
+    if args.cpu:
+        n_avail = 2
+        make = _make_host_block
+
+        def cluster_for(n):
+            return distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, scheduler_port=0,
+                                            dashboard_address="127.0.0.1:0", host="127.0.0.1")
+        meta = np.empty(0, dtype=np.float32)
+        device = "CPU (NumPy chunks)"
+    else:
+        import cupy
+
+        from multireduce.cluster import gpu_count, local_cluster
+
+        n_avail = gpu_count()
+        make = _make_block
+
+        def cluster_for(n):
+            return local_cluster(n_workers=n, gpu=True)
+        meta = cupy.empty(0, dtype=cupy.float32)
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rows = []
-    for n_gpus in [int(g) for g in args.gpus.split(",") if int(g) <= gpu_count()]:
-        with local_cluster(n_workers=n_gpus, gpu=True) as cluster, distributed.Client(cluster) as client:
+    started = time.time()
+    for n_gpus in [int(g) for g in args.gpus.split(",") if int(g) <= n_avail]:
+        with cluster_for(n_gpus) as cluster, distributed.Client(cluster) as client:
             for gib in [float(g) for g in args.per_gpu_gib.split(",")]:
-                for chunk_mib in [int(c) for c in args.chunk_mib.split(",")]:
-                    chunk = chunk_mib * 2**20 // 4
+                for log2 in [int(c) for c in args.chunk_log2.split(",")]:
+                    chunk = 2**log2
                     n = int(gib * n_gpus * 2**30 // 4) // chunk * chunk
-                    x = da.map_blocks(_make_block, 7, chunks=((chunk,) * (n // chunk),), dtype=np.float32,
-                                      meta=cupy.empty(0, dtype=cupy.float32))
-                    x = client.persist(x)
-                    distributed.wait(x)
-                    nbytes = n * 4
-                    ref = float(client.compute(mr.sum(x, dtype=np.float64)).result())
-                    mass = n * 0.25  # E|U(-0.5, 0.5)| * n
-                    results = {}
+                    if n == 0:
+                        continue
+                    lazy = da.map_blocks(make, 7, chunks=((chunk,) * (n // chunk),), dtype=np.float32, meta=meta)
+                    for placement_kind in args.placements.split(","):
+                        x = persist_placed(client, lazy, placement_kind == "contiguous")
+                        rows.extend(_measure(client, x, n, n_gpus, gib, log2, placement_kind, args))
+                        del x
+                        if not args.cpu:
+                            client.run(lambda: __import__("cupy").get_default_memory_pool().free_all_blocks())
+    env = {"date": time.strftime("%Y-%m-%d %H:%M"), "workers": n_avail, "device": device,
+           "seconds": round(time.time() - started, 1), "args": vars(args)}
+    _write(rows, env, out_dirs)
 
-                    def check_sum(v):
-                        return abs(float(v) - ref) <= np.finfo(np.float32).eps * (n / 1024 + 64) * mass
 
-                    def run_sum(fn):
-                        v = client.compute(fn(x)).result()
-                        results.setdefault(fn.__name__, v)
-                        return v
+def _measure(client, x, n, n_gpus, gib, log2, placement_kind, args):
+    import dask.array as da
+    import distributed
 
-                    def mr_sum(a):
-                        return mr.sum(a)
+    import multireduce as mr
 
-                    def dask_sum(a):
-                        return da.sum(a)
+    nbytes = n * 4
+    ref = float(client.compute(mr.sum(x, dtype=np.float64)).result())
+    mass = n * 0.25  # E|U(-0.5, 0.5)| * n
+    tol = np.finfo(np.float32).eps * (n / 1024 + 64) * mass
 
-                    def mr_sum_now():
-                        v = mr.sum(x, compute=True)
-                        results.setdefault("mr_sum_now", v)
-                        return v
+    def computed(make):
+        def run():
+            lazy = make()
+            value = client.compute(lazy).result()
+            run.names = [lazy.name]
+            return value
+        return run
 
-                    impls = [("multireduce.sum(compute=True)", "sum", mr_sum_now, nbytes),
-                             ("multireduce.sum", "sum", lambda: run_sum(mr_sum), nbytes),
-                             ("dask.array.sum", "sum", lambda: run_sum(dask_sum), nbytes)]
+    def persisted(make):
+        def run():
+            lazy = make()
+            y = client.persist(lazy)
+            distributed.wait(y)
+            run.names = [lazy.name]
+            del y
+        return run
 
-                    def persist_wait(make):
-                        names = []
+    def eager():
+        eager.names = []
+        return mr.sum(x, compute=True)
 
-                        def run():
-                            lazy = make()
-                            names.append(lazy.name)
-                            y = client.persist(lazy)
-                            distributed.wait(y)
-                            del y
+    impls = [("dask.array.sum", "sum", computed(lambda: da.sum(x)), nbytes),
+             ("mr.sum().compute()", "sum", computed(lambda: mr.sum(x)), nbytes),
+             ("mr.sum(compute=True)", "sum", eager, nbytes),
+             ("mr.cumsum().persist()", "cumsum", persisted(lambda: mr.cumsum(x)), 2 * nbytes)]
+    if gib <= args.dask_cumsum_max_gib:
+        for method in args.dask_cumsum_methods.split(","):
+            impls.append((f"da.cumsum[{method}]", "cumsum", persisted(lambda m=method: da.cumsum(x, method=m)),
+                          2 * nbytes))
+    rows = []
+    for name, op, fn, moved in impls:
+        row = dict(gpus=n_gpus, gib_per_gpu=gib, chunk_log2=log2, placement=placement_kind, impl=name, op=op)
+        try:
+            times, value = [], None
+            for i in range(args.repeats + 1):
+                t0 = time.perf_counter()
+                value = _bounded(fn, args.timeout_s)
+                if i:
+                    times.append(time.perf_counter() - t0)
+                wait_released(client, fn.names)
+            with distributed.get_task_stream(client) as stream:
+                t0 = time.perf_counter()
+                _bounded(fn, args.timeout_s)
+                wall = time.perf_counter() - t0
+            wait_released(client, fn.names)
+            seconds = statistics.median(times)
+            ok = True if op == "cumsum" else bool(abs(float(value) - ref) <= tol)
+            row.update(ms=seconds * 1e3, gbps=moved / seconds / 1e9, ok=ok, note="",
+                       **breakdown(stream.data, wall))
+        except TimeoutError:
+            row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=f"timed out after {args.timeout_s:g} s")
+            if name.startswith("da.cumsum["):  # its tasks still run: not tried again in this run
+                method = name[len("da.cumsum["):-1]
+                args.dask_cumsum_methods = ",".join(m for m in args.dask_cumsum_methods.split(",") if m != method)
+        except Exception as exc:  # out of memory etc.: reported, not fatal
+            row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=repr(exc)[:200])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
-                        def settle():
-                            # the next repetition has the same keys: wait until the scheduler has
-                            # forgotten these, or it would hand back the results still in memory
-                            name = names.pop()
-                            for _ in range(1000):
-                                if not client.run_on_scheduler(
-                                        lambda dask_scheduler: any(name in str(k) for k in dask_scheduler.tasks)):
-                                    break
-                                time.sleep(0.01)
 
-                        run.settle = settle
-                        return run
+def _bounded(fn, timeout_s):
+    """``fn()`` in a thread; TimeoutError after ``timeout_s`` (the thread is left to finish)."""
+    box = {}
 
-                    impls.append(("multireduce.cumsum", "cumsum", persist_wait(lambda: mr.cumsum(x)), 2 * nbytes))
-                    if gib <= args.dask_cumsum_max_gib:
-                        for method in args.dask_cumsum_methods.split(","):
-                            impls.append((f"dask.cumsum[{method}]", "cumsum",
-                                          persist_wait(lambda m=method: da.cumsum(x, method=m)), 2 * nbytes))
-                    for name, op, fn, moved in impls:
-                        try:
-                            seconds = timed(fn, args.repeats)
-                        except Exception as exc:  # out of memory etc.: reported, not fatal
-                            rows.append(dict(gpus=n_gpus, gib_per_gpu=gib, chunk_mib=chunk_mib, impl=name, op=op,
-                                             ms=float("nan"), gbps=float("nan"), ok=False, note=repr(exc)[:200]))
-                            continue
-                        ok = True
-                        if op == "sum":
-                            ok = bool(check_sum(results[{"multireduce.sum(compute=True)": "mr_sum_now",
-                                                         "multireduce.sum": "mr_sum"}.get(name, "dask_sum")]))
-                        rows.append(dict(gpus=n_gpus, gib_per_gpu=gib, chunk_mib=chunk_mib, impl=name, op=op,
-                                         ms=seconds * 1e3, gbps=moved / seconds / 1e9, ok=ok, note=""))
-                        print(json.dumps(rows[-1]), flush=True)
-                    if True:  # correctness of the multi-GPU cumsum at a few positions
-                        c = client.persist(mr.cumsum(x))
-                        last = float(c[-1].compute())
-                        rows[-1]["note"] += f" cumsum[-1]={last:.6g} ref={ref:.6g}"
-                        del c
-                    x = None  # release the chunks before the next size
-                    client.run(lambda: cupy.get_default_memory_pool().free_all_blocks())
-    env = {"date": time.strftime("%Y-%m-%d"), "devices": gpu_count(),
-           "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
-    with open(os.path.join(out_dir, "bench_multigpu.json"), "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1)
-    # the short table
-    lines = ["| GPUs | GiB/GPU | chunk MiB | impl | ms | GB/s | x dask | ok |", "|---|---|---|---|---|---|---|---|"]
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _write(rows, env, out_dirs):
+    lines = ["| workers | GiB/worker | chunk | placement | impl | ms | GB/s | x dask | tasks | transfers | "
+             "outside tasks ms | ok | note |", "|" + "---|" * 13]
     for r in rows:
-        base = [q for q in rows if q["gpus"] == r["gpus"] and q["gib_per_gpu"] == r["gib_per_gpu"]
-                and q["chunk_mib"] == r["chunk_mib"]
-                and q["impl"] == ("dask.array.sum" if r["op"] == "sum" else "dask.cumsum[sequential]")]
+        base = [q for q in rows if all(q[k] == r[k] for k in ("gpus", "gib_per_gpu", "chunk_log2", "placement"))
+                and q["impl"] == ("dask.array.sum" if r["op"] == "sum" else "da.cumsum[sequential]")]
         speed = base[0]["ms"] / r["ms"] if base and r["ms"] == r["ms"] else float("nan")
-        lines.append(f"| {r['gpus']} | {r['gib_per_gpu']:g} | {r['chunk_mib']} | {r['impl']} | {r['ms']:.2f} | "
-                     f"{r['gbps']:.0f} | {speed:.1f} | {r['ok']} |")
+        lines.append(f"| {r['gpus']} | {r['gib_per_gpu']:g} | 2^{r['chunk_log2']} | {r['placement']} | {r['impl']} | "
+                     f"{r['ms']:.2f} | {r['gbps']:.1f} | {speed:.2f} | {r.get('tasks', '')} | "
+                     f"{r.get('transfers', '')} | {r.get('outside_tasks_ms', float('nan')):.1f} | {r['ok']} | "
+                     f"{r['note']} |")
     table = "\n".join(lines)
-    with open(os.path.join(out_dir, "bench_multigpu.md"), "w") as f:
-        f.write(f"{env}\n\n{table}\n")
+    for d in out_dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "bench_multigpu_latest.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+        (d / "bench_multigpu_latest.md").write_text(f"{json.dumps(env)}\n\n{table}\n")
     print(table)
 
 

@@ -33,6 +33,6 @@ PY
 bash deploy/stop.sh $d/c.toml >> "$OUT/deploy.log" 2>&1
 grep -E "^deploy:|scheduler at|workers of node|stopped|Error" "$OUT/deploy.log" | head
 cp $d/run/*.log "$OUT/" 2>/dev/null
-timeout 400 python3 benchmarks/multigpu.py "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
-cat "$OUT/bench_multigpu.md" 2>/dev/null
+timeout 420 python3 benchmarks/multigpu.py --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
+cat "$OUT/bench_multigpu_latest.md" 2>/dev/null
 exit $rc

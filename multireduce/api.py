@@ -181,7 +181,7 @@ def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
     from . import graph, placement
 
     for i, plan in enumerate(plans):
-        groups = placement.grouping_for(x, op.commutative) if i == 0 else None
+        groups = placement.grouping_for(x, True) if i == 0 else None  # the graph restores chunk order
         x = graph.reduction(x, plan, fan_in, groups)
     return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
 
@@ -192,7 +192,7 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
     the graph."""
     from . import direct
 
-    value = direct.reduce_persisted(x, plans[0]) if len(plans) == 1 else None
+    value = direct.reduce_persisted(x, plans[0], fan_in) if len(plans) == 1 else None
     if value is None:
         value = _lazy_reduction(x, plans, keepdims, axes, fan_in, op).compute()
         if type(value).__module__.startswith("cupy"):
@@ -231,10 +231,10 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
                              "axis=None; call x.compute_chunk_sizes() first or pass an axis")
         x = x.reshape(-1)
     if kind.startswith("dask"):
-        # scan totals are concatenated in chunk order: contiguous runs per worker
+        # one totals task per worker holding chunks: each chunk's total is kept, so order survives any placement
         from . import graph, placement
 
-        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=False))
+        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=True))
     with _run_device(kind, x), gpu_memory_guard(x, caller):
         return plan(x)
 

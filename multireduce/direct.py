@@ -10,38 +10,30 @@ client combines them in order and finalizes. The chunks never move.
 
 Anything this path cannot do exactly as the graph would returns None, and the caller computes the
 graph instead: placement unknown (not persisted, no client, a chunk not in memory), a chunk that
-moved or a worker that died since placement was looked up (the cache entry is dropped), reductions
-over only some axes.
+moved or a worker that died since placement was looked up, reductions over only some axes. Every
+other error (a kernel's, a bad chunk's) surfaces unchanged.
+
+Placement is looked up on every call (one ``who_has`` round trip, about a millisecond): the scheduler
+forgets a dead or retired worker's keys at once, so the lookup names only live workers and follows a
+``client.restart`` plus re-persist under the same array name. A cache keyed by the array's name sent
+``client.run`` to dead addresses after such changes, and the scheduler waited its 30 s connect timeout
+on each. For a worker that dies in the short window between lookup and run, the client checks the
+live workers every ``multireduce.direct-check-interval`` (default 0.25 s) while the run is pending and
+gives up on it, for the graph, as soon as a worker it waits on is gone; a slow run on live workers is
+waited for however long it takes.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import asyncio
 
+import dask
 import numpy as np
+from dask.utils import parse_timedelta
 
 from . import placement
 from .core import Partial, ReductionPlan
-
-_HOLDERS_KEPT = 64
-_holders: OrderedDict = OrderedDict()  # array name -> {chunk key: worker address}
-
-
-def _holders_of(x, client) -> dict | None:
-    """Chunk key -> worker for a persisted ``x``: one ``who_has`` per array, then kept (a persisted
-    array's chunks stay where they are unless a worker dies or data is rebalanced, and then the
-    workers report the missing chunk and the entry is dropped)."""
-    found = _holders.get(x.name)
-    if found is None:
-        found = placement.holders(x, client)
-        if found is None:
-            return None
-        _holders[x.name] = found
-        while len(_holders) > _HOLDERS_KEPT:
-            _holders.popitem(last=False)
-    else:
-        _holders.move_to_end(x.name)
-    return found
+from .graph import fold_in_order
 
 
 def _to_host(value):
@@ -65,18 +57,46 @@ def reduce_held_groups(plan: ReductionPlan, assignments: dict, dask_worker=None)
         except KeyError as exc:
             raise ChunkMissing(f"{dask_worker.address} does not hold {exc}") from None
         holder_device = getattr(getattr(blocks[0], "data", None), "device_id", None)
+        # each chunk's own partial, folded on the client in the graph's tree: the same bits as the graph
         if holder_device is not None:  # CuPy: run on the GPU that holds the chunks
             import cupy
 
             with cupy.cuda.Device(holder_device):
-                partial = plan.partial(*blocks)
+                partials = [plan.partial(b) for b in blocks]
         else:
-            partial = plan.partial(*blocks)
-        out.append((index, Partial(_to_host(partial.value), partial.count)))
+            partials = [plan.partial(b) for b in blocks]
+        out.append((index, [Partial(_to_host(p.value), p.count) for p in partials]))
     return out
 
 
-def reduce_persisted(x, plan: ReductionPlan):
+def _placement_errors() -> tuple[type[BaseException], ...]:
+    """Errors that say the placement was stale (a moved chunk, a dead or unreachable worker), never
+    the reduction's own: those must reach the caller."""
+    from distributed.comm.core import CommClosedError
+
+    return (ChunkMissing, WorkerGone, CommClosedError, ConnectionError, asyncio.TimeoutError, TimeoutError)
+
+
+class WorkerGone(LookupError):
+    """A worker the run waits on left the cluster after placement was looked up."""
+
+
+async def _run_while_alive(client, plan, assignments: dict, interval: float):
+    """``client.run`` of ``reduce_held_groups`` on the assigned workers, abandoned (WorkerGone) as soon
+    as one of them is no longer in the scheduler's worker list: a dead address would otherwise hold the
+    scheduler's broadcast for its whole connect timeout (30 s by default)."""
+    run = asyncio.ensure_future(client._run(reduce_held_groups, plan, assignments, workers=list(assignments)))
+    while True:
+        done, _ = await asyncio.wait({run}, timeout=interval)
+        if done:
+            return run.result()
+        live = (await client.scheduler.identity())["workers"]
+        if any(w not in live for w in assignments):
+            run.cancel()
+            raise WorkerGone(f"a worker of {sorted(assignments)} left the cluster")
+
+
+def reduce_persisted(x, plan: ReductionPlan, split_every: int = 16):
     """The reduction of all of ``x`` now, from the workers holding its chunks; None where the graph must
     be computed instead (see the module docstring)."""
     if len(plan.axes) != x.ndim or x.npartitions == 0:
@@ -84,21 +104,25 @@ def reduce_persisted(x, plan: ReductionPlan):
     client = placement.default_client()
     if client is None:
         return None
-    holder = _holders_of(x, client)
+    holder = placement.holders(x, client)
     if holder is None:
         return None
     keys = placement.chunk_keys(x)
-    groups = placement.by_worker(holder, plan.op.commutative)(keys)
+    groups = placement.by_worker(holder, True)(keys)  # one group per worker: chunk order is restored below
     assignments: dict[str, list] = {}
     for index, group in enumerate(groups):
         assignments.setdefault(holder[group[0]], []).append((index, group))
+    interval = parse_timedelta(dask.config.get("multireduce.direct-check-interval", "250ms"))
     try:
-        replies = client.run(reduce_held_groups, plan, assignments, workers=list(assignments))
-    except Exception:  # noqa: BLE001 - a moved chunk, a dead worker, ...: the graph path recomputes, and
-        _holders.pop(x.name, None)  # re-raises with its own context any error that is not about placement
+        replies = client.sync(_run_while_alive, client, plan, assignments, interval)
+    except _placement_errors():
+        return None  # the graph recomputes what moved or was lost
+    by_group = dict(p for reply in replies.values() for p in reply)
+    if len(by_group) != len(groups):
         return None
-    partials = sorted((p for reply in replies.values() for p in reply), key=lambda ip: ip[0])
-    if len(partials) != len(groups):
-        _holders.pop(x.name, None)
-        return None
-    return plan.aggregate(*(p for _, p in partials))
+    position = {k: i for i, k in enumerate(keys)}
+    ordered = [None] * len(keys)
+    for index, group in enumerate(groups):
+        for k, p in zip(group, by_group[index]):
+            ordered[position[k]] = p
+    return fold_in_order(plan, split_every, ordered)

@@ -18,7 +18,7 @@ distributed = pytest.importorskip("distributed")
 import multireduce as mr  # noqa: E402
 from multireduce import graph, placement  # noqa: E402
 
-from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold  # noqa: E402
+from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold, sequential_scan  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def test_noncommutative_groups_are_runs(client):
     lazy = mr.reduce(d, op)
     holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
-    assert graph.task_count(lazy, "matmul2x2-partial") == _runs(holder, keys) > 1
+    # one partial task per worker, each keeping its chunks' own partials for the ordered fold
+    assert graph.task_count(lazy, "matmul2x2-partial") == len(set(holder.values())) == 3 < _runs(holder, keys)
     assert int(client.compute(lazy).result()) == sequential_fold(m)
 
 
@@ -80,7 +81,8 @@ def test_scan_outputs_are_made_where_inputs_live(client):
     distributed.wait(out)
     holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
-    assert graph.task_count(mr.cumsum(d), "cumsum-totals") == _runs(holder, keys[:-1]) > 1
+    # one totals task per worker holding any of chunks 0..n-2, however interleaved
+    assert graph.task_count(mr.cumsum(d), "cumsum-totals") == len({holder[k] for k in keys[:-1]}) == 3
     # before anything gathers the result (which copies chunks to one worker)
     graph_in, graph_out = d.__dask_graph__(), out.__dask_graph__()
     where_in = client.who_has([graph_in[k] for k in keys])
@@ -99,7 +101,7 @@ def test_lazy_arrays_and_switching_placement_off(client):
     distributed.wait(d)
     with dask.config.set({"multireduce.placement": False}):
         assert placement.holders(d, client) is None
-        assert graph.task_count(mr.sum(d, split_every=4), "sum-partial") == 3  # contiguous groups of 4
+        assert graph.task_count(mr.sum(d, split_every=4), "sum-partial") == 10  # one per chunk
     assert client.compute(mr.sum(d)).result() == x.sum()
 
 
@@ -121,3 +123,37 @@ def test_worker_killed_mid_reduction_recomputes():
         victim = sorted(c.scheduler_info()["workers"])[0]
         os.kill(c.run(os.getpid)[victim], signal.SIGKILL)  # a crash, not a clean shutdown
         assert future.result(timeout=120) == x.sum()
+
+
+@pytest.mark.parametrize("owners", [[0, 1, 2, 0, 1, 2, 0, 1, 2, 0], [1, 1, 1, 0, 0, 0, 2, 2, 2, 2],
+                                    [2, 0, 0, 0, 0, 0, 0, 1, 0, 0]])
+def test_noncommutative_scan_keeps_order_whatever_the_placement(client, owners):
+    """Round-robin, contiguous and uneven: one totals task per worker, each keeping its chunks' own
+    totals, and the scan of a non-commutative operator in chunk order."""
+    op = matmul_operator()
+    m = random_matrices(np.random.default_rng(sum(owners)), 10 * 33)
+    d, _ = _spread(client, m, 33, owners)
+    holder = placement.holders(d, client)
+    keys = placement.chunk_keys(d)
+    lazy = mr.scan(d, op)
+    assert graph.task_count(lazy, "scan-matmul2x2-totals") == len({holder[k] for k in keys[:-1]})
+    got = client.compute(lazy).result()
+    np.testing.assert_array_equal(got, sequential_scan(m))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bits_do_not_depend_on_placement_or_path(client, dtype):
+    """The same array and chunking give the same bits lazily, persisted anywhere, and eagerly."""
+    x = (np.random.default_rng(5).standard_normal(37 * 1025) * 1e3).astype(dtype)
+    lazy = da.from_array(x, chunks=1025)
+    want = {"sum": mr.sum(lazy, split_every=4).compute(), "mean": mr.mean(lazy, split_every=4).compute(),
+            "cumsum": mr.cumsum(lazy).compute()}
+    for owners in ([i % 3 for i in range(37)], [i * 3 // 37 for i in range(37)], [0] * 30 + [1] * 7, [2] * 37):
+        d, _ = _spread(client, x, 1025, owners)
+        for how in ("graph", "eager"):
+            s = mr.sum(d, split_every=4, compute=True) if how == "eager" else mr.sum(d, split_every=4).compute()
+            m = mr.mean(d, split_every=4, compute=True) if how == "eager" else mr.mean(d, split_every=4).compute()
+            assert s.tobytes() == want["sum"].tobytes(), (owners, how)
+            assert m.tobytes() == want["mean"].tobytes(), (owners, how)
+        assert mr.cumsum(d).compute().tobytes() == want["cumsum"].tobytes(), owners
+    assert np.isclose(want["sum"], x.astype(np.float64).sum(), rtol=1e-5)

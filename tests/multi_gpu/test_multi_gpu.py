@@ -155,3 +155,29 @@ def test_compute_now_runs_on_the_gpus_without_tasks(client, dtype):
             assert got == graph_value, opname
         else:
             assert np.isclose(got, graph_value, rtol=1e-5, atol=1e-3), (opname, got, graph_value)
+
+
+def _is_device(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_is_device(v) for v in value)
+    return isinstance(getattr(value, "value", value), cupy.ndarray)
+
+
+def test_only_host_values_cross_gpus_and_one_totals_task_per_gpu(client):
+    """Partials and scan totals (what moves between workers) are host values; one totals task per GPU;
+    results equal the single-GPU ones bit for bit whatever the path."""
+    x = gpu_array(client, (1 << 22) + 1025, 1 << 18, np.float32, seed=3)
+    workers = set(placement.holders(x, client).values())
+    keys = placement.chunk_keys(x)
+    for lazy, stage in ((mr.sum(x), "sum-partial"), (mr.cumsum(x), "cumsum-totals")):
+        dsk = dict(lazy.__dask_graph__())
+        inner = [k for k in dsk if isinstance(k, tuple) and isinstance(k[0], str) and k[0].startswith(stage)]
+        assert inner and len(inner) <= len(workers)
+        assert not any(_is_device(v) for v in client.get(dsk, inner)), stage
+    holders_of_totals = {placement.holders(x, client)[k] for k in keys[:-1]}
+    assert graph.task_count(mr.cumsum(x), "cumsum-totals") == len(holders_of_totals)
+    graph_sum, eager_sum = mr.sum(x).compute(), mr.sum(x, compute=True)
+    assert cupy.asnumpy(graph_sum).tobytes() == np.asarray(eager_sum).tobytes()
+    lazy_input = da.map_blocks(_make_block, np.float32, 3, chunks=x.chunks, dtype=np.float32,
+                               meta=cupy.empty(0, dtype=np.float32))
+    assert cupy.asnumpy(mr.sum(lazy_input).compute()).tobytes() == np.asarray(eager_sum).tobytes()

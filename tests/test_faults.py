@@ -1,0 +1,154 @@
+"""Stale placement on a real process cluster: a killed worker, a retired worker, a restart plus
+re-persist under the same name. Every call gives the right answer within a few seconds (no 30 s
+connect timeout on a dead address), and errors that are not about placement reach the caller."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask.array as da
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import multireduce as mr  # noqa: E402
+from multireduce import direct, placement  # noqa: E402
+
+BOUND_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True, scheduler_port=0,
+                                  dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(cluster):
+    with distributed.Client(cluster) as client:
+        client.wait_for_workers(3, timeout=30)
+        yield client
+
+
+def _persisted(client, n=40_003, chunks=4_001, seed=7):
+    # a lazy random array keeps its lineage, so a lost chunk is recomputed, not missing
+    lazy = da.random.default_rng(seed).standard_normal(n, chunks=chunks)
+    x = client.persist(lazy)
+    distributed.wait(x)
+    return x, lazy.compute()
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def _check_sum(x, ref):
+    for compute in (True, False):
+        call = (lambda: mr.sum(x, compute=True)) if compute else (lambda: mr.sum(x).compute())
+        got, seconds = _timed(call)
+        assert np.isclose(got, ref.sum(), rtol=1e-12), (compute, got, ref.sum())
+        assert seconds < BOUND_S, f"compute={compute}: {seconds:.1f} s"
+    got, seconds = _timed(lambda: mr.cumsum(x).compute())
+    assert np.allclose(got, np.cumsum(ref)) and seconds < BOUND_S
+
+
+def _kill_one(cluster, client, address):
+    """SIGKILL the process of the worker at ``address`` (the nanny starts a new one)."""
+    for nanny in cluster.workers.values():
+        if nanny.worker_address == address:
+            os.kill(nanny.process.process.pid, signal.SIGKILL)
+            break
+    deadline = time.time() + 10
+    while address in client.scheduler_info()["workers"] and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def test_killed_worker(cluster, client):
+    x, ref = _persisted(client)
+    assert np.isclose(mr.sum(x, compute=True), ref.sum())
+    victim = next(iter(placement.holders(x, client).values()))
+    _kill_one(cluster, client, victim)
+    _check_sum(x, ref)
+
+
+def test_restart_and_persist_under_the_same_name(cluster, client):
+    x, ref = _persisted(client, seed=9)
+    assert np.isclose(mr.sum(x, compute=True), ref.sum())
+    client.restart()
+    again, ref2 = _persisted(client, seed=9)
+    assert again.name == x.name
+    _check_sum(again, ref2)
+
+
+def test_worker_killed_between_lookup_and_run(cluster, client, monkeypatch):
+    x, ref = _persisted(client, seed=10)
+    look_up = placement.holders
+
+    def then_kill(arr, c=None):
+        found = look_up(arr, c)
+        _kill_one(cluster, client, next(iter(found.values())))
+        return found
+
+    monkeypatch.setattr(placement, "holders", then_kill)
+    got, seconds = _timed(lambda: mr.sum(x, compute=True))
+    monkeypatch.undo()
+    # the run stops waiting on the dead worker at its next liveness check, and the graph recomputes
+    assert np.isclose(got, ref.sum()) and seconds < BOUND_S, seconds
+
+
+def _strings(block):
+    return block.astype(str)
+
+
+def test_errors_that_are_not_about_placement_surface(client):
+    # chunks whose type the kernels reject: the worker's error reaches the caller, no silent fallback
+    x = client.persist(da.arange(100, chunks=25, dtype=np.float64).map_blocks(_strings, dtype=np.float64))
+    distributed.wait(x)
+    with pytest.raises(Exception) as err:
+        mr.sum(x, compute=True)
+    assert not isinstance(err.value, direct._placement_errors())
+
+
+def test_retired_worker(cluster, client):  # last: the cluster keeps one worker less
+    x, ref = _persisted(client, seed=8)
+    assert np.isclose(mr.sum(x, compute=True), ref.sum())
+    victim = next(iter(placement.holders(x, client).values()))
+    client.retire_workers([victim], close_workers=False, remove=True)
+    _check_sum(x, ref)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lazy inputs stream: a memory-limited cluster smaller than the array
+# ------------------------------------------------------------------------------------------------
+def _chunk_inputs(array, input_name: str, prefix: str) -> list[int]:
+    """For each task of ``array`` whose key starts with ``prefix``: how many input chunks it reads."""
+    counts = []
+    for key, task in dict(array.__dask_graph__()).items():
+        name = key[0] if isinstance(key, tuple) else key
+        if isinstance(name, str) and name.startswith(prefix):
+            deps = getattr(task, "dependencies", None)
+            if deps is None:  # a tuple task
+                deps = [a for a in task[1:] if isinstance(a, tuple)]
+            counts.append(sum(1 for d in deps if isinstance(d, tuple) and d[0] == input_name))
+    return counts
+
+
+def test_lazy_inputs_stream_on_a_memory_limited_cluster():
+    # 48 chunks of 8 MB (384 MB) on 4 workers of 200 MB: only a streaming graph fits
+    with distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=True, memory_limit="200MB",
+                                  scheduler_port=0, dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster, \
+            distributed.Client(cluster) as client:
+        x = da.random.default_rng(11).standard_normal(48 * 2**20, chunks=2**20)
+        total, scanned = mr.sum(x), mr.cumsum(x)
+        assert set(_chunk_inputs(total, x.name, "sum-partial")) == {1}
+        assert set(_chunk_inputs(scanned, x.name, "cumsum-totals")) == {1}
+        ref_total, ref_scan = client.compute([x.sum(), da.cumsum(x)[::2**16].sum()], sync=True)
+        got_total, got_scan = client.compute([total, mr.sum(scanned[::2**16])], sync=True)
+        assert np.isclose(got_total, ref_total, rtol=1e-9, atol=1e-6)
+        assert np.isclose(got_scan, ref_scan, rtol=1e-9, atol=1e-3)
