@@ -226,10 +226,13 @@ def _like(block, value):
 def _host_partial(plan, *blocks):
     """A group's partial with its value on the host: the combine tree and the aggregate then move a few
     bytes between workers and run on the host (every operator has a CPU implementation)."""
-    from .core import Partial
+    import dataclasses
 
     partial = plan.partial(*blocks)
-    return Partial(_host(partial.value), partial.count)
+    value = getattr(partial, "value", None)  # other plans' partials (exact states, ...) are host data already
+    if value is None or not type(value).__module__.startswith("cupy"):
+        return partial
+    return dataclasses.replace(partial, value=_host(value))
 
 
 def fold_in_order(plan, split_every: int, partials):
