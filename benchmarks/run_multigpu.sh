@@ -9,9 +9,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/env.txt"
 rc=0
-python3 -m pytest tests/multi_gpu tests/test_placement.py -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 600 \
-  > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
-tail -n 3 "$OUT/multi-gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/multi-gpu-tests.log" | head
+timeout 200 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/gpu/test_oom.py tests/gpu/test_gpu_exact.py \
+  -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 150 -rfE > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
+tail -n 3 "$OUT/multi-gpu-tests.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/multi-gpu-tests.log" | head -30
 # deploy/: TLS scheduler + GPU workers, a client with the certificate runs sum and cumsum
 d=/tmp/mr-deploy; rm -rf $d; mkdir -p $d
 bash deploy/make-certs.sh $d/certs > /dev/null
@@ -33,6 +33,9 @@ PY
 bash deploy/stop.sh $d/c.toml >> "$OUT/deploy.log" 2>&1
 grep -E "^deploy:|scheduler at|workers of node|stopped|Error" "$OUT/deploy.log" | head
 cp $d/run/*.log "$OUT/" 2>/dev/null
-timeout 420 python3 benchmarks/multigpu.py --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
+# soak (issue 11.16), short: 4 client processes, every result checked, memory sampled before and after
+timeout 110 python3 benchmarks/soak.py --clients 4 --requests ${MR_SOAK_REQUESTS:-60} --max-bytes 2.5e8 > "$OUT/soak.log" 2>&1 || rc=1
+tail -n 25 "$OUT/soak.log"
+timeout ${MR_BENCH_TIMEOUT:-300} python3 benchmarks/multigpu.py --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
 cat "$OUT/bench_multigpu_latest.md" 2>/dev/null
 exit $rc
