@@ -17,20 +17,24 @@ N = 64 * 2**20 + 33  # float32: 256 MiB and an awkward tail
 
 @pytest.fixture
 def nearly_full_gpu():
-    """x on the GPU, and a filler that leaves less free memory than a scan's output of x needs."""
+    """x on the GPU, and CuPy's pool capped so that a scan's output of x cannot fit. A cap rather than a
+    filler sized from memGetInfo: other processes on the same GPU (pytest-xdist workers, a cluster's
+    workers) change the free memory between the measurement and the call, which made the test flaky."""
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
     host = np.random.default_rng(5).standard_normal(N).astype(np.float32)
     x = cupy.asarray(host)
-    free, _ = cupy.cuda.runtime.memGetInfo()
-    hold = [cupy.empty(max(free - x.nbytes // 4, 0), dtype=cupy.uint8)]  # a list: the test can let it go
+    limit = pool.get_limit()
+    pool.set_limit(size=pool.total_bytes() + x.nbytes // 4)
+    hold = [limit]  # _recover_and_check lifts the cap (pops it)
+
     yield host, x, hold
-    hold.clear()
+    pool.set_limit(size=limit)
     pool.free_all_blocks()
 
 
-def _recover_and_check(host, x, filler_holder):
-    filler_holder.clear()
+def _recover_and_check(host, x, cap_holder):
+    cupy.get_default_memory_pool().set_limit(size=cap_holder.pop())
     cupy.get_default_memory_pool().free_all_blocks()
     got = cupy.asnumpy(mr.cumsum(x))
     ref = np.cumsum(host.astype(np.float64))
