@@ -302,33 +302,4 @@ def _scan_from_totals(plan: ScanPlan, block, index: int, layout, *totals):
     return plan.scan_block(block, _like(block, carries), index)
 
 
-def graph_depth(array: da.Array) -> int:
-    """Longest chain of dependent tasks in ``array``'s graph (input layers included)."""
-    from dask.core import get_dependencies
-
-    dsk = dict(array.__dask_graph__())
-    depth: dict = {}
-
-    def visit(key):
-        if key in depth:
-            return depth[key]
-        stack = [(key, False)]
-        while stack:
-            k, done = stack.pop()
-            deps = get_dependencies(dsk, k)
-            if done:
-                depth[k] = 1 + max((depth[d] for d in deps), default=0)
-            elif k not in depth:
-                stack.append((k, True))
-                stack.extend((d, False) for d in deps if d not in depth)
-        return depth[key]
-
-    return max((visit(k) for k in dsk), default=0)
-
-
-def task_count(array: da.Array, prefix: str) -> int:
-    """How many tasks of ``array``'s graph have keys whose name starts with ``prefix``."""
-    return sum(1 for k in array.__dask_graph__() if (k[0] if isinstance(k, tuple) else k).startswith(prefix))
-
-
-__all__ = ["reduction", "scan", "contiguous_groups", "fold_in_order", "graph_depth", "task_count"]
+__all__ = ["reduction", "scan", "contiguous_groups", "fold_in_order"]

@@ -18,7 +18,8 @@ from multireduce import graph
 from multireduce.core import ReductionPlan, ScanPlan
 from multireduce.operators import get_operator
 
-from .helpers import assert_matches, matmul_operator, random_array, random_matrices, reference_reduce, sequential_fold
+from .helpers import (assert_matches, graph_depth, matmul_operator, random_array, random_matrices, reference_reduce,
+                      sequential_fold, task_count)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -130,11 +131,11 @@ def test_results_are_lazy_with_numpy_meta_and_readable_names():
     assert {"sum-partial", "sum-aggregate"} <= prefixes
     # a lazy input streams: one partial task per chunk (none holds two chunks), one aggregate
     streamed = mr.sum(d)
-    assert graph.task_count(streamed, "sum-partial") == 10 and graph.task_count(streamed, "sum-aggregate") == 1
+    assert task_count(streamed, "sum-partial") == 10 and task_count(streamed, "sum-aggregate") == 1
     assert streamed.compute() == 100
     # one chunk is one task from chunk to result
     single = mr.sum(da.ones(7, chunks=7))
-    assert graph.task_count(single, "sum-partial") == 0 and graph.task_count(single, "sum-aggregate") == 1
+    assert task_count(single, "sum-partial") == 0 and task_count(single, "sum-aggregate") == 1
     assert single.compute() == 7
     assert mr.cumsum(d).name.startswith("cumsum-")
     assert mr.mean(d).name.startswith("mean-aggregate-")
@@ -155,7 +156,7 @@ def test_scan_graph_is_linear_with_constant_depth(n_chunks):
     tasks = len(dict(s.__dask_graph__()))
     # input chunks + one totals task per chunk but the last + one carries task + one scan task per chunk
     assert tasks <= 3 * n_chunks
-    assert graph.graph_depth(s) <= 4  # input -> totals -> carries -> scan
+    assert graph_depth(s) <= 4  # input -> totals -> carries -> scan
     np.testing.assert_array_equal(s.compute(), np.arange(1, n_chunks * 4 + 1))
 
 
@@ -163,7 +164,7 @@ def test_scan_graph_is_linear_with_constant_depth(n_chunks):
 def test_reduction_tree_depth_is_logarithmic(n_chunks, split_every):
     d = da.ones(n_chunks, chunks=1)
     s = mr.sum(d, split_every=split_every)
-    assert graph.graph_depth(s) <= 2 + math.ceil(math.log(n_chunks, split_every)) + 1
+    assert graph_depth(s) <= 2 + math.ceil(math.log(n_chunks, split_every)) + 1
     assert s.compute() == n_chunks
 
 
@@ -176,15 +177,15 @@ def test_groups_make_one_task_per_group():
     plan = ReductionPlan(op, (0,), np.dtype(np.int64), np.dtype(np.int64), False, label="sum")
     s = graph.reduction(d, plan, split_every=16, groups=two_groups)
     # two stages: the partials, then one aggregate that combines and finalizes
-    assert graph.task_count(s, "sum-partial") == 2 and graph.task_count(s, "sum-combine") == 0
-    assert graph.task_count(s, "sum-aggregate") == 1
+    assert task_count(s, "sum-partial") == 2 and task_count(s, "sum-combine") == 0
+    assert task_count(s, "sum-aggregate") == 1
     assert s.compute() == x.sum()
     splan = ScanPlan(op, 0, np.dtype(np.int64), np.dtype(np.int64), label="cumsum")
     c = graph.scan(d, splan, split_every=16, groups=lambda keys: [list(keys)])
     # few groups: the scan tasks fold the totals themselves, no carries stage
-    assert graph.task_count(c, "cumsum-totals") == 1 and graph.task_count(c, "cumsum-carries") == 0
+    assert task_count(c, "cumsum-totals") == 1 and task_count(c, "cumsum-carries") == 0
     many = graph.scan(d, splan, split_every=2)  # 99 one-chunk groups: a carries task
-    assert graph.task_count(many, "cumsum-carries") == 1
+    assert task_count(many, "cumsum-carries") == 1
     np.testing.assert_array_equal(many.compute(), np.cumsum(x))
     np.testing.assert_array_equal(c.compute(), np.cumsum(x))
     with pytest.raises(ValueError, match="groups: expected non-empty groups"):
@@ -199,7 +200,7 @@ def test_split_every_validation_and_config():
         mr.sum(d, split_every=True)
     assert mr.sum(d, split_every={0: 3}).compute() == 100
     with dask.config.set(split_every=2):
-        assert graph.graph_depth(mr.sum(da.ones(64, chunks=1))) >= 7
+        assert graph_depth(mr.sum(da.ones(64, chunks=1))) >= 7
 
 
 def test_dask_input_is_not_modified_and_chunk_type_matches():

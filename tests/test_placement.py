@@ -16,9 +16,9 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import multireduce as mr  # noqa: E402
-from multireduce import graph, placement  # noqa: E402
+from multireduce import placement  # noqa: E402
 
-from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold, sequential_scan  # noqa: E402
+from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold, sequential_scan, task_count  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_one_partial_task_per_worker(client):
     holder = placement.holders(d, client)
     assert holder is not None and len(set(holder.values())) >= 2
     lazy = mr.sum(d)
-    assert graph.task_count(lazy, "sum-partial") == len(set(holder.values()))  # not 12: one per worker
+    assert task_count(lazy, "sum-partial") == len(set(holder.values()))  # not 12: one per worker
     total, stream = _task_stream(client, lambda: client.compute(lazy).result())
     assert total == x.sum()
     ran_on = {t["worker"] for t in stream if _name(t["key"]) == "sum-partial"}
@@ -67,7 +67,7 @@ def test_noncommutative_groups_are_runs(client):
     holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
     # one partial task per worker, each keeping its chunks' own partials for the ordered fold
-    assert graph.task_count(lazy, "matmul2x2-partial") == len(set(holder.values())) == 3 < _runs(holder, keys)
+    assert task_count(lazy, "matmul2x2-partial") == len(set(holder.values())) == 3 < _runs(holder, keys)
     assert int(client.compute(lazy).result()) == sequential_fold(m)
 
 
@@ -82,7 +82,7 @@ def test_scan_outputs_are_made_where_inputs_live(client):
     holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
     # one totals task per worker holding any of chunks 0..n-2, however interleaved
-    assert graph.task_count(mr.cumsum(d), "cumsum-totals") == len({holder[k] for k in keys[:-1]}) == 3
+    assert task_count(mr.cumsum(d), "cumsum-totals") == len({holder[k] for k in keys[:-1]}) == 3
     # before anything gathers the result (which copies chunks to one worker)
     graph_in, graph_out = d.__dask_graph__(), out.__dask_graph__()
     where_in = client.who_has([graph_in[k] for k in keys])
@@ -101,7 +101,7 @@ def test_lazy_arrays_and_switching_placement_off(client):
     distributed.wait(d)
     with dask.config.set({"multireduce.placement": False}):
         assert placement.holders(d, client) is None
-        assert graph.task_count(mr.sum(d, split_every=4), "sum-partial") == 10  # one per chunk
+        assert task_count(mr.sum(d, split_every=4), "sum-partial") == 10  # one per chunk
     assert client.compute(mr.sum(d)).result() == x.sum()
 
 
@@ -136,7 +136,7 @@ def test_noncommutative_scan_keeps_order_whatever_the_placement(client, owners):
     holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
     lazy = mr.scan(d, op)
-    assert graph.task_count(lazy, "scan-matmul2x2-totals") == len({holder[k] for k in keys[:-1]})
+    assert task_count(lazy, "scan-matmul2x2-totals") == len({holder[k] for k in keys[:-1]})
     got = client.compute(lazy).result()
     np.testing.assert_array_equal(got, sequential_scan(m))
 

@@ -18,10 +18,10 @@ import dask.array as da  # noqa: E402
 import distributed  # noqa: E402
 
 import multireduce as mr  # noqa: E402
-from multireduce import graph, placement  # noqa: E402
+from multireduce import placement  # noqa: E402
 from multireduce.cluster import gpu_count, local_cluster  # noqa: E402
 
-from ..helpers import assert_matches  # noqa: E402
+from ..helpers import assert_matches, task_count  # noqa: E402
 
 
 def _make_block(dtype, seed, block_info=None):
@@ -83,7 +83,7 @@ def test_one_task_per_gpu_and_chunks_stay_put(client):
     workers = set(holder.values())
     assert len(workers) >= 2
     lazy = mr.sum(x)
-    assert graph.task_count(lazy, "sum-partial") == len(workers)
+    assert task_count(lazy, "sum-partial") == len(workers)
     with distributed.get_task_stream(client) as stream:
         lazy.compute()
     partial_workers = {t["worker"] for t in stream.data if "sum-partial" in str(t["key"])}
@@ -175,7 +175,7 @@ def test_only_host_values_cross_gpus_and_one_totals_task_per_gpu(client):
         assert inner and len(inner) <= len(workers)
         assert not any(_is_device(v) for v in client.get(dsk, inner)), stage
     holders_of_totals = {placement.holders(x, client)[k] for k in keys[:-1]}
-    assert graph.task_count(mr.cumsum(x), "cumsum-totals") == len(holders_of_totals)
+    assert task_count(mr.cumsum(x), "cumsum-totals") == len(holders_of_totals)
     graph_sum, eager_sum = mr.sum(x).compute(), mr.sum(x, compute=True)
     assert cupy.asnumpy(graph_sum).tobytes() == np.asarray(eager_sum).tobytes()
     lazy_input = da.map_blocks(_make_block, np.float32, 3, chunks=x.chunks, dtype=np.float32,
