@@ -1,0 +1,177 @@
+"""Statistics on one chunk, and the merges of their partials, for the CPU (and, through ``xp``, CuPy).
+
+The chunk functions are written against the array API that NumPy and CuPy share, so the CuPy backend
+(``cupy_stats``) calls the same code with ``xp=cupy`` and only adds the device-to-host copy of the
+partial. Every partial is a tuple of arrays that keep the reduced axes (size 1), so partials of one
+output block merge elementwise whatever the chunking. Merges run on the host (NumPy): partials are
+small, and host partials cross workers without a GPU on the receiving side.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+name = "numpy"
+
+
+def _size(block, axes) -> int:
+    return math.prod(block.shape[a] for a in axes)
+
+
+def _kept_shape(block, axes) -> tuple:
+    return tuple(1 if d in axes else s for d, s in enumerate(block.shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# argmin / argmax: partial (value, index); index is global, -1 where the chunk had no candidate
+# ---------------------------------------------------------------------------------------------
+def arg_chunk(block, axes, largest: bool, skipnan: bool, offsets, shape, xp=np):
+    """The chunk's best (value, global index) per output element; ``offsets`` is the chunk's start in
+    the whole array of ``shape``. One axis: the index along it; every axis: the flat C index.
+
+    ``skipnan`` (nanargmax/nanargmin): NaNs are not candidates, an all-NaN slice gives index -1.
+    Without it NumPy's rule holds: the first NaN wins."""
+    kept = _kept_shape(block, axes)
+    if _size(block, axes) == 0:
+        return xp.zeros(kept, dtype=block.dtype), xp.full(kept, -1, dtype=np.int64)
+    floating = block.dtype.kind == "f"
+    pick = (xp.nanargmax if largest else xp.nanargmin) if skipnan and floating else (xp.argmax if largest else xp.argmin)
+    if len(axes) == block.ndim:  # axis=None: flat positions
+        flat = block.reshape(-1)
+        hollow = bool(xp.isnan(flat).all()) if skipnan and floating else False
+        if hollow:
+            return xp.zeros(kept, dtype=block.dtype), xp.full(kept, -1, dtype=np.int64)
+        local = int(pick(flat))
+        value = flat[local].reshape(kept)
+        where = np.unravel_index(local, block.shape) if block.ndim else ()
+        index = int(np.ravel_multi_index(tuple(w + o for w, o in zip(where, offsets)), shape)) if block.ndim else 0
+        return value, xp.full(kept, index, dtype=np.int64)
+    (axis,) = axes
+    hollow = None
+    if skipnan and floating:
+        hollow = xp.isnan(block).all(axis=axis, keepdims=True)
+        if bool(hollow.any()):  # nanarg* raise on an all-NaN slice: give those slices a stand-in
+            block = xp.where(hollow, xp.zeros((), dtype=block.dtype), block)
+        else:
+            hollow = None
+    local = xp.expand_dims(pick(block, axis=axis), axis)
+    value = xp.take_along_axis(block, local, axis=axis)
+    index = local.astype(np.int64) + offsets[axis]
+    if hollow is not None:
+        index = xp.where(hollow, -1, index)
+    return value, index
+
+
+def arg_merge(left, right, largest: bool):
+    """The better of two (value, index) partials elementwise: a candidate beats none; a NaN beats a
+    number (NumPy: the first NaN wins); a larger (smaller) value wins; equal values: the lower index.
+    Order-free, so partials may merge in any grouping."""
+    va, ia = left
+    vb, ib = right
+    if va.dtype.kind == "f":
+        an, bn = np.isnan(va), np.isnan(vb)
+    else:
+        an = bn = np.zeros(va.shape, dtype=bool)
+    beats = (vb > va) if largest else (vb < va)
+    tie = (vb == va) | (an & bn)
+    both = (ia >= 0) & (ib >= 0)
+    take = ((ia < 0) & (ib >= 0)) | (both & ((bn & ~an) | (~an & ~bn & beats) | (tie & (ib < ia))))
+    return np.where(take, vb, va), np.where(take, ib, ia)
+
+
+# ---------------------------------------------------------------------------------------------
+# moments: partial (count, mean, M2) in float64, merged with Chan's formula
+# ---------------------------------------------------------------------------------------------
+def moments_chunk(block, axes, skipnan: bool, xp=np):
+    """(count, mean, M2) of the chunk over ``axes``, two passes over the chunk in float64 (the chunk
+    is in cache or on the GPU; the mean is subtracted before squaring, so large offsets cost no
+    accuracy). ``skipnan``: NaNs do not count."""
+    x = block.astype(np.float64)
+    kept = _kept_shape(block, axes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if skipnan and block.dtype.kind == "f":
+            valid = ~xp.isnan(x)
+            count = valid.sum(axis=axes, keepdims=True).astype(np.float64)
+            x = xp.where(valid, x, 0.0)
+        else:
+            valid = None
+            count = xp.full(kept, float(_size(block, axes)), dtype=np.float64)
+        mean = x.sum(axis=axes, keepdims=True) / xp.maximum(count, 1.0)
+        dev = x - mean
+        if valid is not None:
+            dev = xp.where(valid, dev, 0.0)
+        m2 = (dev * dev).sum(axis=axes, keepdims=True)
+    return count, mean, m2
+
+
+def moments_merge(left, right):
+    """Chan, Golub and LeVeque's pairwise update: exact in exact arithmetic, and the correction term
+    uses the difference of the two means, never a difference of large sums of squares."""
+    na, ma, qa = left
+    nb, mb, qb = right
+    n = na + nb
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(n > 0, nb / np.where(n > 0, n, 1.0), 0.0)
+        delta = mb - ma
+        mean = ma + delta * share
+        m2 = qa + qb + delta * delta * na * share
+    return n, mean, m2
+
+
+# ---------------------------------------------------------------------------------------------
+# folds: nanmin/nanmax, any/all, count_nonzero
+# ---------------------------------------------------------------------------------------------
+def extreme_chunk(block, axes, largest: bool, xp=np):
+    """(NaN-skipping extreme, count) over ``axes``; an all-NaN or empty slice gives NaN (floats)."""
+    kept = _kept_shape(block, axes)
+    count = xp.full(kept, _size(block, axes), dtype=np.int64)
+    if _size(block, axes) == 0:
+        fill = np.nan if block.dtype.kind == "f" else 0
+        return xp.full(kept, fill, dtype=block.dtype), count
+    if block.dtype.kind == "f":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: the final stage warns once
+            fn = xp.nanmax if largest else xp.nanmin
+            return fn(block, axis=axes, keepdims=True), count
+    fn = xp.max if largest else xp.min
+    return fn(block, axis=axes, keepdims=True), count
+
+
+def extreme_merge(left, right, largest: bool):
+    (va, na), (vb, nb) = left, right
+    if na.size and not na.any():  # an empty chunk's placeholder (ints have no NaN to mark it)
+        return vb, na + nb
+    if nb.size and not nb.any():
+        return va, na + nb
+    if va.dtype.kind == "f":
+        value = np.fmax(va, vb) if largest else np.fmin(va, vb)  # fmax/fmin skip NaN
+    else:
+        value = np.maximum(va, vb) if largest else np.minimum(va, vb)
+    return value, na + nb
+
+
+def truth_chunk(block, axes, every: bool, xp=np):
+    fn = xp.all if every else xp.any
+    return (fn(block, axis=axes, keepdims=True),)
+
+
+def truth_merge(left, right, every: bool):
+    return (np.logical_and(left[0], right[0]) if every else np.logical_or(left[0], right[0]),)
+
+
+def count_chunk(block, axes, xp=np):
+    kept = _kept_shape(block, axes)
+    if block.ndim == 0:
+        return (xp.asarray(block != 0, dtype=np.int64).reshape(kept),)
+    return (xp.count_nonzero(block, axis=axes).astype(np.int64).reshape(kept),)
+
+
+def count_merge(left, right):
+    return (left[0] + right[0],)
+
+
+def to_host(partial):
+    return partial
