@@ -9,7 +9,7 @@ values:
 * argmin/argmax: (value, global index); a chunk knows where it lies, so the index is the position in
   the whole array; equal values keep the lower index, the first NaN wins (NumPy), and the merge is
   order-free.
-* var/std/nanvar/nanstd/nanmean: (count, mean, M2) in float64, two passes inside a chunk and Chan's
+* var/std/nanvar/nanstd/nanmean: (count, anchor + offset = mean, M2) in float64, two passes inside a chunk and Chan's
   pairwise update between chunks. Relative error stays within ``VAR_BOUND`` of an exact reference for
   data with a mean up to 1e8 times the spread, for every chunking (tests/test_statistics.py), at
   least as good as NumPy's own two-pass var in the input's dtype.
@@ -174,11 +174,11 @@ def _finish_arg(stat, partial):
 
 
 def _finish_moments(stat, partial, ddof):
-    count, mean, m2 = partial
+    count, m2 = partial[0], partial[3]
     if stat == "nanmean":
         if (count == 0).any():
             warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=4)
-        return np.where(count > 0, mean, np.nan)
+        return numpy_stats.moments_mean(partial)
     dof = count - ddof
     if (dof <= 0).any():
         warnings.warn("Degrees of freedom <= 0 for slice.", RuntimeWarning, stacklevel=4)
@@ -239,7 +239,7 @@ def _arg(stat, x, axis, keepdims, split_every):
         raise ValueError(f"attempt to get {stat} of an empty sequence")
     if kind.startswith("dask"):
         _known_chunks(x, caller)
-    shape = tuple(int(s) for s in x.shape) if axis is None else ()
+    shape = tuple(int(s) for s in x.shape)
     plan = StatPlan(stat, axes, keepdims, np.dtype(np.intp), shape=shape, gpu="cupy" in kind)
     return _run(x, kind, plan, split_every, caller)
 

@@ -83,15 +83,19 @@ def arg_merge(left, right, largest: bool):
 
 
 # ---------------------------------------------------------------------------------------------
-# moments: partial (count, mean, M2) in float64, merged with Chan's formula
+# moments: partial (count, anchor, offset, M2) in float64, merged with Chan's formula
 # ---------------------------------------------------------------------------------------------
+# The mean is kept as anchor + offset: the anchor is a float64 number (the chunk's rounded mean, exact
+# as a number), the offset the mean of the (exact, by Sterbenz) differences from it. Two partials'
+# means then differ by (anchor_b - anchor_a) + (offset_b - offset_a), computed from small, exact
+# pieces: with 1e8 + N(0, 1) data a plain float64 mean would lose 1e-8 of every delta, and with
+# one-element chunks that error reaches var itself (seen: 5e-10 relative).
 def moments_chunk(block, axes, skipnan: bool, xp=np):
-    """(count, mean, M2) of the chunk over ``axes``, two passes over the chunk in float64 (the chunk
-    is in cache or on the GPU; the mean is subtracted before squaring, so large offsets cost no
-    accuracy). ``skipnan``: NaNs do not count."""
+    """(count, anchor, offset, M2) of the chunk over ``axes``, float64, corrected two-pass over the
+    chunk (in cache, or on the GPU). ``skipnan``: NaNs do not count."""
     x = block.astype(np.float64)
     kept = _kept_shape(block, axes)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if skipnan and block.dtype.kind == "f":
             valid = ~xp.isnan(x)
             count = valid.sum(axis=axes, keepdims=True).astype(np.float64)
@@ -99,26 +103,38 @@ def moments_chunk(block, axes, skipnan: bool, xp=np):
         else:
             valid = None
             count = xp.full(kept, float(_size(block, axes)), dtype=np.float64)
-        mean = x.sum(axis=axes, keepdims=True) / xp.maximum(count, 1.0)
-        dev = x - mean
+        per = xp.maximum(count, 1.0)
+        anchor = x.sum(axis=axes, keepdims=True) / per
+        anchor = xp.where(xp.isfinite(anchor), anchor, 0.0)  # inf/NaN data: the offset carries them
+        dev = x - anchor
         if valid is not None:
             dev = xp.where(valid, dev, 0.0)
-        m2 = (dev * dev).sum(axis=axes, keepdims=True)
-    return count, mean, m2
+        total = dev.sum(axis=axes, keepdims=True)
+        offset = total / per
+        m2 = (dev * dev).sum(axis=axes, keepdims=True) - offset * total
+        m2 = xp.maximum(m2, 0.0)  # the correction may round below zero; NaN stays NaN
+    return count, anchor, offset, m2
 
 
 def moments_merge(left, right):
-    """Chan, Golub and LeVeque's pairwise update: exact in exact arithmetic, and the correction term
-    uses the difference of the two means, never a difference of large sums of squares."""
-    na, ma, qa = left
-    nb, mb, qb = right
+    """Chan, Golub and LeVeque's pairwise update: the correction term uses the difference of the two
+    means (from the anchors), never a difference of large sums of squares."""
+    na, aa, oa, qa = left
+    nb, ab, ob, qb = right
     n = na + nb
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         share = np.where(n > 0, nb / np.where(n > 0, n, 1.0), 0.0)
-        delta = mb - ma
-        mean = ma + delta * share
+        delta = (ab - aa) + (ob - oa)
+        offset = oa + delta * share
         m2 = qa + qb + delta * delta * na * share
-    return n, mean, m2
+    empty = na == 0  # nothing on the left: its anchor means nothing, keep the right's
+    return n, np.where(empty, ab, aa), np.where(empty, ob, offset), np.where(empty, qb, m2)
+
+
+def moments_mean(partial):
+    count, anchor, offset, _ = partial
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, anchor + offset, np.nan)
 
 
 # ---------------------------------------------------------------------------------------------
