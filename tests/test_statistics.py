@@ -347,3 +347,37 @@ def test_statistics_on_a_distributed_cluster(cpu_client):
     assert abs(got - _exact_var(x, 1)) <= VAR_BOUND * _exact_var(x, 1)
     assert cpu_client.compute(mr.count_nonzero(d > 1e8, axis=1)).result().tolist() == \
         np.count_nonzero(x > 1e8, axis=1).tolist()
+
+
+# ------------------------------------------------------------------------------------------------
+# the host side of the GPU kernels: block partials (strided, as the kernels' grid-stride loops
+# assign them) folded by cupy_stats._fold_host give NumPy's answer
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("grid", [1, 2, 7, 64])
+def test_block_partials_fold_like_the_kernels(grid):
+    from multireduce.backends import cupy_stats, numpy_stats
+
+    rng = np.random.default_rng(grid)
+    x = rng.integers(0, 4, 4099).astype(np.float32)
+    x[rng.random(x.size) < 0.05] = np.nan
+    owner = (np.arange(x.size) // 4) % grid  # 16-byte packs dealt round-robin to blocks
+    for largest in (False, True):
+        for skipnan in (False, True):
+            keys, where = np.zeros(grid, np.float32), np.full(grid, -1, np.int64)
+            for b in range(grid):
+                idx = np.flatnonzero(owner == b)
+                vals = x[idx]
+                if skipnan:
+                    idx, vals = idx[~np.isnan(vals)], vals[~np.isnan(vals)]
+                if idx.size:
+                    v, i = numpy_stats.arg_chunk(vals, (0,), largest, False, (0,), vals.shape)
+                    keys[b], where[b] = v[0], idx[i[0]]
+            _, got = cupy_stats._fold_host((keys, where), lambda a, b: numpy_stats.arg_merge(a, b, largest))
+            ref = {(False, False): np.argmin, (True, False): np.argmax,
+                   (False, True): np.nanargmin, (True, True): np.nanargmax}[largest, skipnan](x)
+            assert got == ref, (largest, skipnan)
+    y = 1e8 + rng.normal(0, 1, 4099)
+    parts = [numpy_stats.moments_chunk(y[owner == b], (0,), False) for b in range(grid)]
+    columns = tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
+    n, anchor, offset, m2 = cupy_stats._fold_host(columns, numpy_stats.moments_merge)
+    assert n == y.size and abs(m2 / n - _exact_var(y)) <= VAR_BOUND * _exact_var(y)
