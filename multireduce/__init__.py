@@ -8,7 +8,8 @@
 from .api import cumprod, cumsum, max, mean, min, prod, reduce, scan, sum
 from .catalogue import algorithms
 from .statistics import (all, any, argmax, argmin, count_nonzero, nanargmax, nanargmin, nancumprod, nancumsum,
-                         nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, std, var)
+                         nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, segment_reduce, segment_scan, std,
+                         var)
 from .operators import Operator, operators, register_operator, unregister_operator
 
 __version__ = "0.1.0"
@@ -18,6 +19,7 @@ __all__ = [
     "cumsum", "cumprod", "scan",
     "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
     "nansum", "nanprod", "nanmin", "nanmax", "nancumsum", "nancumprod", "any", "all", "count_nonzero",
+    "segment_reduce", "segment_scan",
     "register_operator", "unregister_operator", "operators", "Operator", "algorithms",
     "__version__",
 ]

@@ -31,6 +31,8 @@ import numpy as np
 
 from . import _validation as v
 from . import api, graph, placement
+from . import dtypes as _dt
+from .operators import get_operator
 from .backends import is_cupy_array, numpy_stats
 
 # float64 partials: the relative error of var against an exact reference on 1e8 + N(0, 1) data is a
@@ -396,6 +398,192 @@ def nancumprod(x, axis=None, dtype=None, split_every=None):
     return api.cumprod(_without_nan(x, "multireduce.nancumprod", 1), axis, dtype, split_every=split_every)
 
 
-__all__ = ["argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
+# ------------------------------------------------------------------------------------------------
+# Segments
+# ------------------------------------------------------------------------------------------------
+def _segment_args(x, offsets, op, dtype, caller):
+    x, kind = v.as_array(x, caller)
+    op = get_operator(op, caller=caller)
+    v.check_dtype(x.dtype, op.kinds, caller)
+    requested = v.requested_dtype(dtype, op.kinds, caller)
+    if x.ndim != 1:
+        raise ValueError(f"{caller}: argument 'x' must be 1-D; got {x.ndim} dimensions (shape {x.shape})")
+    if kind.startswith("dask"):
+        _known_chunks(x, caller)
+    if is_cupy_array(offsets):
+        offsets = offsets.get()
+    elif v.is_dask_array(offsets):
+        raise TypeError(f"{caller}: argument 'offsets' must be a NumPy array or a list; got a dask array "
+                        "(the segment layout shapes the graph: compute it first)")
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
+        raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
+                        f"{offsets.dtype}, shape {offsets.shape}")
+    offsets = offsets.astype(np.int64)
+    n = int(x.shape[0])
+    if offsets.size and (offsets[0] < 0 or offsets[-1] > n or (np.diff(offsets) < 0).any()):
+        raise ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
+                         f"values from {offsets.min()} to {offsets.max()}"
+                         + ("" if (np.diff(offsets) >= 0).all() else ", not ascending"))
+    out = _dt.result_dtype(op.family, x.dtype, requested)
+    return x, kind, offsets, op, _dt.accumulator_dtype(out), out
+
+
+def _xp(x):
+    if is_cupy_array(x) or (v.is_dask_array(x) and is_cupy_array(x._meta)):
+        import cupy
+
+        return cupy
+    return np
+
+
+def segment_reduce(x, offsets, op="sum", dtype=None):
+    """One value per start offset: ``op`` over ``x[offsets[i]:offsets[i+1]]`` (the last segment runs to
+    the end), as ``np.<ufunc>.reduceat`` with ascending offsets, except that an empty segment gives the
+    operator's identity (reduceat gives ``x[offsets[i]]``). Elements before ``offsets[0]`` take no part.
+
+    ``op`` is any registered operator (user ones included; non-commutative ones keep element order).
+    On Dask, segments may straddle chunks: each chunk reduces the segments that start in it, and a
+    segment cut by chunk boundaries is finished with the head pieces of the chunks it runs into."""
+    caller = "multireduce.segment_reduce"
+    x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
+    if kind.startswith("dask"):
+        return _dask_segment_reduce(x, offsets, op, acc, out)
+    return numpy_stats.segment_reduce(x, offsets, op, acc, _xp(x)).astype(out, copy=False)
+
+
+def segment_scan(x, offsets, op="sum", dtype=None):
+    """Inclusive scan of 1-D ``x`` that restarts at every offset in ``offsets`` (ascending, in
+    [0, len(x)]); the elements before ``offsets[0]`` form a segment of their own. Dask: each chunk's
+    first run is seeded with the running value carried from the chunks before it."""
+    caller = "multireduce.segment_scan"
+    x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
+    heads = np.unique(offsets[offsets < x.shape[0]])
+    if kind.startswith("dask"):
+        return _dask_segment_scan(x, heads, op, acc, out)
+    return numpy_stats.segment_scan(x, heads, op, acc, out, None, _xp(x))
+
+
+def _chunk_bounds(x):
+    ends = np.cumsum(x.chunks[0]).astype(np.int64)
+    return np.concatenate([[0], ends[:-1]]).astype(np.int64), ends
+
+
+def _host(a):
+    return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
+def _dask_segment_reduce(x, offsets, op, acc, out):
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    import dask.array as da
+
+    lo, hi = _chunk_bounds(x)
+    n, k = int(x.shape[0]), len(lo)
+    token = tokenize(x, offsets, op, str(acc), str(out))
+    pieces_name, name = f"segment-pieces-{token}", f"segment_reduce-{token}"
+    first = np.searchsorted(offsets, lo, side="left")  # segments starting in chunk j: [first[j], first[j+1])
+    first = np.append(first, len(offsets))
+    ends = np.append(offsets[1:], n)
+    pieces, finals, chunks = {}, {}, []
+    gpu = _xp(x) is not np
+    for j in range(k):
+        mine = offsets[first[j]:first[j + 1]]
+        pieces[(pieces_name, j)] = (_segment_pieces_task, (x.name, j), mine - lo[j], op, acc)
+        following = []
+        if mine.size:
+            end = ends[first[j + 1] - 1]
+            following = [(pieces_name, i) for i in range(j + 1, int(np.searchsorted(lo, end, side="left")))]
+        finals[(name, j)] = (_segment_finish_task, (pieces_name, j), op, out, gpu, *following)
+        chunks.append(int(mine.size))
+    layers = dict(x.__dask_graph__().layers)
+    deps = dict(x.__dask_graph__().dependencies)
+    layers[pieces_name], deps[pieces_name] = pieces, set(x.__dask_layers__())
+    layers[name], deps[name] = finals, {pieces_name}
+    meta = x._meta[:0].astype(out)
+    return da.Array(HighLevelGraph(layers, deps), name, (tuple(chunks),), meta=meta)
+
+
+def _segment_pieces_task(block, local_offsets, op, acc):
+    """(head, reductions): ``head`` reduces the elements before the chunk's first start (the tail of a
+    segment that began in an earlier chunk), the rest are the segments starting in this chunk."""
+    values = numpy_stats.segment_reduce(block, np.concatenate([[0], local_offsets]), op, acc, _xp(block))
+    values = _host(values)
+    return values[0], values[1:]
+
+
+def _segment_finish_task(pieces, op, out, gpu, *following):
+    head, values = pieces
+    if following and values.size:
+        last = values[-1:]
+        for h, _ in following:  # the last segment runs on into these chunks: their heads, in order
+            last = np.asarray(op.combine(last, np.asarray([h], dtype=last.dtype))).astype(last.dtype)
+        values = np.concatenate([values[:-1], last])
+    values = values.astype(out, copy=False)
+    if gpu:
+        import cupy
+
+        return cupy.asarray(values)
+    return values
+
+
+def _scan_tail(block, local_heads, op, acc):
+    """What a chunk hands on: the reduction of its elements after its last head (all of them if it has
+    none), and whether it has a head (then nothing earlier reaches past it)."""
+    xp = _xp(block)
+    start = int(local_heads[-1]) if len(local_heads) else 0
+    tail = numpy_stats.segment_reduce(block, np.asarray([start]), op, acc, xp)
+    return _host(tail)[0], bool(len(local_heads))
+
+
+def _segment_carries(op, acc, *tails):
+    """Each chunk's incoming running value (None for chunk 0), in one pass over the chunks' tails: the
+    previous chunk's tail, folded onto the previous carry unless that chunk has a head of its own
+    (chunk 0 starts a segment at its first element)."""
+    carries, carry = [None], None
+    for total, has_head in tails[:-1]:
+        if has_head or carry is None:
+            carry = total
+        else:
+            carry = np.asarray(op.combine(np.asarray(carry), np.asarray(total))).astype(acc)[()]
+        carries.append(carry)
+    return carries
+
+
+def _segment_scan_task(block, local_heads, op, acc, out, carries, j):
+    return numpy_stats.segment_scan(block, local_heads, op, acc, out, carries[j], _xp(block))
+
+
+def _dask_segment_scan(x, heads, op, acc, out):
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    import dask.array as da
+
+    lo, hi = _chunk_bounds(x)
+    k = len(lo)
+    token = tokenize(x, heads, op, str(acc), str(out))
+    tails_name, carries_name, name = (f"segment-{s}-{token}" for s in ("tails", "carries", "scan"))
+    tails, scans = {}, {}
+    cut = np.searchsorted(heads, lo, side="left")
+    cut = np.append(cut, len(heads))
+    local = [heads[cut[j]:cut[j + 1]] - lo[j] for j in range(k)]
+    carries_key = (carries_name, 0)
+    for j in range(k):
+        tails[(tails_name, j)] = (_scan_tail, (x.name, j), local[j], op, acc)
+        scans[(name, j)] = (_segment_scan_task, (x.name, j), local[j], op, acc, out, carries_key, j)
+    # depth 3 whatever the chunking (tails -> one carries pass -> scans), as for plain scans
+    carries = {carries_key: (_segment_carries, op, acc, *tails)}
+    layers = dict(x.__dask_graph__().layers)
+    deps = dict(x.__dask_graph__().dependencies)
+    layers[tails_name], deps[tails_name] = tails, set(x.__dask_layers__())
+    layers[carries_name], deps[carries_name] = carries, {tails_name}
+    layers[name], deps[name] = scans, {carries_name} | set(x.__dask_layers__())
+    meta = x._meta[:0].astype(out)
+    return da.Array(HighLevelGraph(layers, deps), name, x.chunks, meta=meta)
+
+
+__all__ = ["segment_reduce", "segment_scan", "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
            "nanmin", "nanmax", "nansum", "nanprod", "nancumsum", "nancumprod", "any", "all", "count_nonzero",
            "StatPlan", "VAR_BOUND"]

@@ -191,3 +191,72 @@ def count_merge(left, right):
 
 def to_host(partial):
     return partial
+
+
+# ---------------------------------------------------------------------------------------------
+# segments: reductions and scans that restart at given start offsets (1-D)
+# ---------------------------------------------------------------------------------------------
+def segmented_scan(values, heads, op, xp=np):
+    """Inclusive scan of ``values`` restarting wherever ``heads`` (bool) is set: Hillis-Steele
+    doubling, so ``op`` is called log2(longest segment) times on whole arrays, earlier elements on the
+    left (order kept for non-commutative operators)."""
+    n = values.shape[0]
+    segment = xp.cumsum(heads)
+    v = values
+    d = 1
+    while d < n:
+        same = segment[d:] == segment[:-d]
+        if not bool(same.any()):
+            break
+        combined = xp.asarray(op.combine(v[:-d], v[d:])).astype(v.dtype, copy=False)
+        v = xp.concatenate([v[:d], xp.where(same, combined, v[d:])])
+        d *= 2
+    return v
+
+
+def segment_reduce(x, offsets, op, acc_dtype, xp=np):
+    """One value per start offset (ascending, in [0, n]): ``op`` over x[offsets[i]:offsets[i+1]] (the
+    last to the end); empty segments give the identity. Elements before offsets[0] take no part."""
+    acc_dtype = np.dtype(acc_dtype)
+    n = x.shape[0]
+    m = len(offsets)
+    identity = op.identity(acc_dtype)
+    if m == 0:
+        return xp.empty(0, dtype=acc_dtype)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    ends = np.append(offsets[1:], n)
+    empty = offsets >= ends
+    if n == 0 or empty.all():
+        return xp.full(m, identity, dtype=acc_dtype)
+    if op.ufunc is not None and xp is np:
+        inside = offsets < n  # a prefix; those at n are empty and reduceat cannot take them
+        out = np.full(m, identity, dtype=acc_dtype)
+        out[inside] = op.ufunc.reduceat(x, offsets[inside], dtype=acc_dtype)
+    else:
+        heads = xp.zeros(n, dtype=bool)
+        heads[0] = True
+        starts = offsets[offsets < n]
+        heads[xp.asarray(starts)] = True
+        scanned = segmented_scan(x.astype(acc_dtype), heads, op, xp)
+        out = scanned[xp.asarray(np.maximum(ends - 1, 0))]
+    if empty.any():
+        out = xp.where(xp.asarray(empty), xp.asarray(identity, dtype=acc_dtype), out)
+    return out
+
+
+def segment_scan(x, heads, op, acc_dtype, out_dtype, carry=None, xp=np):
+    """Inclusive scan of ``x`` restarting at ``heads`` (positions); ``carry`` (earlier chunks' running
+    value) is folded into the elements before the first head."""
+    n = x.shape[0]
+    flags = xp.zeros(n, dtype=bool)
+    if n:
+        heads = np.asarray(heads, dtype=np.int64)
+        if heads.size:
+            flags[xp.asarray(heads)] = True
+    v = segmented_scan(x.astype(acc_dtype), flags, op, xp) if n else x.astype(acc_dtype)
+    if carry is not None and n:
+        first = int(heads[0]) if len(heads) else n
+        if first:
+            lead = xp.asarray(op.combine(xp.asarray(carry, dtype=acc_dtype), v[:first])).astype(acc_dtype)
+            v = xp.concatenate([lead, v[first:]])
+    return v.astype(out_dtype, copy=False)
