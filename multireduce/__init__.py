@@ -7,6 +7,9 @@
 
 from .api import cumprod, cumsum, max, mean, min, prod, reduce, scan, sum
 from .catalogue import algorithms
+from .statistics import (all, any, argmax, argmin, count_nonzero, nanargmax, nanargmin, nancumprod, nancumsum,
+                         nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, segment_reduce, segment_scan, std,
+                         var)
 from .operators import Operator, operators, register_operator, unregister_operator
 
 __version__ = "0.1.0"
@@ -14,6 +17,9 @@ __version__ = "0.1.0"
 __all__ = [
     "sum", "prod", "min", "max", "mean", "reduce",
     "cumsum", "cumprod", "scan",
+    "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
+    "nansum", "nanprod", "nanmin", "nanmax", "nancumsum", "nancumprod", "any", "all", "count_nonzero",
+    "segment_reduce", "segment_scan",
     "register_operator", "unregister_operator", "operators", "Operator", "algorithms",
     "__version__",
 ]

@@ -1,0 +1,262 @@
+"""Statistics on one chunk, and the merges of their partials, for the CPU (and, through ``xp``, CuPy).
+
+The chunk functions are written against the array API that NumPy and CuPy share, so the CuPy backend
+(``cupy_stats``) calls the same code with ``xp=cupy`` and only adds the device-to-host copy of the
+partial. Every partial is a tuple of arrays that keep the reduced axes (size 1), so partials of one
+output block merge elementwise whatever the chunking. Merges run on the host (NumPy): partials are
+small, and host partials cross workers without a GPU on the receiving side.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+name = "numpy"
+
+
+def _size(block, axes) -> int:
+    return math.prod(block.shape[a] for a in axes)
+
+
+def _kept_shape(block, axes) -> tuple:
+    return tuple(1 if d in axes else s for d, s in enumerate(block.shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# argmin / argmax: partial (value, index); index is global, -1 where the chunk had no candidate
+# ---------------------------------------------------------------------------------------------
+def arg_chunk(block, axes, largest: bool, skipnan: bool, offsets, shape, xp=np):
+    """The chunk's best (value, global index) per output element; ``offsets`` is the chunk's start in
+    the whole array of ``shape``. One axis: the index along it; every axis: the flat C index.
+
+    ``skipnan`` (nanargmax/nanargmin): NaNs are not candidates, an all-NaN slice gives index -1.
+    Without it NumPy's rule holds: the first NaN wins."""
+    kept = _kept_shape(block, axes)
+    if _size(block, axes) == 0:
+        return xp.zeros(kept, dtype=block.dtype), xp.full(kept, -1, dtype=np.int64)
+    floating = block.dtype.kind == "f"
+    pick = (xp.nanargmax if largest else xp.nanargmin) if skipnan and floating else (xp.argmax if largest else xp.argmin)
+    if len(axes) == block.ndim:  # axis=None: flat positions
+        flat = block.reshape(-1)
+        hollow = bool(xp.isnan(flat).all()) if skipnan and floating else False
+        if hollow:
+            return xp.zeros(kept, dtype=block.dtype), xp.full(kept, -1, dtype=np.int64)
+        local = int(pick(flat))
+        value = flat[local].reshape(kept)
+        where = np.unravel_index(local, block.shape) if block.ndim else ()
+        index = int(np.ravel_multi_index(tuple(w + o for w, o in zip(where, offsets)), shape)) if block.ndim else 0
+        return value, xp.full(kept, index, dtype=np.int64)
+    (axis,) = axes
+    hollow = None
+    if skipnan and floating:
+        hollow = xp.isnan(block).all(axis=axis, keepdims=True)
+        if bool(hollow.any()):  # nanarg* raise on an all-NaN slice: give those slices a stand-in
+            block = xp.where(hollow, xp.zeros((), dtype=block.dtype), block)
+        else:
+            hollow = None
+    local = xp.expand_dims(pick(block, axis=axis), axis)
+    value = xp.take_along_axis(block, local, axis=axis)
+    index = local.astype(np.int64) + offsets[axis]
+    if hollow is not None:
+        index = xp.where(hollow, -1, index)
+    return value, index
+
+
+def arg_merge(left, right, largest: bool):
+    """The better of two (value, index) partials elementwise: a candidate beats none; a NaN beats a
+    number (NumPy: the first NaN wins); a larger (smaller) value wins; equal values: the lower index.
+    Order-free, so partials may merge in any grouping."""
+    va, ia = left
+    vb, ib = right
+    if va.dtype.kind == "f":
+        an, bn = np.isnan(va), np.isnan(vb)
+    else:
+        an = bn = np.zeros(va.shape, dtype=bool)
+    beats = (vb > va) if largest else (vb < va)
+    tie = (vb == va) | (an & bn)
+    both = (ia >= 0) & (ib >= 0)
+    take = ((ia < 0) & (ib >= 0)) | (both & ((bn & ~an) | (~an & ~bn & beats) | (tie & (ib < ia))))
+    return np.where(take, vb, va), np.where(take, ib, ia)
+
+
+# ---------------------------------------------------------------------------------------------
+# moments: partial (count, anchor, offset, M2) in float64, merged with Chan's formula
+# ---------------------------------------------------------------------------------------------
+# The mean is kept as anchor + offset: the anchor is a float64 number (the chunk's rounded mean, exact
+# as a number), the offset the mean of the (exact, by Sterbenz) differences from it. Two partials'
+# means then differ by (anchor_b - anchor_a) + (offset_b - offset_a), computed from small, exact
+# pieces: with 1e8 + N(0, 1) data a plain float64 mean would lose 1e-8 of every delta, and with
+# one-element chunks that error reaches var itself (seen: 5e-10 relative).
+def moments_chunk(block, axes, skipnan: bool, xp=np):
+    """(count, anchor, offset, M2) of the chunk over ``axes``, float64, corrected two-pass over the
+    chunk (in cache, or on the GPU). ``skipnan``: NaNs do not count."""
+    x = block.astype(np.float64)
+    kept = _kept_shape(block, axes)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if skipnan and block.dtype.kind == "f":
+            valid = ~xp.isnan(x)
+            count = valid.sum(axis=axes, keepdims=True).astype(np.float64)
+            x = xp.where(valid, x, 0.0)
+        else:
+            valid = None
+            count = xp.full(kept, float(_size(block, axes)), dtype=np.float64)
+        per = xp.maximum(count, 1.0)
+        anchor = x.sum(axis=axes, keepdims=True) / per
+        anchor = xp.where(xp.isfinite(anchor), anchor, 0.0)  # inf/NaN data: the offset carries them
+        dev = x - anchor
+        if valid is not None:
+            dev = xp.where(valid, dev, 0.0)
+        total = dev.sum(axis=axes, keepdims=True)
+        offset = total / per
+        m2 = (dev * dev).sum(axis=axes, keepdims=True) - offset * total
+        m2 = xp.maximum(m2, 0.0)  # the correction may round below zero; NaN stays NaN
+    return count, anchor, offset, m2
+
+
+def moments_merge(left, right):
+    """Chan, Golub and LeVeque's pairwise update: the correction term uses the difference of the two
+    means (from the anchors), never a difference of large sums of squares."""
+    na, aa, oa, qa = left
+    nb, ab, ob, qb = right
+    n = na + nb
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        share = np.where(n > 0, nb / np.where(n > 0, n, 1.0), 0.0)
+        delta = (ab - aa) + (ob - oa)
+        offset = oa + delta * share
+        m2 = qa + qb + delta * delta * na * share
+    empty = na == 0  # nothing on the left: its anchor means nothing, keep the right's
+    return n, np.where(empty, ab, aa), np.where(empty, ob, offset), np.where(empty, qb, m2)
+
+
+def moments_mean(partial):
+    count, anchor, offset, _ = partial
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, anchor + offset, np.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# folds: nanmin/nanmax, any/all, count_nonzero
+# ---------------------------------------------------------------------------------------------
+def extreme_chunk(block, axes, largest: bool, xp=np):
+    """(NaN-skipping extreme, count) over ``axes``; an all-NaN or empty slice gives NaN (floats)."""
+    kept = _kept_shape(block, axes)
+    count = xp.full(kept, _size(block, axes), dtype=np.int64)
+    if _size(block, axes) == 0:
+        fill = np.nan if block.dtype.kind == "f" else 0
+        return xp.full(kept, fill, dtype=block.dtype), count
+    if block.dtype.kind == "f":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: the final stage warns once
+            fn = xp.nanmax if largest else xp.nanmin
+            return fn(block, axis=axes, keepdims=True), count
+    fn = xp.max if largest else xp.min
+    return fn(block, axis=axes, keepdims=True), count
+
+
+def extreme_merge(left, right, largest: bool):
+    (va, na), (vb, nb) = left, right
+    if na.size and not na.any():  # an empty chunk's placeholder (ints have no NaN to mark it)
+        return vb, na + nb
+    if nb.size and not nb.any():
+        return va, na + nb
+    if va.dtype.kind == "f":
+        value = np.fmax(va, vb) if largest else np.fmin(va, vb)  # fmax/fmin skip NaN
+    else:
+        value = np.maximum(va, vb) if largest else np.minimum(va, vb)
+    return value, na + nb
+
+
+def truth_chunk(block, axes, every: bool, xp=np):
+    fn = xp.all if every else xp.any
+    return (fn(block, axis=axes, keepdims=True),)
+
+
+def truth_merge(left, right, every: bool):
+    return (np.logical_and(left[0], right[0]) if every else np.logical_or(left[0], right[0]),)
+
+
+def count_chunk(block, axes, xp=np):
+    kept = _kept_shape(block, axes)
+    if block.ndim == 0:
+        return (xp.asarray(block != 0, dtype=np.int64).reshape(kept),)
+    return (xp.count_nonzero(block, axis=axes).astype(np.int64).reshape(kept),)
+
+
+def count_merge(left, right):
+    return (left[0] + right[0],)
+
+
+def to_host(partial):
+    return partial
+
+
+# ---------------------------------------------------------------------------------------------
+# segments: reductions and scans that restart at given start offsets (1-D)
+# ---------------------------------------------------------------------------------------------
+def segmented_scan(values, heads, op, xp=np):
+    """Inclusive scan of ``values`` restarting wherever ``heads`` (bool) is set: Hillis-Steele
+    doubling, so ``op`` is called log2(longest segment) times on whole arrays, earlier elements on the
+    left (order kept for non-commutative operators)."""
+    n = values.shape[0]
+    segment = xp.cumsum(heads)
+    v = values
+    d = 1
+    while d < n:
+        same = segment[d:] == segment[:-d]
+        if not bool(same.any()):
+            break
+        combined = xp.asarray(op.combine(v[:-d], v[d:])).astype(v.dtype, copy=False)
+        v = xp.concatenate([v[:d], xp.where(same, combined, v[d:])])
+        d *= 2
+    return v
+
+
+def segment_reduce(x, offsets, op, acc_dtype, xp=np):
+    """One value per start offset (ascending, in [0, n]): ``op`` over x[offsets[i]:offsets[i+1]] (the
+    last to the end); empty segments give the identity. Elements before offsets[0] take no part."""
+    acc_dtype = np.dtype(acc_dtype)
+    n = x.shape[0]
+    m = len(offsets)
+    identity = op.identity(acc_dtype)
+    if m == 0:
+        return xp.empty(0, dtype=acc_dtype)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    ends = np.append(offsets[1:], n)
+    empty = offsets >= ends
+    if n == 0 or empty.all():
+        return xp.full(m, identity, dtype=acc_dtype)
+    if op.ufunc is not None and xp is np:
+        inside = offsets < n  # a prefix; those at n are empty and reduceat cannot take them
+        out = np.full(m, identity, dtype=acc_dtype)
+        out[inside] = op.ufunc.reduceat(x, offsets[inside], dtype=acc_dtype)
+    else:
+        heads = xp.zeros(n, dtype=bool)
+        heads[0] = True
+        starts = offsets[offsets < n]
+        heads[xp.asarray(starts)] = True
+        scanned = segmented_scan(x.astype(acc_dtype), heads, op, xp)
+        out = scanned[xp.asarray(np.maximum(ends - 1, 0))]
+    if empty.any():
+        out = xp.where(xp.asarray(empty), xp.asarray(identity, dtype=acc_dtype), out)
+    return out
+
+
+def segment_scan(x, heads, op, acc_dtype, out_dtype, carry=None, xp=np):
+    """Inclusive scan of ``x`` restarting at ``heads`` (positions); ``carry`` (earlier chunks' running
+    value) is folded into the elements before the first head."""
+    n = x.shape[0]
+    flags = xp.zeros(n, dtype=bool)
+    if n:
+        heads = np.asarray(heads, dtype=np.int64)
+        if heads.size:
+            flags[xp.asarray(heads)] = True
+    v = segmented_scan(x.astype(acc_dtype), flags, op, xp) if n else x.astype(acc_dtype)
+    if carry is not None and n:
+        first = int(heads[0]) if len(heads) else n
+        if first:
+            lead = xp.asarray(op.combine(xp.asarray(carry, dtype=acc_dtype), v[:first])).astype(acc_dtype)
+            v = xp.concatenate([lead, v[first:]])
+    return v.astype(out_dtype, copy=False)

@@ -1,0 +1,592 @@
+"""argmin/argmax, var/std, the NaN-skipping family and any/all/count_nonzero over NumPy, CuPy and Dask.
+
+Each function is one ``StatPlan`` run through the same contract as the other reductions: ``partial``
+(a group of chunks -> a small host partial), ``combine`` (partials -> one), ``aggregate``/``whole``
+(-> the result). NumPy and CuPy input run the plan on the whole array now; Dask input builds the graph
+with ``graph.reduction`` (one partial per worker for persisted data). Partials carry state, not
+values:
+
+* argmin/argmax: (value, global index); a chunk knows where it lies, so the index is the position in
+  the whole array; equal values keep the lower index, the first NaN wins (NumPy), and the merge is
+  order-free.
+* var/std/nanvar/nanstd/nanmean: (count, anchor + offset = mean, M2) in float64, two passes inside a chunk and Chan's
+  pairwise update between chunks. Relative error stays within ``VAR_BOUND`` of an exact reference for
+  data with a mean up to 1e8 times the spread, for every chunking (tests/test_statistics.py), at
+  least as good as NumPy's own two-pass var in the input's dtype.
+* nanmin/nanmax: (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
+
+nansum/nanprod/nancumsum/nancumprod replace NaN by the identity and run the ordinary sum/prod/scan.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import numbers
+import warnings
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from . import _validation as v
+from . import api, graph, placement
+from . import dtypes as _dt
+from .operators import get_operator
+from .backends import is_cupy_array, numpy_stats
+
+# float64 partials: the relative error of var against an exact reference on 1e8 + N(0, 1) data is a
+# few hundred ulps at most (mean rounding in each chunk, one rounding per Chan merge level)
+VAR_BOUND = 1e-11
+
+_ARG = ("argmax", "argmin", "nanargmax", "nanargmin")
+_MOMENTS = ("var", "std", "nanvar", "nanstd", "nanmean")
+
+
+@dataclass(frozen=True)
+class _Commutative:
+    """What ``graph.reduction`` asks of a plan's operator: every merge here is order-free."""
+
+    commutative: bool = True
+
+
+@dataclass(frozen=True)
+class Located:
+    """A chunk and where it starts in the whole array (argmin/argmax need global positions)."""
+
+    block: object
+    offsets: tuple
+
+
+def _locate(block, block_info=None):
+    return Located(block, tuple(start for start, _ in block_info[0]["array-location"]))
+
+
+def _backend(block):
+    if is_cupy_array(block):
+        from .backends import cupy_stats
+
+        return cupy_stats
+    return numpy_stats
+
+
+@dataclass(frozen=True)
+class StatPlan:
+    stat: str
+    axes: tuple
+    keepdims: bool
+    out_dtype: np.dtype
+    ddof: float = 0.0
+    shape: tuple = ()  # the whole array's shape (argmin/argmax over every axis)
+    gpu: bool = False  # CuPy input: the result goes back to the GPU
+    op: ClassVar[_Commutative] = _Commutative()
+
+    @property
+    def label(self) -> str:
+        return self.stat
+
+    @property
+    def _largest(self) -> bool:
+        return self.stat.endswith("max")
+
+    # -- per chunk --------------------------------------------------------------------------------
+    def _chunk(self, block):
+        if isinstance(block, Located):
+            block, offsets = block.block, block.offsets
+        else:
+            offsets = (0,) * block.ndim
+        be = _backend(block)
+        if self.stat in _ARG:
+            return be.arg_chunk(block, self.axes, self._largest, self.stat.startswith("nan"), offsets, self.shape)
+        if self.stat in _MOMENTS:
+            return be.moments_chunk(block, self.axes, self.stat.startswith("nan"))
+        if self.stat in ("nanmin", "nanmax"):
+            return be.extreme_chunk(block, self.axes, self._largest)
+        if self.stat in ("any", "all"):
+            return be.truth_chunk(block, self.axes, self.stat == "all")
+        return be.count_chunk(block, self.axes)
+
+    def _merge(self, left, right):
+        if self.stat in _ARG:
+            return numpy_stats.arg_merge(left, right, self._largest)
+        if self.stat in _MOMENTS:
+            return numpy_stats.moments_merge(left, right)
+        if self.stat in ("nanmin", "nanmax"):
+            return numpy_stats.extreme_merge(left, right, self._largest)
+        if self.stat in ("any", "all"):
+            return numpy_stats.truth_merge(left, right, self.stat == "all")
+        return numpy_stats.count_merge(left, right)
+
+    # -- the graph contract -------------------------------------------------------------------------
+    def partial(self, *blocks):
+        return self.combine(*(self._chunk(b) for b in blocks))
+
+    def combine(self, *partials):
+        # a balanced pairwise tree: each merge level adds one rounding to the moments
+        level = list(partials)
+        while len(level) > 1:
+            nxt = [self._merge(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        return level[0]
+
+    def finalize(self, partial):
+        stat = self.stat
+        if stat in _ARG:
+            value = _finish_arg(stat, partial)
+        elif stat in _MOMENTS:
+            value = _finish_moments(stat, partial, self.ddof)
+        elif stat in ("nanmin", "nanmax"):
+            value, count = partial
+            if count.size and not count.any():
+                raise ValueError(f"zero-size array to reduction operation {'fmax' if self._largest else 'fmin'} "
+                                 "which has no identity")
+            if value.dtype.kind == "f" and np.isnan(value).any():
+                warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+        else:
+            value = partial[0]
+        if not self.keepdims:
+            value = value.reshape(tuple(s for d, s in enumerate(value.shape) if d not in self.axes))
+        value = np.asarray(value).astype(self.out_dtype, copy=False)
+        if self.gpu:
+            import cupy
+
+            return cupy.asarray(value)
+        return value
+
+    def aggregate(self, *partials):
+        return self.finalize(self.combine(*partials))
+
+    def whole(self, *blocks):
+        return self.finalize(self.partial(*blocks))
+
+    def __dask_tokenize__(self):
+        return ("multireduce.StatPlan", self.stat, self.axes, self.keepdims, str(self.out_dtype), self.ddof,
+                self.shape, self.gpu)
+
+
+def _finish_arg(stat, partial):
+    value, index = partial
+    if (index < 0).any():
+        if stat.startswith("nan"):
+            raise ValueError("All-NaN slice encountered")
+        raise ValueError(f"attempt to get {stat} of an empty sequence")
+    return index
+
+
+def _finish_moments(stat, partial, ddof):
+    count, m2 = partial[0], partial[3]
+    if stat == "nanmean":
+        if (count == 0).any():
+            warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=4)
+        return numpy_stats.moments_mean(partial)
+    dof = count - ddof
+    if (dof <= 0).any():
+        warnings.warn("Degrees of freedom <= 0 for slice.", RuntimeWarning, stacklevel=4)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = m2 / np.maximum(dof, 0.0)
+        var = np.where(count > 0, var, np.nan)
+    return np.sqrt(var) if stat.endswith("std") else var
+
+
+# ------------------------------------------------------------------------------------------------
+# Running a plan
+# ------------------------------------------------------------------------------------------------
+def _known_chunks(x, caller):
+    if builtins.any(isinstance(c, float) and math.isnan(c) for cs in x.chunks for c in cs):
+        raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes; expected known sizes (call "
+                         "x.compute_chunk_sizes() first)")
+
+
+def _run(x, kind, plan, split_every, caller):
+    if kind.startswith("dask"):
+        fan = v.fan_in(split_every, plan.axes, caller)
+        if plan.stat in _ARG:
+            located = x.map_blocks(_locate, dtype=x.dtype, meta=x._meta, name=f"{plan.stat}-locate-{x.name}")
+            holder = placement.holders(x)
+            groups = None
+            if holder:  # the same workers hold the located chunks
+                holder = {(located.name, *k[1:]): w for k, w in holder.items()}
+                groups = placement.by_worker(holder, True)
+            return graph.reduction(located, plan, fan, groups)
+        return graph.reduction(x, plan, fan, placement.grouping_for(x, True))
+    if kind == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(x.data.device_id):
+            return plan.whole(x)
+    result = plan.whole(x)
+    return result[()] if result.ndim == 0 else result
+
+
+def _prepare(x, caller, kinds):
+    x, kind = v.as_array(x, caller)
+    v.check_dtype(x.dtype, kinds, caller)
+    return x, kind
+
+
+# ------------------------------------------------------------------------------------------------
+# argmin / argmax
+# ------------------------------------------------------------------------------------------------
+def _arg(stat, x, axis, keepdims, split_every):
+    caller = f"multireduce.{stat}"
+    x, kind = _prepare(x, caller, "biuf")
+    if axis is not None and (isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral)):
+        raise TypeError(f"{caller}: argument 'axis' must be None or an int; got {axis!r}")
+    axes = v.normalize_axes(axis, x.ndim, caller)
+    keepdims = v.check_flag(keepdims, "keepdims", caller)
+    v.fan_in(split_every, axes, caller) if kind.startswith("dask") else None
+    if axis is None and x.ndim and v.known_empty(x, axes) or axis is not None and x.shape[axes[0]] == 0:
+        raise ValueError(f"attempt to get {stat} of an empty sequence")
+    if kind.startswith("dask"):
+        _known_chunks(x, caller)
+    shape = tuple(int(s) for s in x.shape)
+    plan = StatPlan(stat, axes, keepdims, np.dtype(np.intp), shape=shape, gpu="cupy" in kind)
+    return _run(x, kind, plan, split_every, caller)
+
+
+def argmax(x, axis=None, keepdims=False, *, split_every=None):
+    """Index of the largest element, as ``numpy.argmax``: the flat index for ``axis=None``, the first
+    occurrence on ties, the first NaN if there is one; an empty slice raises ValueError."""
+    return _arg("argmax", x, axis, keepdims, split_every)
+
+
+def argmin(x, axis=None, keepdims=False, *, split_every=None):
+    """Index of the smallest element, as ``numpy.argmin`` (first occurrence, first NaN wins)."""
+    return _arg("argmin", x, axis, keepdims, split_every)
+
+
+def nanargmax(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanargmax``: NaNs ignored; an all-NaN slice raises ValueError."""
+    return _arg("nanargmax", x, axis, keepdims, split_every)
+
+
+def nanargmin(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanargmin``: NaNs ignored; an all-NaN slice raises ValueError."""
+    return _arg("nanargmin", x, axis, keepdims, split_every)
+
+
+# ------------------------------------------------------------------------------------------------
+# moments
+# ------------------------------------------------------------------------------------------------
+def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
+    caller = f"multireduce.{stat}"
+    x, kind = _prepare(x, caller, "biuf")
+    requested = v.requested_dtype(dtype, "f", caller)
+    if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Real) or not math.isfinite(ddof):
+        raise TypeError(f"{caller}: argument 'ddof' must be a finite real number; got {ddof!r}")
+    axes = v.normalize_axes(axis, x.ndim, caller)
+    keepdims = v.check_flag(keepdims, "keepdims", caller)
+    if kind.startswith("dask"):
+        v.fan_in(split_every, axes, caller)
+    out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
+    plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind)
+    return _run(x, kind, plan, split_every, caller)
+
+
+def var(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """Variance, as ``numpy.var`` (integers give float64), in one pass over the data: each chunk's
+    (count, mean, M2) merged with Chan's formula. ``ddof`` >= count warns and gives inf/NaN as NumPy."""
+    return _moment("var", x, axis, dtype, ddof, keepdims, split_every)
+
+
+def std(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """Standard deviation, as ``numpy.std``: the square root of ``var``."""
+    return _moment("std", x, axis, dtype, ddof, keepdims, split_every)
+
+
+def nanvar(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """``numpy.nanvar``: NaNs do not count; an all-NaN slice warns and gives NaN."""
+    return _moment("nanvar", x, axis, dtype, ddof, keepdims, split_every)
+
+
+def nanstd(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """``numpy.nanstd``: the square root of ``nanvar``."""
+    return _moment("nanstd", x, axis, dtype, ddof, keepdims, split_every)
+
+
+def nanmean(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
+    """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN."""
+    return _moment("nanmean", x, axis, dtype, 0, keepdims, split_every)
+
+
+# ------------------------------------------------------------------------------------------------
+# nanmin / nanmax, any / all / count_nonzero
+# ------------------------------------------------------------------------------------------------
+def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
+    caller = f"multireduce.{stat}"
+    x, kind = _prepare(x, caller, kinds)
+    axes = v.normalize_axes(axis, x.ndim, caller)
+    keepdims = v.check_flag(keepdims, "keepdims", caller)
+    if kind.startswith("dask"):
+        v.fan_in(split_every, axes, caller)
+    if stat in ("nanmin", "nanmax") and v.known_empty(x, axes):
+        raise ValueError(f"zero-size array to reduction operation {'fmax' if stat == 'nanmax' else 'fmin'} "
+                         "which has no identity")
+    plan = StatPlan(stat, axes, keepdims, np.dtype(out_dtype or x.dtype), gpu="cupy" in kind)
+    return _run(x, kind, plan, split_every, caller)
+
+
+def nanmin(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanmin``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
+    return _fold("nanmin", x, axis, keepdims, split_every, "biuf")
+
+
+def nanmax(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanmax``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
+    return _fold("nanmax", x, axis, keepdims, split_every, "biuf")
+
+
+def any(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.any``: True where some element is non-zero (NaN counts as non-zero); empty -> False."""
+    return _fold("any", x, axis, keepdims, split_every, "biufc", np.bool_)
+
+
+def all(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.all``: True where every element is non-zero; empty -> True."""
+    return _fold("all", x, axis, keepdims, split_every, "biufc", np.bool_)
+
+
+def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.count_nonzero``: an int for ``axis=None`` (NumPy input), else an intp array."""
+    result = _fold("count_nonzero", x, axis, keepdims, split_every, "biufc", np.intp)
+    if axis is None and not keepdims and isinstance(result, np.generic):
+        return int(result)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# NaN as the identity: nansum, nanprod, nancumsum, nancumprod
+# ------------------------------------------------------------------------------------------------
+def _nan_to(block, fill):
+    if block.dtype.kind != "f":
+        return block
+    if is_cupy_array(block):
+        import cupy as xp
+    else:
+        xp = np
+    return xp.where(xp.isnan(block), xp.asarray(fill, dtype=block.dtype), block)
+
+
+def _without_nan(x, caller, fill):
+    x, kind = _prepare(x, caller, "biuf")
+    if x.dtype.kind != "f":
+        return x
+    if kind.startswith("dask"):
+        return x.map_blocks(_nan_to, fill, dtype=x.dtype, meta=x._meta)
+    return _nan_to(x, fill)
+
+
+def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=False):
+    """``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0); ``exact=True`` as in ``sum``."""
+    return api.sum(_without_nan(x, "multireduce.nansum", 0), axis, dtype, keepdims, split_every=split_every,
+                   exact=exact)
+
+
+def nanprod(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
+    """``numpy.nanprod``: NaN counts as 1."""
+    return api.prod(_without_nan(x, "multireduce.nanprod", 1), axis, dtype, keepdims, split_every=split_every)
+
+
+def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
+    """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens); ``exact=True``
+    as in ``cumsum``."""
+    return api.cumsum(_without_nan(x, "multireduce.nancumsum", 0), axis, dtype, split_every=split_every,
+                      exact=exact)
+
+
+def nancumprod(x, axis=None, dtype=None, *, split_every=None):
+    """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
+    return api.cumprod(_without_nan(x, "multireduce.nancumprod", 1), axis, dtype, split_every=split_every)
+
+
+# ------------------------------------------------------------------------------------------------
+# Segments
+# ------------------------------------------------------------------------------------------------
+def _segment_args(x, offsets, op, dtype, caller):
+    x, kind = v.as_array(x, caller)
+    op = get_operator(op, caller=caller)
+    v.check_dtype(x.dtype, op.kinds, caller)
+    requested = v.requested_dtype(dtype, op.kinds, caller)
+    if x.ndim != 1:
+        raise ValueError(f"{caller}: argument 'x' must be 1-D; got {x.ndim} dimensions (shape {x.shape})")
+    if kind.startswith("dask"):
+        _known_chunks(x, caller)
+    if is_cupy_array(offsets):
+        offsets = offsets.get()
+    elif v.is_dask_array(offsets):
+        raise TypeError(f"{caller}: argument 'offsets' must be a NumPy array or a list; got a dask array "
+                        "(the segment layout shapes the graph: compute it first)")
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
+        raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
+                        f"{offsets.dtype}, shape {offsets.shape}")
+    offsets = offsets.astype(np.int64)
+    n = int(x.shape[0])
+    if offsets.size and (offsets[0] < 0 or offsets[-1] > n or (np.diff(offsets) < 0).any()):
+        raise ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
+                         f"values from {offsets.min()} to {offsets.max()}"
+                         + ("" if (np.diff(offsets) >= 0).all() else ", not ascending"))
+    out = _dt.result_dtype(op.family, x.dtype, requested)
+    return x, kind, offsets, op, _dt.accumulator_dtype(out), out
+
+
+def _xp(x):
+    if is_cupy_array(x) or (v.is_dask_array(x) and is_cupy_array(x._meta)):
+        import cupy
+
+        return cupy
+    return np
+
+
+def segment_reduce(x, offsets, op="sum", dtype=None):
+    """One value per start offset: ``op`` over ``x[offsets[i]:offsets[i+1]]`` (the last segment runs to
+    the end), as ``np.<ufunc>.reduceat`` with ascending offsets, except that an empty segment gives the
+    operator's identity (reduceat gives ``x[offsets[i]]``). Elements before ``offsets[0]`` take no part.
+
+    ``op`` is any registered operator (user ones included; non-commutative ones keep element order).
+    On Dask, segments may straddle chunks: each chunk reduces the segments that start in it, and a
+    segment cut by chunk boundaries is finished with the head pieces of the chunks it runs into."""
+    caller = "multireduce.segment_reduce"
+    x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
+    if kind.startswith("dask"):
+        return _dask_segment_reduce(x, offsets, op, acc, out)
+    return numpy_stats.segment_reduce(x, offsets, op, acc, _xp(x)).astype(out, copy=False)
+
+
+def segment_scan(x, offsets, op="sum", dtype=None):
+    """Inclusive scan of 1-D ``x`` that restarts at every offset in ``offsets`` (ascending, in
+    [0, len(x)]); the elements before ``offsets[0]`` form a segment of their own. Dask: each chunk's
+    first run is seeded with the running value carried from the chunks before it."""
+    caller = "multireduce.segment_scan"
+    x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
+    heads = np.unique(offsets[offsets < x.shape[0]])
+    if kind.startswith("dask"):
+        return _dask_segment_scan(x, heads, op, acc, out)
+    return numpy_stats.segment_scan(x, heads, op, acc, out, None, _xp(x))
+
+
+def _chunk_bounds(x):
+    ends = np.cumsum(x.chunks[0]).astype(np.int64)
+    return np.concatenate([[0], ends[:-1]]).astype(np.int64), ends
+
+
+def _host(a):
+    return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
+def _dask_segment_reduce(x, offsets, op, acc, out):
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    import dask.array as da
+
+    lo, hi = _chunk_bounds(x)
+    n, k = int(x.shape[0]), len(lo)
+    token = tokenize(x, offsets, op, str(acc), str(out))
+    pieces_name, name = f"segment-pieces-{token}", f"segment_reduce-{token}"
+    first = np.searchsorted(offsets, lo, side="left")  # segments starting in chunk j: [first[j], first[j+1])
+    first = np.append(first, len(offsets))
+    ends = np.append(offsets[1:], n)
+    pieces, finals, chunks = {}, {}, []
+    gpu = _xp(x) is not np
+    for j in range(k):
+        mine = offsets[first[j]:first[j + 1]]
+        pieces[(pieces_name, j)] = (_segment_pieces_task, (x.name, j), mine - lo[j], op, acc)
+        following = []
+        if mine.size:
+            end = ends[first[j + 1] - 1]
+            following = [(pieces_name, i) for i in range(j + 1, int(np.searchsorted(lo, end, side="left")))]
+        finals[(name, j)] = (_segment_finish_task, (pieces_name, j), op, out, gpu, *following)
+        chunks.append(int(mine.size))
+    layers = dict(x.__dask_graph__().layers)
+    deps = dict(x.__dask_graph__().dependencies)
+    layers[pieces_name], deps[pieces_name] = pieces, set(x.__dask_layers__())
+    layers[name], deps[name] = finals, {pieces_name}
+    meta = x._meta[:0].astype(out)
+    return da.Array(HighLevelGraph(layers, deps), name, (tuple(chunks),), meta=meta)
+
+
+def _segment_pieces_task(block, local_offsets, op, acc):
+    """(head, reductions): ``head`` reduces the elements before the chunk's first start (the tail of a
+    segment that began in an earlier chunk), the rest are the segments starting in this chunk."""
+    values = numpy_stats.segment_reduce(block, np.concatenate([[0], local_offsets]), op, acc, _xp(block))
+    values = _host(values)
+    return values[0], values[1:]
+
+
+def _segment_finish_task(pieces, op, out, gpu, *following):
+    head, values = pieces
+    if following and values.size:
+        last = values[-1:]
+        for h, _ in following:  # the last segment runs on into these chunks: their heads, in order
+            last = np.asarray(op.combine(last, np.asarray([h], dtype=last.dtype))).astype(last.dtype)
+        values = np.concatenate([values[:-1], last])
+    values = values.astype(out, copy=False)
+    if gpu:
+        import cupy
+
+        return cupy.asarray(values)
+    return values
+
+
+def _scan_tail(block, local_heads, op, acc):
+    """What a chunk hands on: the reduction of its elements after its last head (all of them if it has
+    none), and whether it has a head (then nothing earlier reaches past it)."""
+    xp = _xp(block)
+    start = int(local_heads[-1]) if len(local_heads) else 0
+    tail = numpy_stats.segment_reduce(block, np.asarray([start]), op, acc, xp)
+    return _host(tail)[0], bool(len(local_heads))
+
+
+def _segment_carries(op, acc, *tails):
+    """Each chunk's incoming running value (None for chunk 0), in one pass over the chunks' tails: the
+    previous chunk's tail, folded onto the previous carry unless that chunk has a head of its own
+    (chunk 0 starts a segment at its first element)."""
+    carries, carry = [None], None
+    for total, has_head in tails[:-1]:
+        if has_head or carry is None:
+            carry = total
+        else:
+            carry = np.asarray(op.combine(np.asarray(carry), np.asarray(total))).astype(acc)[()]
+        carries.append(carry)
+    return carries
+
+
+def _segment_scan_task(block, local_heads, op, acc, out, carries, j):
+    return numpy_stats.segment_scan(block, local_heads, op, acc, out, carries[j], _xp(block))
+
+
+def _dask_segment_scan(x, heads, op, acc, out):
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    import dask.array as da
+
+    lo, hi = _chunk_bounds(x)
+    k = len(lo)
+    token = tokenize(x, heads, op, str(acc), str(out))
+    tails_name, carries_name, name = (f"segment-{s}-{token}" for s in ("tails", "carries", "scan"))
+    tails, scans = {}, {}
+    cut = np.searchsorted(heads, lo, side="left")
+    cut = np.append(cut, len(heads))
+    local = [heads[cut[j]:cut[j + 1]] - lo[j] for j in range(k)]
+    carries_key = (carries_name, 0)
+    for j in range(k):
+        tails[(tails_name, j)] = (_scan_tail, (x.name, j), local[j], op, acc)
+        scans[(name, j)] = (_segment_scan_task, (x.name, j), local[j], op, acc, out, carries_key, j)
+    # depth 3 whatever the chunking (tails -> one carries pass -> scans), as for plain scans
+    carries = {carries_key: (_segment_carries, op, acc, *tails)}
+    layers = dict(x.__dask_graph__().layers)
+    deps = dict(x.__dask_graph__().dependencies)
+    layers[tails_name], deps[tails_name] = tails, set(x.__dask_layers__())
+    layers[carries_name], deps[carries_name] = carries, {tails_name}
+    layers[name], deps[name] = scans, {carries_name} | set(x.__dask_layers__())
+    meta = x._meta[:0].astype(out)
+    return da.Array(HighLevelGraph(layers, deps), name, x.chunks, meta=meta)
+
+
+__all__ = ["segment_reduce", "segment_scan", "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
+           "nanmin", "nanmax", "nansum", "nanprod", "nancumsum", "nancumprod", "any", "all", "count_nonzero",
+           "StatPlan", "VAR_BOUND"]

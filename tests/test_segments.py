@@ -1,0 +1,119 @@
+"""segment_reduce / segment_scan against per-segment NumPy references: every built-in operator, a
+non-commutative user operator, empty segments, segments straddling Dask chunks."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import multireduce as mr
+
+from .helpers import matmul_operator, random_matrices, sequential_fold, sequential_scan
+
+UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+@pytest.fixture(autouse=True)
+def synchronous_scheduler():
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
+def _offsets(rng, n, m):
+    """m ascending start offsets in [0, n], with repeats (empty segments) and n itself now and then."""
+    o = np.sort(rng.integers(0, n + 1, m))
+    if m > 2:
+        o[1] = o[2]  # an empty segment
+    return o
+
+
+def _ident(opname, dtype):
+    from multireduce.operators import get_operator
+
+    return get_operator(opname).identity(np.dtype(dtype))
+
+
+@pytest.mark.parametrize("chunks", [None, 1, 7, 100, 1000])
+@pytest.mark.parametrize("opname", list(UFUNC))
+@pytest.mark.parametrize("n,m", [(0, 0), (0, 3), (1, 1), (31, 5), (1025, 1), (1025, 300), (5000, 2000)])
+def test_segment_reduce_matches_per_segment_reference(n, m, opname, chunks):
+    if chunks == 1 and n > 1100:
+        pytest.skip("one-element chunks: covered at n <= 1025, thousands of tasks here")
+    rng = np.random.default_rng(n + m)
+    x = rng.integers(-50, 50, n).astype(np.int32) if opname != "prod" else rng.choice([-1, 1, 2], n).astype(np.int32)
+    offsets = _offsets(rng, n, m)
+    out_dtype = np.asarray(UFUNC[opname].reduce(np.ones(1, np.int32))).dtype
+    ends = np.append(offsets[1:], n)
+    ref = np.array([UFUNC[opname].reduce(x[s:e], dtype=out_dtype) if e > s else _ident(opname, out_dtype)
+                    for s, e in zip(offsets, ends)], dtype=out_dtype)
+    data = x if chunks is None else da.from_array(x, chunks=chunks or 1)
+    got = mr.segment_reduce(data, offsets, opname)
+    if chunks is not None:
+        assert isinstance(got, da.Array)
+        got = got.compute()
+    np.testing.assert_array_equal(got, ref)
+    assert got.dtype == out_dtype
+    # non-empty segments agree with NumPy's own reduceat
+    if n and m:
+        inside = offsets < n
+        keep = (offsets < ends)[inside]
+        want = UFUNC[opname].reduceat(x, offsets[inside], dtype=out_dtype)
+        np.testing.assert_array_equal(got[inside][keep], want[keep])
+
+
+@pytest.mark.parametrize("chunks", [None, 3, 64])
+def test_segments_non_commutative_user_operator(chunks):
+    op = matmul_operator()
+    rng = np.random.default_rng(3)
+    x = random_matrices(rng, 700)
+    offsets = _offsets(rng, 700, 40)
+    data = x if chunks is None else da.from_array(x, chunks=chunks)
+    got = mr.segment_reduce(data, offsets, op)
+    got = got.compute() if chunks is not None else got
+    ends = np.append(offsets[1:], x.size)
+    ref = [sequential_fold(x[s:e]) for s, e in zip(offsets, ends)]
+    assert [int(v) for v in got] == ref
+    scanned = mr.segment_scan(data, offsets, op)
+    scanned = scanned.compute() if chunks is not None else scanned
+    starts = np.unique(np.concatenate([[0], offsets[offsets < x.size]]))
+    bounds = np.append(starts, x.size)
+    ref_scan = np.concatenate([sequential_scan(x[s:e]) for s, e in zip(bounds[:-1], bounds[1:])])
+    np.testing.assert_array_equal(scanned, ref_scan)
+
+
+@pytest.mark.parametrize("chunks", [None, 1, 5, 128])
+@pytest.mark.parametrize("opname", list(UFUNC))
+@pytest.mark.parametrize("n,m", [(0, 0), (1, 0), (33, 4), (1025, 40), (3000, 1)])
+def test_segment_scan_restarts_at_every_offset(n, m, opname, chunks):
+    if chunks == 1 and n > 1100:
+        pytest.skip("one-element chunks: covered at n <= 1025, thousands of tasks here")
+    rng = np.random.default_rng(n * 7 + m)
+    x = rng.uniform(-1, 1, n) if opname != "prod" else rng.uniform(0.9, 1.1, n)
+    offsets = _offsets(rng, n, m)
+    starts = np.unique(np.concatenate([[0], offsets[offsets < n]])) if n else np.zeros(0, np.int64)
+    bounds = np.append(starts, n)
+    acc = {"sum": np.cumsum, "prod": np.cumprod, "min": np.minimum.accumulate, "max": np.maximum.accumulate}[opname]
+    ref = np.concatenate([acc(x[s:e]) for s, e in zip(bounds[:-1], bounds[1:])] or [np.zeros(0)])
+    data = x if chunks is None else da.from_array(x, chunks=chunks)
+    got = mr.segment_scan(data, offsets, opname)
+    got = got.compute() if chunks is not None else got
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_segment_arguments_are_checked():
+    x = np.arange(10.0)
+    with pytest.raises(ValueError, match="'offsets'.*ascending"):
+        mr.segment_reduce(x, [3, 1])
+    with pytest.raises(ValueError, match=r"'offsets'.*\[0, 10\]"):
+        mr.segment_reduce(x, [0, 11])
+    with pytest.raises(TypeError, match="'offsets'"):
+        mr.segment_reduce(x, [0.5, 2.0])
+    with pytest.raises(ValueError, match="'x' must be 1-D"):
+        mr.segment_scan(np.ones((2, 2)), [0])
+    with pytest.raises(ValueError, match="operator"):
+        mr.segment_reduce(x, [0], op="nope")
+    offsets = np.array([0, 4])
+    mr.segment_reduce(x, offsets)
+    np.testing.assert_array_equal(offsets, [0, 4])

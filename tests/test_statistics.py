@@ -1,0 +1,383 @@
+"""argmin/argmax, var/std, the NaN family and any/all/count_nonzero against NumPy, eager and on Dask
+over awkward chunkings (empty and one-element chunks, ties and NaNs on chunk boundaries)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import multireduce as mr
+from multireduce.statistics import VAR_BOUND
+
+SIZES = [1, 31, 33, 1025, (1 << 20) + 3]
+CHUNKINGS = [
+    ((1000,), ((1000,),)),
+    ((1000,), ((1, 0, 499, 300, 0, 200),)),
+    ((1000,), ((1,) * 10 + (990,),)),
+    ((40, 30), ((7, 0, 33), (1, 29))),
+    ((6, 10, 9), ((1, 5), (3, 3, 4), (9,))),
+]
+DTYPES = [np.bool_, np.int8, np.uint16, np.int64, np.uint64, np.float16, np.float32, np.float64]
+
+
+@pytest.fixture(autouse=True)
+def synchronous_scheduler():
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
+def _data(rng, shape, dtype, few_values=False):
+    """Random data of ``dtype``; ``few_values`` draws from a handful of values so that ties abound."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if few_values:
+        return rng.integers(-3 if dtype.kind != "u" else 0, 4, size=shape).astype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def _axes(ndim):
+    return [None] + list(range(ndim))
+
+
+# ------------------------------------------------------------------------------------------------
+# argmin / argmax
+# ------------------------------------------------------------------------------------------------
+ARG = {"argmax": np.argmax, "argmin": np.argmin, "nanargmax": np.nanargmax, "nanargmin": np.nanargmin}
+
+
+@pytest.mark.parametrize("name", list(ARG))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", SIZES)
+def test_arg_numpy_input_awkward_sizes(name, dtype, n):
+    rng = np.random.default_rng(n)
+    x = _data(rng, n, dtype, few_values=n > 100)
+    got = getattr(mr, name)(x)
+    assert type(got) is np.intp and got == ARG[name](x)
+
+
+@pytest.mark.parametrize("split_every", [2, 16])
+@pytest.mark.parametrize("shape,chunks", CHUNKINGS, ids=str)
+@pytest.mark.parametrize("name", list(ARG))
+@pytest.mark.parametrize("dtype", [np.int8, np.float32, np.bool_], ids=lambda d: np.dtype(d).name)
+def test_arg_dask_every_axis(dtype, name, shape, chunks, split_every):
+    rng = np.random.default_rng(len(shape))
+    x = _data(rng, shape, dtype, few_values=True)  # many ties across chunks: the lowest index must win
+    d = da.from_array(x, chunks=chunks)
+    for axis in _axes(len(shape)):
+        for keepdims in (False, True):
+            got = getattr(mr, name)(d, axis=axis, keepdims=keepdims, split_every=split_every)
+            assert isinstance(got, da.Array)
+            ref = ARG[name](x, axis=axis, keepdims=keepdims)
+            np.testing.assert_array_equal(got.compute(), ref, err_msg=f"{name} axis={axis} keepdims={keepdims}")
+            assert got.compute().dtype == np.intp
+
+
+def test_arg_ties_and_nans_at_chunk_boundaries():
+    n, step = 1000, 100
+    d_chunks = (step,) * (n // step)
+    rng = np.random.default_rng(1)
+    for boundary in (step, 5 * step):
+        x = rng.uniform(-1, 1, n)
+        x[boundary - 1] = x[boundary] = 2.0  # equal maxima on both sides of a boundary
+        x[boundary + step] = 2.0
+        x[boundary - 1 + 2 * step] = x[boundary + 2 * step] = -2.0
+        d = da.from_array(x, chunks=(d_chunks,))
+        assert mr.argmax(d).compute() == np.argmax(x) == boundary - 1
+        assert mr.argmin(d).compute() == np.argmin(x) == boundary - 1 + 2 * step
+        y = x.copy()
+        y[boundary + 1] = np.nan
+        y[boundary + step - 1] = np.nan  # the first NaN wins, whichever chunk comes first in the tree
+        dy = da.from_array(y, chunks=(d_chunks,))
+        for name in ("argmax", "argmin", "nanargmax", "nanargmin"):
+            assert getattr(mr, name)(dy, split_every=3).compute() == ARG[name](y), name
+            assert getattr(mr, name)(y) == ARG[name](y), name
+
+
+def test_nanarg_skips_nan_beside_infinity():
+    x = np.array([np.nan, -np.inf, np.nan, np.inf, np.nan])
+    for name in ("nanargmax", "nanargmin"):
+        assert getattr(mr, name)(x) == ARG[name](x)
+        assert getattr(mr, name)(da.from_array(x, chunks=1)).compute() == ARG[name](x)
+
+
+def test_arg_errors_follow_numpy():
+    with pytest.raises(ValueError, match="empty sequence"):
+        mr.argmax(np.zeros(0))
+    with pytest.raises(ValueError, match="empty sequence"):
+        mr.argmin(da.zeros((3, 0), chunks=2), axis=1)
+    assert np.array_equal(mr.argmax(np.zeros((0, 3)), axis=1), np.argmax(np.zeros((0, 3)), axis=1))
+    x = np.array([[1.0, np.nan], [np.nan, np.nan]])
+    with pytest.raises(ValueError, match="All-NaN slice"):
+        mr.nanargmax(x, axis=1)
+    with pytest.raises(ValueError, match="All-NaN slice"):
+        mr.nanargmin(da.from_array(x, chunks=1), axis=1).compute()
+    with pytest.raises(TypeError, match="'axis'"):
+        mr.argmax(np.ones((2, 2)), axis=(0, 1))
+    with pytest.raises(ValueError, match="split_every"):
+        mr.argmax(da.ones(4, chunks=2), split_every=1)
+    with pytest.raises(ValueError, match="unknown chunk sizes"):
+        d = da.ones(10, chunks=3)
+        mr.argmax(d[d > 0])
+
+
+def test_arg_does_not_modify_input_and_keys_are_deterministic():
+    x = np.array([3.0, np.nan, 1.0])
+    before = x.copy()
+    mr.nanargmax(x)
+    np.testing.assert_array_equal(x, before)
+    d = da.from_array(np.arange(20.0), chunks=3)
+    assert mr.argmax(d).name == mr.argmax(d).name
+    assert mr.argmax(d).name != mr.argmin(d).name
+
+
+# ------------------------------------------------------------------------------------------------
+# var / std
+# ------------------------------------------------------------------------------------------------
+def _exact_var(x, ddof=0):
+    """float64 two-pass with exactly rounded sums (math.fsum): a reference far tighter than VAR_BOUND."""
+    w = np.asarray(x, dtype=np.float64).ravel()
+    mean = math.fsum(w) / w.size
+    dev = w - mean
+    return math.fsum(dev * dev) / (w.size - ddof)
+
+
+@pytest.mark.parametrize("offset,dtype,n", [(1e8, np.float64, 1 << 16), (1e4, np.float32, 1 << 16),
+                                            (1e8, np.float64, 1025), (1e4, np.float32, 33)])
+def test_var_ill_conditioned_every_chunking(offset, dtype, n):
+    """Data with a mean far above the spread: every chunking stays within the stated bound of the
+    exact value (relative, plus one rounding to the output dtype) and never worse than NumPy's var."""
+    rng = np.random.default_rng(7)
+    x = (offset + rng.normal(0.0, 1.0, n)).astype(dtype)
+    ref = _exact_var(x, ddof=1)
+    eps_out = float(np.finfo(dtype).eps)
+    numpy_err = abs(float(np.var(x, ddof=1)) - ref) / ref
+    bound = VAR_BOUND + eps_out
+    sizes = sorted({1, 2, 3, 7, 64, 1000, n // 3 + 1, n} if n < 2000 else {64, 1000, 4097, n // 3 + 1, n})
+    for chunk in sizes:
+        for split_every in (2, 5, 16):
+            got = float(mr.var(da.from_array(x, chunks=chunk), ddof=1, split_every=split_every).compute())
+            err = abs(got - ref) / ref
+            assert err <= bound and err <= numpy_err + 4 * eps_out, (chunk, split_every, err, numpy_err)
+    assert abs(float(mr.var(x, ddof=1)) - ref) / ref <= bound
+
+
+def test_var_every_chunking_of_a_small_array():
+    rng = np.random.default_rng(3)
+    x = 1e6 + rng.normal(0, 1, 40)
+    ref = _exact_var(x)
+    for chunk in range(1, 41):
+        got = float(mr.var(da.from_array(x, chunks=chunk), split_every=2).compute())
+        assert abs(got - ref) <= VAR_BOUND * ref, chunk
+
+
+MOMENTS = {"var": np.var, "std": np.std, "nanvar": np.nanvar, "nanstd": np.nanstd}
+
+
+@pytest.mark.parametrize("name", list(MOMENTS))
+@pytest.mark.parametrize("shape,chunks", CHUNKINGS, ids=str)
+@pytest.mark.parametrize("dtype", [np.int16, np.uint64, np.float16, np.float32, np.float64, np.bool_],
+                         ids=lambda d: np.dtype(d).name)
+def test_moments_match_numpy(dtype, shape, chunks, name):
+    rng = np.random.default_rng(11)
+    x = _data(rng, shape, dtype)
+    d = da.from_array(x, chunks=chunks)
+    fn, ref_fn = getattr(mr, name), MOMENTS[name]
+    axes = _axes(len(shape)) + ([(0, len(shape) - 1)] if len(shape) > 1 else [])
+    for axis in axes:
+        for ddof in (0, 1):
+            ref = ref_fn(x.astype(np.float64), axis=axis, ddof=ddof, keepdims=True)
+            out = np.dtype(x.dtype if x.dtype.kind == "f" else np.float64)
+            for got in (fn(x, axis=axis, ddof=ddof, keepdims=True),
+                        fn(d, axis=axis, ddof=ddof, keepdims=True, split_every=3).compute()):
+                assert got.dtype == out and got.shape == ref.shape
+                tol = 4 * float(np.finfo(out).eps)
+                np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max(),
+                                           err_msg=f"{name} axis={axis} ddof={ddof}")
+    assert np.asarray(fn(x, dtype=np.float32)).dtype == np.float32
+
+
+def test_moments_edge_cases_warn_as_numpy():
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom"):
+        assert np.isnan(mr.var(np.zeros(0)))
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom"):
+        got = mr.var(np.array([1.0, 3.0]), ddof=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert got == np.var(np.array([1.0, 3.0]), ddof=2)  # inf
+    x = np.array([[np.nan, np.nan], [1.0, np.nan]])
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom"):
+        got = mr.nanvar(da.from_array(x, chunks=1), axis=1).compute()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        np.testing.assert_array_equal(got, np.nanvar(x, axis=1))
+    y = np.array([1.0, np.inf, 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert np.isnan(mr.var(y)) and np.isnan(np.var(y))
+    with pytest.raises(TypeError, match="'ddof'"):
+        mr.var(np.ones(3), ddof="1")
+    with pytest.raises(TypeError, match="'dtype'"):
+        mr.var(np.ones(3), dtype=np.int32)
+    with pytest.raises(TypeError, match="'x'"):
+        mr.std(np.array(["a"]))
+
+
+# ------------------------------------------------------------------------------------------------
+# nan family
+# ------------------------------------------------------------------------------------------------
+def _with_nans(rng, shape, dtype):
+    x = rng.uniform(-1, 1, shape).astype(dtype)
+    x[rng.random(shape) < 0.3] = np.nan
+    if len(shape) > 1:
+        x[0] = np.nan  # an all-NaN slice along the later axes
+    return x
+
+
+NANS = {"nansum": np.nansum, "nanprod": np.nanprod, "nanmean": np.nanmean, "nanmin": np.nanmin,
+        "nanmax": np.nanmax}
+
+
+@pytest.mark.parametrize("name", list(NANS))
+@pytest.mark.parametrize("shape,chunks", CHUNKINGS, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_nan_family_matches_numpy(dtype, shape, chunks, name):
+    rng = np.random.default_rng(5)
+    x = _with_nans(rng, shape, dtype)
+    before = x.copy()
+    d = da.from_array(x, chunks=chunks)
+    for axis in _axes(len(shape)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ref = NANS[name](x.astype(np.float64), axis=axis)
+            eager = getattr(mr, name)(x, axis=axis)
+            lazy = getattr(mr, name)(d, axis=axis, split_every=2).compute()
+        for got in (eager, lazy):
+            assert np.asarray(got).dtype == NANS[name](x, axis=axis).dtype
+            tol = 64 * float(np.finfo(dtype).eps) * max(1, x.size ** 0.5) if name != "nanprod" else 1e-3
+            np.testing.assert_allclose(np.asarray(got, dtype=np.float64), ref, rtol=tol, atol=tol,
+                                       err_msg=f"{name} axis={axis}")
+    np.testing.assert_array_equal(x, before)
+
+
+def test_nan_family_warnings_and_errors():
+    x = np.array([[np.nan, np.nan], [1.0, 2.0]])
+    d = da.from_array(x, chunks=1)
+    for name in ("nanmin", "nanmax"):
+        with pytest.warns(RuntimeWarning, match="All-NaN slice"):
+            got = getattr(mr, name)(d, axis=1).compute()
+        np.testing.assert_array_equal(got, np.array([np.nan, 1.0 if name == "nanmin" else 2.0]))
+        with pytest.raises(ValueError, match="zero-size array"):
+            getattr(mr, name)(np.zeros((0, 2)))
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        assert np.isnan(mr.nanmean(x, axis=1)[0])
+    assert mr.nansum(np.full(5, np.nan)) == 0.0 and mr.nanprod(np.full(5, np.nan)) == 1.0
+    i = np.arange(1, 8, dtype=np.int16)
+    assert mr.nanmax(i) == 7 and mr.nansum(i).dtype == np.sum(i).dtype
+
+
+@pytest.mark.parametrize("name,ref", [("nancumsum", np.nancumsum), ("nancumprod", np.nancumprod)])
+@pytest.mark.parametrize("n", [0, 1, 31, 1025])
+def test_nan_scans(name, ref, n):
+    rng = np.random.default_rng(n)
+    x = np.exp(rng.normal(0, 1 / max(n, 1) ** 0.5, n))
+    x[rng.random(n) < 0.2] = np.nan
+    want = ref(x)
+    for got in (getattr(mr, name)(x), getattr(mr, name)(da.from_array(x, chunks=100)).compute()):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    m = x[: n - n % 4].reshape(-1, 4) if n >= 4 else x.reshape(1, -1)
+    np.testing.assert_allclose(getattr(mr, name)(da.from_array(m, chunks=3), axis=1).compute(), ref(m, axis=1),
+                               rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# any / all / count_nonzero
+# ------------------------------------------------------------------------------------------------
+TRUTH = {"any": np.any, "all": np.all, "count_nonzero": np.count_nonzero}
+
+
+@pytest.mark.parametrize("name", list(TRUTH))
+@pytest.mark.parametrize("shape,chunks", CHUNKINGS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES + [np.complex64], ids=lambda d: np.dtype(d).name)
+def test_truth_family(dtype, shape, chunks, name):
+    rng = np.random.default_rng(2)
+    x = _data(rng, shape, dtype, few_values=True) if np.dtype(dtype).kind != "c" else \
+        (rng.integers(0, 2, shape) + 1j * rng.integers(0, 2, shape)).astype(dtype)
+    if name == "all":
+        x = np.where(rng.random(shape) < 0.002, np.zeros((), dtype), x + np.ones((), dtype)).astype(dtype)
+    d = da.from_array(x, chunks=chunks)
+    for axis in _axes(len(shape)):
+        for keepdims in (False, True):
+            ref = TRUTH[name](x, axis=axis, keepdims=keepdims)
+            eager = getattr(mr, name)(x, axis=axis, keepdims=keepdims)
+            lazy = getattr(mr, name)(d, axis=axis, keepdims=keepdims, split_every=2).compute()
+            for got in (eager, lazy):
+                np.testing.assert_array_equal(got, ref)
+                assert np.asarray(got).dtype == np.asarray(ref).dtype
+    if name == "count_nonzero":
+        assert type(mr.count_nonzero(x)) is int
+
+
+def test_truth_empty_and_nan():
+    for name in TRUTH:
+        for x in (np.zeros(0), np.zeros((0, 3)), np.array([np.nan, 0.0])):
+            for axis in (None, 0):
+                np.testing.assert_array_equal(getattr(mr, name)(x, axis=axis), TRUTH[name](x, axis=axis))
+
+
+# ------------------------------------------------------------------------------------------------
+# a real cluster: partials cross workers
+# ------------------------------------------------------------------------------------------------
+def test_statistics_on_a_distributed_cluster(cpu_client):
+    rng = np.random.default_rng(9)
+    x = 1e8 + rng.normal(0, 1, (300, 50))
+    x[17, 3] = x[250, 49] = x.max() + 1
+    d = cpu_client.persist(da.from_array(x, chunks=(40, 25)))
+    assert cpu_client.compute(mr.argmax(d)).result() == np.argmax(x)
+    np.testing.assert_array_equal(cpu_client.compute(mr.argmin(d, axis=0)).result(), np.argmin(x, axis=0))
+    got = cpu_client.compute(mr.var(d, ddof=1)).result()
+    assert abs(got - _exact_var(x, 1)) <= VAR_BOUND * _exact_var(x, 1)
+    assert cpu_client.compute(mr.count_nonzero(d > 1e8, axis=1)).result().tolist() == \
+        np.count_nonzero(x > 1e8, axis=1).tolist()
+
+
+# ------------------------------------------------------------------------------------------------
+# the host side of the GPU kernels: block partials (strided, as the kernels' grid-stride loops
+# assign them) folded by cupy_stats._fold_host give NumPy's answer
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("grid", [1, 2, 7, 64])
+def test_block_partials_fold_like_the_kernels(grid):
+    from multireduce.backends import cupy_stats, numpy_stats
+
+    rng = np.random.default_rng(grid)
+    x = rng.integers(0, 4, 4099).astype(np.float32)
+    x[rng.random(x.size) < 0.05] = np.nan
+    owner = (np.arange(x.size) // 4) % grid  # 16-byte packs dealt round-robin to blocks
+    for largest in (False, True):
+        for skipnan in (False, True):
+            keys, where = np.zeros(grid, np.float32), np.full(grid, -1, np.int64)
+            for b in range(grid):
+                idx = np.flatnonzero(owner == b)
+                vals = x[idx]
+                if skipnan:
+                    idx, vals = idx[~np.isnan(vals)], vals[~np.isnan(vals)]
+                if idx.size:
+                    v, i = numpy_stats.arg_chunk(vals, (0,), largest, False, (0,), vals.shape)
+                    keys[b], where[b] = v[0], idx[i[0]]
+            _, got = cupy_stats._fold_host((keys, where), lambda a, b: numpy_stats.arg_merge(a, b, largest))
+            ref = {(False, False): np.argmin, (True, False): np.argmax,
+                   (False, True): np.nanargmin, (True, True): np.nanargmax}[largest, skipnan](x)
+            assert got == ref, (largest, skipnan)
+    y = 1e8 + rng.normal(0, 1, 4099)
+    parts = [numpy_stats.moments_chunk(y[owner == b], (0,), False) for b in range(grid)]
+    columns = tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
+    n, anchor, offset, m2 = cupy_stats._fold_host(columns, numpy_stats.moments_merge)
+    assert n == y.size and abs(m2 / n - _exact_var(y)) <= VAR_BOUND * _exact_var(y)
