@@ -4,7 +4,7 @@
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests, bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
-# first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
+# stats (statistics GPU tests and bench_stats), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests bench"
@@ -40,6 +40,12 @@ if has profile; then
     --section WarpStateStats --section SchedulerStats \
     python3 benchmarks/profile_scan.py > "$OUT/ncu.txt" 2>&1 || rc=1
   grep -E "scan_lookback|reduce_vectorized|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|stall|Eligible Warps|No Eligible" "$OUT/ncu.txt" | head -60
+fi
+if has stats; then
+  timeout 200 python3 -m pytest tests/gpu/test_gpu_statistics.py -m "gpu and not large" -q -p no:cacheprovider -p no:benchmark -x > "$OUT/gpu-stats.log" 2>&1 || rc=1
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu-stats.log" | head -20; tail -n 3 "$OUT/gpu-stats.log"
+  timeout 200 python3 benchmarks/bench_stats.py > "$OUT/bench-stats.log" 2>&1 || rc=1
+  tail -n 30 "$OUT/bench-stats.log"
 fi
 if has tests; then
   start=$(date +%s)
