@@ -257,6 +257,80 @@ def get_kernels(op: Operator, group: Group) -> dict[str, "Kernel"]:
     return _modules[key]
 
 
+# ------------------------------------------------------------------------------------------------
+# Operator-free modules (statistics, exact sums, ...): one source file each, prebuilt like the rest
+# ------------------------------------------------------------------------------------------------
+# entry -> "module:function" returning every name expression of that source, for tools/build_prebuilt.py
+# and CI's nvcc check; the backend modules that launch them need no CuPy to list their names.
+STANDALONE = {
+    "stats.cuh": "multireduce.backends.cupy_stats:all_stats_instantiations",
+}
+
+
+def standalone_instantiations(entry: str) -> list[str]:
+    import importlib
+
+    module, function = STANDALONE[entry].split(":")
+    return sorted(getattr(importlib.import_module(module), function)())
+
+
+def standalone_key(entry: str) -> str:
+    """What the prebuilt binary of ``entry`` was compiled from (its source, includes inlined, and the
+    options); a binary whose key differs is never loaded."""
+    text = kernel_source(entry) + "\n// " + " ".join(COMPILE_OPTIONS)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _standalone_prebuilt(entry: str, names: dict[str, str], device: int) -> dict | None:
+    if os.environ.get("MULTIREDUCE_NO_PREBUILT"):
+        return None
+    built = _prebuilt_index().get("module:" + entry)
+    if built is None or any(e not in built["mangled"] for e in names.values()):
+        return None
+    import cupy
+
+    module = _prebuilt_modules.get((device, "module:" + entry))
+    if module is None:
+        major = int(cupy.cuda.Device(device).compute_capability[:-1])
+        usable = major >= 8 and built["key"] == standalone_key(entry)
+        module = cupy.RawModule(path=str(PREBUILT_DIR / built["file"])) if usable else False
+        _prebuilt_modules[(device, "module:" + entry)] = module
+    if module is False:
+        return None
+    try:
+        return {role: Kernel(module.get_function(built["mangled"][e]), e) for role, e in names.items()}
+    except Exception:  # e.g. a driver older than the toolkit that built the binary: compile instead
+        _prebuilt_modules[(device, "module:" + entry)] = False
+        return None
+
+
+def get_standalone_kernels(entry: str, names: dict) -> dict:
+    """role -> Kernel for the name expressions ``names`` of the operator-free source ``entry`` on the
+    current device: the shipped binary when it matches the source, else NVRTC (cached on disk by CuPy)."""
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), entry, tuple(sorted(names.items(), key=repr)))
+    found = _modules.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        if key not in _modules:
+            found = _standalone_prebuilt(entry, names, key[0])
+            if found is None:
+                if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
+                    os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
+                expressions = sorted(set(names.values()))
+                try:
+                    module = cupy.RawModule(code=kernel_source(entry), options=COMPILE_OPTIONS,
+                                            name_expressions=expressions)
+                    module.compile()
+                except Exception as exc:
+                    raise KernelError(f"compiling {entry} failed; instantiations: {', '.join(expressions)}\n{exc}") from exc
+                found = {role: Kernel(module.get_function(e), e) for role, e in names.items()}
+            _modules[key] = found
+    return _modules[key]
+
+
 class Kernel:
     """A loaded kernel and the one place a launch's failure is turned into a KernelError naming it."""
 

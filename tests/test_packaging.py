@@ -27,6 +27,11 @@ def test_wheel_contains_the_cuda_sources(tmp_path):
     assert "multireduce/_prebuilt/index.json" in names
     for opname in ("sum", "prod", "min", "max"):
         assert f"multireduce/_prebuilt/{opname}.fatbin" in names
+    from multireduce import kernels
+
+    for entry in kernels.STANDALONE:
+        assert f"multireduce/_cuda/{entry}" in names
+        assert f"multireduce/_prebuilt/module-{entry.replace('.cuh', '')}.fatbin" in names
 
 
 def _kernel_names(text: str) -> set[str]:
@@ -125,5 +130,13 @@ def test_prebuilt_kernels_match_the_current_source():
         assert not missing, f"{opname}: {len(missing)} instantiations not prebuilt, e.g. {missing[0]}"
         assert all(m.startswith("_ZN2mr") for m in built["mangled"].values())
         assert {"sm_80", "sm_90"} <= set(built["archs"]) and built["ptx"] == "compute_80"
+        total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
+    for entry in kernels.STANDALONE:
+        built = index.get("module:" + entry)
+        assert built is not None, f"{entry}: not prebuilt: run tools/build_prebuilt.py"
+        assert built["key"] == kernels.standalone_key(entry), \
+            f"{entry}: changed since the prebuilt binaries were made: run tools/build_prebuilt.py"
+        missing = sorted(set(kernels.standalone_instantiations(entry)) - set(built["mangled"]))
+        assert not missing, f"{entry}: {len(missing)} instantiations not prebuilt, e.g. {missing[0]}"
         total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
     assert total < 24e6, f"prebuilt binaries take {total / 1e6:.1f} MB"

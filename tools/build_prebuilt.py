@@ -45,9 +45,9 @@ def gencode_flags() -> list[str]:
     return flags + [f"-gencode=arch={PTX},code={PTX}"]
 
 
-def translation_unit(opname: str, expressions: list[str]) -> str:
+def translation_unit(source: str, expressions: list[str]) -> str:
     body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
-    return kernels.module_text(get_operator(opname)) + f"\nextern \"C\" void* const {ARRAY}[] = {{\n  {body}\n}};\n"
+    return source + f"\nextern \"C\" void* const {ARRAY}[] = {{\n  {body}\n}};\n"
 
 
 def mangled_names(nvcc: str, path: str, count: int) -> list[str]:
@@ -85,15 +85,24 @@ def mangled_names(nvcc: str, path: str, count: int) -> list[str]:
     return names
 
 
-def build(opname: str, expressions: list[str], nvcc: str, work: str) -> dict:
-    path = os.path.join(work, f"{opname}.cu")
-    Path(path).write_text(translation_unit(opname, expressions))
+def build(name: str, expressions: list[str], nvcc: str, work: str) -> dict:
+    """One fatbin: ``name`` is a built-in operator's name (the production source with its functor) or
+    ``module:<entry>`` (an operator-free source, kernels.STANDALONE)."""
+    stem = name.replace("module:", "module-").replace(".cuh", "")
+    if name.startswith("module:"):
+        entry = name.split(":", 1)[1]
+        source, key = kernels.kernel_source(entry), kernels.standalone_key(entry)
+    else:
+        op = get_operator(name)
+        source, key = kernels.module_text(op), kernels.prebuilt_key(op)
+    path = os.path.join(work, f"{stem}.cu")
+    Path(path).write_text(translation_unit(source, expressions))
     names = mangled_names(nvcc, path, len(expressions))
-    fatbin = OUT / f"{opname}.fatbin"
+    fatbin = OUT / f"{stem}.fatbin"
     subprocess.run([nvcc, "-std=c++17", "-fatbin", *gencode_flags(), path, "-o", str(fatbin)],
                    check=True, capture_output=True, text=True)
-    return {"key": kernels.prebuilt_key(get_operator(opname)), "file": fatbin.name,
-            "archs": list(ARCHS), "ptx": PTX, "mangled": dict(zip(expressions, names))}
+    return {"key": key, "file": fatbin.name, "archs": list(ARCHS), "ptx": PTX,
+            "mangled": dict(zip(expressions, names))}
 
 
 def main(argv=None) -> int:
@@ -104,6 +113,7 @@ def main(argv=None) -> int:
     OUT.mkdir(exist_ok=True)
     groups = [(op, exprs) for op, entry, exprs in kernels.all_instantiations(policy(9), candidates=False)
               if entry == kernels.ENTRY]
+    groups += [("module:" + entry, kernels.standalone_instantiations(entry)) for entry in kernels.STANDALONE]
     work = tempfile.mkdtemp(prefix="multireduce-prebuilt-")
     try:
         with ThreadPoolExecutor(args.jobs) as pool:

@@ -35,6 +35,11 @@ def translation_units() -> list[tuple[str, str, int]]:
         body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
         text = kernels.module_text(op, entry) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
         units.append((unit_name(opname, entry), text, len(expressions)))
+    for entry in kernels.STANDALONE:  # the operator-free sources (statistics, exact sums, ...)
+        expressions = kernels.standalone_instantiations(entry)
+        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
+        text = kernels.kernel_source(entry) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        units.append((entry.split(".")[0], text, len(expressions)))
     return units
 
 
