@@ -240,21 +240,24 @@ def get_kernels(op: Operator, group: Group) -> dict[str, "Kernel"]:
             if found is not None:
                 _modules[key] = found
                 return found
-            if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
-                os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
-            names = group.names
-            expressions = sorted(set(names.values()))
-            try:
-                module = cupy.RawModule(code=module_text(op, group.entry), options=COMPILE_OPTIONS,
-                                        name_expressions=expressions)
-                module.compile()
-            except Exception as exc:  # CompileException carries NVRTC's log
-                raise KernelError(
-                    f"compiling multireduce kernels for operator {op.name!r} failed; instantiations: "
-                    f"{', '.join(expressions)}\n{exc}"
-                ) from exc
-            _modules[key] = {role: Kernel(module.get_function(expr), expr) for role, expr in names.items()}
+            _modules[key] = _compiled(module_text(op, group.entry), group.names,
+                                      f"multireduce kernels for operator {op.name!r}")
     return _modules[key]
+
+
+def _compiled(text: str, names: dict[str, str], what: str) -> dict[str, "Kernel"]:
+    """NVRTC through CuPy (which caches the binary on disk), role -> Kernel."""
+    import cupy
+
+    if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
+        os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
+    expressions = sorted(set(names.values()))
+    try:
+        module = cupy.RawModule(code=text, options=COMPILE_OPTIONS, name_expressions=expressions)
+        module.compile()
+    except Exception as exc:  # CompileException carries NVRTC's log
+        raise KernelError(f"compiling {what} failed; instantiations: {', '.join(expressions)}\n{exc}") from exc
+    return {role: Kernel(module.get_function(e), e) for role, e in names.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -316,18 +319,7 @@ def get_standalone_kernels(entry: str, names: dict) -> dict:
     with _lock:
         if key not in _modules:
             found = _standalone_prebuilt(entry, names, key[0])
-            if found is None:
-                if os.environ.get("MULTIREDUCE_KERNEL_CACHE"):
-                    os.environ["CUPY_CACHE_DIR"] = os.environ["MULTIREDUCE_KERNEL_CACHE"]
-                expressions = sorted(set(names.values()))
-                try:
-                    module = cupy.RawModule(code=kernel_source(entry), options=COMPILE_OPTIONS,
-                                            name_expressions=expressions)
-                    module.compile()
-                except Exception as exc:
-                    raise KernelError(f"compiling {entry} failed; instantiations: {', '.join(expressions)}\n{exc}") from exc
-                found = {role: Kernel(module.get_function(e), e) for role, e in names.items()}
-            _modules[key] = found
+            _modules[key] = found if found is not None else _compiled(kernel_source(entry), names, entry)
     return _modules[key]
 
 
