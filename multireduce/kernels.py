@@ -181,29 +181,33 @@ _prebuilt_modules: dict = {}
 def _prebuilt_kernels(op: Operator, group: Group, device: int) -> dict | None:
     """``group``'s kernels from the shipped fatbin, or None where it cannot serve them (a user operator,
     the catalogue, a source changed since the build, an expression not built, a GPU older than sm_80)."""
-    if not op.builtin or group.entry != ENTRY or os.environ.get("MULTIREDUCE_NO_PREBUILT"):
+    if not op.builtin or group.entry != ENTRY:
         return None
-    entry = _prebuilt_index().get(op.name)
-    if entry is None:
+    return _from_prebuilt(op.name, lambda: prebuilt_key(op), group.names, device)
+
+
+def _from_prebuilt(name: str, current_key, names: dict[str, str], device: int) -> dict | None:
+    """role -> Kernel from the fatbin indexed as ``name``, if it was built from the current source
+    (``current_key()``) and holds every expression of ``names``; else None."""
+    if os.environ.get("MULTIREDUCE_NO_PREBUILT"):
         return None
-    names = group.names
-    mangled = entry["mangled"]
-    if any(e not in mangled for e in names.values()):
+    built = _prebuilt_index().get(name)
+    if built is None or any(e not in built["mangled"] for e in names.values()):
         return None
     import cupy
 
-    module = _prebuilt_modules.get((device, op.name))
+    module = _prebuilt_modules.get((device, name))
     if module is None:
         major = int(cupy.cuda.Device(device).compute_capability[:-1])
-        usable = major >= 8 and entry["key"] == prebuilt_key(op)
-        module = cupy.RawModule(path=str(PREBUILT_DIR / entry["file"])) if usable else False
-        _prebuilt_modules[(device, op.name)] = module
+        usable = major >= 8 and built["key"] == current_key()
+        module = cupy.RawModule(path=str(PREBUILT_DIR / built["file"])) if usable else False
+        _prebuilt_modules[(device, name)] = module
     if module is False:
         return None
     try:  # the module loads at the first lookup
-        return {role: Kernel(module.get_function(mangled[expr]), expr) for role, expr in names.items()}
+        return {role: Kernel(module.get_function(built["mangled"][e]), e) for role, e in names.items()}
     except Exception:  # e.g. a driver older than the toolkit that built the binary: compile instead
-        _prebuilt_modules[(device, op.name)] = False
+        _prebuilt_modules[(device, name)] = False
         return None
 
 
@@ -231,18 +235,18 @@ def get_kernels(op: Operator, group: Group) -> dict[str, "Kernel"]:
     import cupy
 
     key = (cupy.cuda.runtime.getDevice(), _operator_token(op), group)
+    return _memoized(key, lambda: _prebuilt_kernels(op, group, key[0])
+                     or _compiled(module_text(op, group.entry), group.names, f"multireduce kernels for operator {op.name!r}"))
+
+
+def _memoized(key, make):
     found = _modules.get(key)
-    if found is not None:
-        return found
-    with _lock:
-        if key not in _modules:
-            found = _prebuilt_kernels(op, group, key[0])
-            if found is not None:
-                _modules[key] = found
-                return found
-            _modules[key] = _compiled(module_text(op, group.entry), group.names,
-                                      f"multireduce kernels for operator {op.name!r}")
-    return _modules[key]
+    if found is None:
+        with _lock:
+            if key not in _modules:
+                _modules[key] = make()
+            found = _modules[key]
+    return found
 
 
 def _compiled(text: str, names: dict[str, str], what: str) -> dict[str, "Kernel"]:
@@ -284,43 +288,14 @@ def standalone_key(entry: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _standalone_prebuilt(entry: str, names: dict[str, str], device: int) -> dict | None:
-    if os.environ.get("MULTIREDUCE_NO_PREBUILT"):
-        return None
-    built = _prebuilt_index().get("module:" + entry)
-    if built is None or any(e not in built["mangled"] for e in names.values()):
-        return None
-    import cupy
-
-    module = _prebuilt_modules.get((device, "module:" + entry))
-    if module is None:
-        major = int(cupy.cuda.Device(device).compute_capability[:-1])
-        usable = major >= 8 and built["key"] == standalone_key(entry)
-        module = cupy.RawModule(path=str(PREBUILT_DIR / built["file"])) if usable else False
-        _prebuilt_modules[(device, "module:" + entry)] = module
-    if module is False:
-        return None
-    try:
-        return {role: Kernel(module.get_function(built["mangled"][e]), e) for role, e in names.items()}
-    except Exception:  # e.g. a driver older than the toolkit that built the binary: compile instead
-        _prebuilt_modules[(device, "module:" + entry)] = False
-        return None
-
-
 def get_standalone_kernels(entry: str, names: dict) -> dict:
     """role -> Kernel for the name expressions ``names`` of the operator-free source ``entry`` on the
     current device: the shipped binary when it matches the source, else NVRTC (cached on disk by CuPy)."""
     import cupy
 
     key = (cupy.cuda.runtime.getDevice(), entry, tuple(sorted(names.items(), key=repr)))
-    found = _modules.get(key)
-    if found is not None:
-        return found
-    with _lock:
-        if key not in _modules:
-            found = _standalone_prebuilt(entry, names, key[0])
-            _modules[key] = found if found is not None else _compiled(kernel_source(entry), names, entry)
-    return _modules[key]
+    return _memoized(key, lambda: _from_prebuilt("module:" + entry, lambda: standalone_key(entry), names, key[0])
+                     or _compiled(kernel_source(entry), names, entry))
 
 
 class Kernel:
