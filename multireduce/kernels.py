@@ -270,7 +270,7 @@ def _compiled(text: str, names: dict[str, str], what: str) -> dict[str, "Kernel"
 # entry -> "module:function" returning every name expression of that source, for tools/build_prebuilt.py
 # and CI's nvcc check; the backend modules that launch them need no CuPy to list their names.
 STANDALONE = {
-    "stats.cuh": "multireduce.backends.cupy_stats:all_stats_instantiations",
+
 }
 
 

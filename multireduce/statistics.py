@@ -30,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from . import _validation as v
-from . import api, graph, placement
+from . import api
 from . import dtypes as _dt
 from .operators import get_operator
 from .backends import is_cupy_array, numpy_stats
@@ -200,6 +200,7 @@ def _known_chunks(x, caller):
 
 
 def _run(x, kind, plan, split_every, caller):
+    from . import graph, placement  # dask loads on the first dask input only
     if kind.startswith("dask"):
         fan = v.fan_in(split_every, plan.axes, caller)
         if plan.stat in _ARG:
