@@ -18,6 +18,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(few_gpus)
 
 
+@pytest.fixture
+def synchronous_scheduler():
+    """Dask's synchronous scheduler for the test (files that want it for every test: ``pytestmark``)."""
+    import dask
+
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
 @pytest.fixture(scope="module")
 def cpu_client():
     """A real distributed cluster of three single-threaded CPU workers (in-process), port 0, closed after."""

@@ -21,13 +21,7 @@ from multireduce.operators import get_operator
 from .helpers import (assert_matches, graph_depth, matmul_operator, random_array, random_matrices, reference_reduce,
                       sequential_fold, task_count)
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-
-
-@pytest.fixture(autouse=True)
-def synchronous_scheduler():
-    with dask.config.set(scheduler="synchronous"):
-        yield
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.usefixtures("synchronous_scheduler")]
 
 
 CHUNKINGS = [

@@ -3,7 +3,6 @@ non-commutative user operator, empty segments, segments straddling Dask chunks."
 
 from __future__ import annotations
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -12,13 +11,9 @@ import multireduce as mr
 
 from .helpers import matmul_operator, random_matrices, sequential_fold, sequential_scan
 
+pytestmark = pytest.mark.usefixtures("synchronous_scheduler")
+
 UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
-
-
-@pytest.fixture(autouse=True)
-def synchronous_scheduler():
-    with dask.config.set(scheduler="synchronous"):
-        yield
 
 
 def _offsets(rng, n, m):

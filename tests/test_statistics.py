@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import warnings
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
 
 import multireduce as mr
 from multireduce.statistics import VAR_BOUND
+
+pytestmark = pytest.mark.usefixtures("synchronous_scheduler")
 
 SIZES = [1, 31, 33, 1025, (1 << 20) + 3]
 CHUNKINGS = [
@@ -23,12 +24,6 @@ CHUNKINGS = [
     ((6, 10, 9), ((1, 5), (3, 3, 4), (9,))),
 ]
 DTYPES = [np.bool_, np.int8, np.uint16, np.int64, np.uint64, np.float16, np.float32, np.float64]
-
-
-@pytest.fixture(autouse=True)
-def synchronous_scheduler():
-    with dask.config.set(scheduler="synchronous"):
-        yield
 
 
 def _data(rng, shape, dtype, few_values=False):

@@ -6,20 +6,13 @@ import numpy as np
 import pytest
 
 cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("synchronous_scheduler")]
 
-import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 
 import multireduce as mr  # noqa: E402
 
 from ..helpers import assert_matches, matmul_operator, random_array, random_matrices, reference_reduce  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def synchronous():
-    with dask.config.set(scheduler="synchronous"):
-        yield
 
 
 def _dask_cupy(host, chunks):

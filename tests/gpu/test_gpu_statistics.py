@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import pytest
 import multireduce as mr
 from multireduce.statistics import VAR_BOUND
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("synchronous_scheduler")]
 cupy = pytest.importorskip("cupy")
 
 from multireduce.backends import cupy_stats  # noqa: E402
@@ -24,12 +23,6 @@ SIZES = [1, 31, 33, 1025, 4097, (1 << 20) + 3]
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
           np.float16, np.float32, np.float64]
 ARG = {"argmax": np.argmax, "argmin": np.argmin, "nanargmax": np.nanargmax, "nanargmin": np.nanargmin}
-
-
-@pytest.fixture(autouse=True)
-def synchronous_scheduler():
-    with dask.config.set(scheduler="synchronous"):
-        yield
 
 
 def _few_values(rng, n, dtype):
