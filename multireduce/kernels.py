@@ -290,10 +290,11 @@ def standalone_key(entry: str) -> str:
 
 def get_standalone_kernels(entry: str, names: dict) -> dict:
     """role -> Kernel for the name expressions ``names`` of the operator-free source ``entry`` on the
-    current device: the shipped binary when it matches the source, else NVRTC (cached on disk by CuPy)."""
+    current device: the shipped binary when it matches the source, else NVRTC (cached on disk by CuPy).
+    Callers that launch often keep the result, as with ``get_kernels``."""
     import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), entry, tuple(sorted(names.items(), key=repr)))
+    key = (cupy.cuda.runtime.getDevice(), entry, frozenset(names.items()))
     return _memoized(key, lambda: _from_prebuilt("module:" + entry, lambda: standalone_key(entry), names, key[0])
                      or _compiled(kernel_source(entry), names, entry))
 
