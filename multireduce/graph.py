@@ -23,6 +23,7 @@ from typing import Callable, Hashable, Sequence
 import dask.array as da
 from dask.array.utils import meta_from_array
 from dask.base import tokenize
+from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from .core import ReductionPlan, ScanPlan
@@ -91,7 +92,45 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     name = names["output"]
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
-    return da.Array(graph, name, chunks, meta=meta)
+    one_block = len(chunks) <= 1 and all(len(c) == 1 for c in chunks)
+    held = getattr(groups, "holder", None) is not None  # placement found every chunk in a worker's memory
+    return _RESULT_TYPES[one_block, held](graph, name, chunks, meta=meta)
+
+
+class _OneBlock(da.Array):
+    """A result of one block (a whole reduction). Computed, its value is that block's, so Dask's finalize
+    task (a concatenation of one block: one more task and scheduler round trip after the aggregate) is
+    skipped, as Dask skips it for a Delayed; the aggregate's value is made fresh by its task, so the
+    copy that finalize makes of a single chunk is not needed either. Only for keys that are a flat list
+    (0-d and 1-d results): ``single_key`` picks the first."""
+
+    __slots__ = ()
+
+    def __dask_postcompute__(self):
+        return Delayed.__dask_postcompute__(self)
+
+
+def _cull_only(dsk, keys, **kwargs):
+    from dask.core import flatten
+
+    return HighLevelGraph.cull(dsk, set(flatten(keys))) if isinstance(dsk, HighLevelGraph) else dsk
+
+
+class _OfHeld(da.Array):
+    """A result over an input whose chunks are all in workers' memory (futures): Dask's array optimisation
+    (blockwise and linear fusion, slicing) has nothing to fuse there, so only the cull runs
+    (measured in docs/performance.md, "Lazy reduction profile")."""
+
+    __slots__ = ()
+    __dask_optimize__ = staticmethod(_cull_only)
+
+
+class _OneBlockOfHeld(_OneBlock, _OfHeld):
+    __slots__ = ()
+
+
+_RESULT_TYPES = {(False, False): da.Array, (True, False): _OneBlock, (False, True): _OfHeld,
+                 (True, True): _OneBlockOfHeld}
 
 
 def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
