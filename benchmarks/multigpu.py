@@ -4,6 +4,7 @@ chunks, tiny sizes, to check the script anywhere), side by side in one run, for 
     python benchmarks/multigpu.py --quick          # the lead's 4 x H200 run, <= 6 minutes
     python benchmarks/multigpu.py [--gpus 1,2,4] [--per-gpu-gib 8,32] [--chunk-log2 26,28] [--repeats 5]
     python benchmarks/multigpu.py --cpu            # a smoke run on the CPU
+    python benchmarks/multigpu.py --profile [--cpu] # where a lazy sum's time goes, vs dask.array.sum
 
 Data: float32, generated on the workers (random, never zeros) and persisted twice: with Dask's own
 placement and contiguous (worker w holds the w-th run of chunks). Times are wall-clock from the client
@@ -112,6 +113,63 @@ def persist_placed(client, x, contiguous: bool):
     return y
 
 
+def profile_phases(client, make, repeats: int = 15) -> dict:
+    """Median ms of each phase from ``make()`` (building the lazy sum) to its value on the client:
+    build, optimize (Dask's optimisation of the graph, timed apart), submit (``client.compute`` until it
+    returns: conversion, optimisation, sending the graph), to first task (the scheduler takes the graph
+    and starts a task), tasks (summed compute time), transfers (count, summed time), the window from
+    the first task's start to the last one's end, and gather (last task's end to the value on the
+    client). Workers share this machine's clock (LocalCluster)."""
+    import distributed
+    from dask.core import flatten
+
+    for _ in range(3):
+        client.compute(make()).result()
+    rows = []
+    for _ in range(repeats):
+        t0 = time.time()
+        lazy = make()
+        t1 = time.time()
+        with distributed.get_task_stream(client) as ts:
+            fut = client.compute(lazy)
+            t2 = time.time()
+            fut.result()
+            t3 = time.time()
+        del fut
+        spans = [(ss["start"], ss["stop"], ss["action"]) for t in ts.data for ss in t["startstops"]]
+        comp = [s for s in spans if s[2] == "compute"]
+        xfer = [s for s in spans if s[2] == "transfer"]
+        first, last = min(s[0] for s in comp), max(s[1] for s in comp)
+        o0 = time.perf_counter()
+        lazy.__dask_optimize__(lazy.__dask_graph__(), list(flatten(lazy.__dask_keys__())))
+        rows.append(dict(total=t3 - t0, build=t1 - t0, optimize=time.perf_counter() - o0, submit=t2 - t1,
+                         to_first_task=first - t2, tasks=sum(s[1] - s[0] for s in comp), n_tasks=len(ts.data),
+                         transfers=sum(s[1] - s[0] for s in xfer), n_transfers=len(xfer), window=last - first,
+                         gather=t3 - last))
+        wait_released(client, [lazy.name])
+    return {k: statistics.median(r[k] for r in rows) * (1 if k.startswith("n_") else 1e3) for k in rows[0]}
+
+
+def profile_main(args, cluster_for, make_block, meta):
+    """``--profile``: the lazy sum's phases next to dask.array.sum's on one cluster, printed as a table."""
+    import dask.array as da
+    import distributed
+
+    import multireduce as mr
+
+    n_workers = int(args.gpus.split(",")[-1])
+    chunk = 2 ** int(args.chunk_log2.split(",")[0])
+    with cluster_for(n_workers) as cluster, distributed.Client(cluster) as client:
+        for n_chunks in (16 * n_workers, 32 * n_workers):
+            lazy = da.map_blocks(make_block, 7, chunks=((chunk,) * n_chunks,), dtype=np.float32, meta=meta)
+            x = persist_placed(client, lazy, False)
+            for name, make in [("dask.array.sum", lambda: da.sum(x)), ("mr.sum", lambda: mr.sum(x))]:
+                p = profile_phases(client, make, args.repeats)
+                cells = " | ".join(f"{v:.0f}" if k.startswith("n_") else f"{v:.2f}" for k, v in p.items())
+                print(f"| {n_workers} | {n_chunks} | {name} | {cells} |", flush=True)
+            del x
+
+
 def main(argv=None):
     import dask.array as da
     import distributed
@@ -129,11 +187,15 @@ def main(argv=None):
     p.add_argument("--dask-cumsum-methods", default="sequential,blelloch")
     p.add_argument("--timeout-s", type=float, default=60, help="a row that takes longer is reported as timed out")
     p.add_argument("--placements", default="dask,contiguous")
+    p.add_argument("--profile", action="store_true", help="the lazy sum's phases vs dask.array.sum (4 workers)")
     args = p.parse_args(argv)
+    if args.profile:
+        args.gpus = "4"
+        args.chunk_log2 = "10" if args.cpu else args.chunk_log2
     if args.quick:
         args.gpus, args.per_gpu_gib, args.chunk_log2, args.repeats = "1,4", "8,32", "26,28", 3
         args.timeout_s = 20
-    if args.cpu:  # blelloch timed out here too (60 s on 40 chunks of 1 MB): left out of the smoke run
+    if args.cpu and not args.profile:  # blelloch timed out here too (60 s on 40 chunks of 1 MB): left out of the smoke run
         args.gpus, args.per_gpu_gib, args.chunk_log2 = "1,2", "0.01", "18"
         args.repeats, args.dask_cumsum_methods = min(args.repeats, 3), "sequential"
     # a CPU smoke run never replaces the GPU table in docs/
@@ -159,6 +221,10 @@ def main(argv=None):
             return local_cluster(n_workers=n, gpu=True)
         meta = cupy.empty(0, dtype=cupy.float32)
         device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    if args.profile:
+        print("| workers | chunks | impl | total | build | optimize | submit | to first task | tasks | task count | "
+              "transfers | transfer count | window | gather |\n|" + "---|" * 14)
+        return profile_main(args, cluster_for, make, meta)
     rows = []
     started = time.time()
     for n_gpus in [int(g) for g in args.gpus.split(",") if int(g) <= n_avail]:
