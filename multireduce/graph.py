@@ -24,7 +24,7 @@ import dask.array as da
 from dask.array.utils import meta_from_array
 from dask.base import tokenize
 from dask.delayed import Delayed
-from dask.highlevelgraph import HighLevelGraph
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from .core import ReductionPlan, ScanPlan
 
@@ -76,8 +76,7 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     ``emit(names, lane, index, grouped, layout)`` returns that lane's tasks. Every stage's tasks form one
     layer over ``x`` (``HighLevelGraph.from_collections``); the stage shows in each key's name
     (``stages``: stage -> name pattern with ``{label}`` and ``{token}``), which is what the dashboard
-    shows. No ``workers`` annotations: Dask's graph optimisation drops them (dask 2026.7), and data
-    locality already runs a group's task where its chunks are."""
+    shows. Over chunks held in memory, tasks reading one worker's chunks ask for it (``_pinned``)."""
     groups = groups or contiguous_groups(1)
     token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     names = {stage: pattern.format(label=plan.label, token=token) for stage, pattern in stages.items()}
@@ -90,11 +89,30 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
         layout = tuple(tuple(position[k] for k in group) for group in grouped)
         layer.update(emit(names, lane, index, grouped, layout))
     name = names["output"]
+    holder = getattr(groups, "holder", None)  # placement found every chunk in a worker's memory
+    if holder is not None:
+        layer = _pinned(layer, holder)
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
     one_block = len(chunks) <= 1 and all(len(c) == 1 for c in chunks)
-    held = getattr(groups, "holder", None) is not None  # placement found every chunk in a worker's memory
-    return _RESULT_TYPES[one_block, held](graph, name, chunks, meta=meta)
+    return _RESULT_TYPES[one_block, holder is not None](graph, name, chunks, meta=meta)
+
+
+def _pinned(tasks: dict, holder: dict) -> MaterializedLayer:
+    """``tasks`` as a layer whose tasks that read chunks of one worker ask for that worker (a group's
+    partial or totals, a chunk's scan), with ``allow_other_workers``: a lost worker's tasks run
+    elsewhere once its chunks are recomputed. Data locality alone moved whole chunks: the scheduler
+    weighs a chunk's transfer against its estimate of the holder's queue (0.5 s for a task it has not
+    timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
+    annotations reach the scheduler because results over held chunks skip Dask's fusion (``_OfHeld``),
+    which drops them."""
+    where = {}
+    for key, task in tasks.items():
+        workers = {holder[a] for a in task[1:] if type(a) is tuple and a in holder}
+        if len(workers) == 1:
+            where[key] = workers.pop()
+    return MaterializedLayer(tasks, annotations={"workers": where.get,
+                                                 "allow_other_workers": lambda key: True if key in where else None})
 
 
 class _OneBlock(da.Array):
