@@ -21,7 +21,8 @@ from multireduce import placement  # noqa: E402
 from .helpers import persist_spread  # noqa: E402
 
 N_CHUNKS = 9
-PLACEMENTS = {"round-robin": [i % 3 for i in range(N_CHUNKS)], "contiguous": [i * 3 // N_CHUNKS for i in range(N_CHUNKS)],
+PLACEMENTS = {"round-robin": [i % 3 for i in range(N_CHUNKS)],
+              "contiguous": [i * 3 // N_CHUNKS for i in range(N_CHUNKS)],
               "uneven": [2, 2, 0, 1, 1, 1, 0, 2, 0]}
 
 
