@@ -4,6 +4,8 @@ tests/multi_gpu). Every fallback to the graph is checked to give the same answer
 
 from __future__ import annotations
 
+import time
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -25,7 +27,21 @@ def _spread(client, x: np.ndarray, chunk: int, owners: list[int]):
     return persist_spread(client, x, chunk, owners)[0]
 
 
+def _busy(dask_scheduler) -> bool:
+    return any(ts.state in ("processing", "waiting", "queued", "no-worker") for ts in dask_scheduler.tasks.values())
+
+
+def _wait_idle(client, timeout: float = 30.0) -> None:
+    """Until no task of an earlier computation is pending: under load one could finish inside the next
+    measurement's task stream and be counted as the measured call's."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_busy):
+        assert time.monotonic() < deadline, "the scheduler did not become idle"
+        time.sleep(0.01)
+
+
 def _tasks_during(client, fn):
+    _wait_idle(client)
     with distributed.get_task_stream(client) as stream:
         value = fn()
     return value, len(stream.data)
@@ -118,6 +134,7 @@ def test_an_operators_own_timeout_surfaces_without_the_graph(client):
     with pytest.raises(TimeoutError, match="sentinel element") as err:
         _tasks_during(client, lambda: mr.reduce(bad, "add_unless_sentinel", compute=True))
     assert any("raised on worker" in note for note in getattr(err.value, "__notes__", ()))
+    _wait_idle(client)
     with distributed.get_task_stream(client) as stream, pytest.raises(TimeoutError):
         mr.reduce(bad, "add_unless_sentinel", compute=True)
     assert not stream.data  # the graph did not run
