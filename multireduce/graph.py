@@ -6,8 +6,14 @@ group. The default gives each chunk its own group, so a lazy input streams: no t
 one input chunk (as in ``dask.array``'s own reductions), and the partials, a few bytes each, meet in
 a tree of fan-in ``split_every``. The multi-GPU layer groups a persisted array's chunks by the worker
 that holds them (``placement``), so the task count follows the number of workers, not of chunks:
-that is only for data already in memory. Groups must keep order (concatenated, they give the input
-order back) for non-commutative operators.
+that is only for data already in memory. Groups need not be runs of consecutive chunks: a grouped
+task returns each chunk's own partial or total and the graph puts them back in chunk order (the
+``layout``), so non-commutative operators keep their order under any placement.
+
+One builder (``_grouped_stages``) walks the lanes, groups and checks the chunks and collects the tasks
+that ``reduction`` and ``scan`` emit into one layer (``HighLevelGraph.from_collections``). Over chunks
+held in memory, tasks that read one worker's chunks ask for that worker and Dask's optimisation is cut
+to the cull; a one-block result skips Dask's finalize task (``_RESULT_TYPES``).
 
 Contract (other plan classes are written against it): ``reduction(x, plan, split_every, groups)``
 takes any plan with ``partial(*blocks)``, ``combine(*partials)``, ``aggregate(*partials)``,
