@@ -112,13 +112,29 @@ def _pinned(tasks: dict, holder: dict) -> MaterializedLayer:
     timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
     annotations reach the scheduler because results over held chunks skip Dask's fusion (``_OfHeld``),
     which drops them."""
-    where = {}
+    where = _WorkerOf()
     for key, task in tasks.items():
         workers = {holder[a] for a in task[1:] if type(a) is tuple and a in holder}
         if len(workers) == 1:
             where[key] = workers.pop()
-    return MaterializedLayer(tasks, annotations={"workers": where.get,
-                                                 "allow_other_workers": lambda key: True if key in where else None})
+    return MaterializedLayer(tasks, annotations={"workers": where, "allow_other_workers": _Pinned(where)})
+
+
+class _WorkerOf(dict):
+    """key -> worker as a Dask annotation: a module-level callable pickles by reference (the graph is
+    pickled to the scheduler on every compute); a closure went by value through cloudpickle, ~2 ms."""
+
+    __slots__ = ()
+
+    def __call__(self, key):
+        return self.get(key)
+
+
+class _Pinned(_WorkerOf):
+    __slots__ = ()
+
+    def __call__(self, key):
+        return True if key in self else None
 
 
 class _OneBlock(da.Array):
