@@ -88,6 +88,7 @@ def test_one_task_per_gpu_and_chunks_stay_put(client):
         lazy.compute()
     partial_workers = {t["worker"] for t in stream.data if "sum-partial" in str(t["key"])}
     assert partial_workers == workers
+    assert len(stream.data) == len(workers) + 1  # the partials and the aggregate: no finalize task
     # the chunks on each worker are CuPy arrays on that worker's own GPU (each worker sees its GPU as
     # device 0 through CUDA_VISIBLE_DEVICES, so compare PCI bus ids)
     def buses(dask_worker):
