@@ -6,8 +6,14 @@ group. The default gives each chunk its own group, so a lazy input streams: no t
 one input chunk (as in ``dask.array``'s own reductions), and the partials, a few bytes each, meet in
 a tree of fan-in ``split_every``. The multi-GPU layer groups a persisted array's chunks by the worker
 that holds them (``placement``), so the task count follows the number of workers, not of chunks:
-that is only for data already in memory. Groups must keep order (concatenated, they give the input
-order back) for non-commutative operators.
+that is only for data already in memory. Groups need not be runs of consecutive chunks: a grouped
+task returns each chunk's own partial or total and the graph puts them back in chunk order (the
+``layout``), so non-commutative operators keep their order under any placement.
+
+One builder (``_grouped_stages``) walks the lanes, groups and checks the chunks and collects the tasks
+that ``reduction`` and ``scan`` emit into one layer (``HighLevelGraph.from_collections``). Over chunks
+held in memory, tasks that read one worker's chunks ask for that worker and Dask's optimisation is cut
+to the cull; a one-block result skips Dask's finalize task (``_RESULT_TYPES``).
 
 Contract (other plan classes are written against it): ``reduction(x, plan, split_every, groups)``
 takes any plan with ``partial(*blocks)``, ``combine(*partials)``, ``aggregate(*partials)``,
@@ -23,6 +29,7 @@ from typing import Callable, Hashable, Sequence
 import dask.array as da
 from dask.array.utils import meta_from_array
 from dask.base import tokenize
+from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from .core import ReductionPlan, ScanPlan
@@ -54,24 +61,116 @@ def _check_groups(keys, grouped, ordered: bool) -> None:
         )
 
 
-def _block_index(ndim: int, fixed: dict[int, int]) -> tuple[int, ...]:
-    return tuple(fixed.get(d, 0) for d in range(ndim))
+def _lanes(x: da.Array, along: Sequence[int]):
+    """(lane, block indices): for every combination of block indices off the axes ``along``, the index
+    of each chunk of that lane, in C order over ``along``."""
+    others = [d for d in range(x.ndim) if d not in along]
+    for lane in itertools.product(*(range(x.numblocks[d]) for d in others)):
+        fixed = dict(zip(others, lane))
+        index = []
+        for inner in itertools.product(*(range(x.numblocks[d]) for d in along)):
+            at = {**fixed, **dict(zip(along, inner))}
+            index.append(tuple(at.get(d, 0) for d in range(x.ndim)))
+        yield lane, index
 
 
-def _array(x: da.Array, stages: list[tuple[str, dict, dict | None]], chunks, dtype) -> da.Array:
-    """A dask array from ``stages`` (layer name, tasks), each depending on ``x`` and the stages before
-    it; the last stage is the array's own layer. No ``workers`` annotations: Dask's graph optimisation
-    drops them (dask 2026.7), and data locality already runs a group's task where its chunks are."""
-    base = x.__dask_graph__()
-    layers, deps = dict(base.layers), dict(base.dependencies)
-    before = set(x.__dask_layers__())
-    for name, tasks in stages:
-        layers[name] = MaterializedLayer(tasks)
-        deps[name] = set(before)
-        before.add(name)
-    name = stages[-1][0]
+def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None, along: Sequence[int],
+                    stages: dict[str, str], emit, chunks, dtype, last_apart: bool = False) -> da.Array:
+    """The one builder behind ``reduction`` and ``scan``: per lane, the chunks (all, or with
+    ``last_apart`` all but the last) are split by ``groups`` (checked: every chunk once) into groups and
+    their chunk positions (``layout``), and
+    ``emit(names, lane, index, grouped, layout)`` returns that lane's tasks. Every stage's tasks form one
+    layer over ``x`` (``HighLevelGraph.from_collections``); the stage shows in each key's name
+    (``stages``: stage -> name pattern with ``{label}`` and ``{token}``), which is what the dashboard
+    shows. Over chunks held in memory, tasks reading one worker's chunks ask for it (``_pinned``)."""
+    groups = groups or contiguous_groups(1)
+    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
+    names = {stage: pattern.format(label=plan.label, token=token) for stage, pattern in stages.items()}
+    layer: dict = {}
+    for lane, index in _lanes(x, along):
+        keys = [(x.name, *i) for i in (index[:-1] if last_apart else index)]
+        grouped = groups(keys) if keys else []
+        _check_groups(keys, grouped, ordered=False)  # every chunk's result is put back in chunk order
+        position = {k: i for i, k in enumerate(keys)}
+        layout = tuple(tuple(position[k] for k in group) for group in grouped)
+        layer.update(emit(names, lane, index, grouped, layout))
+    name = names["output"]
+    holder = getattr(groups, "holder", None)  # placement found every chunk in a worker's memory
+    if holder is not None:
+        layer = _pinned(layer, holder)
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
-    return da.Array(HighLevelGraph(layers, deps), name, chunks, meta=meta)
+    one_block = len(chunks) <= 1 and all(len(c) == 1 for c in chunks)
+    return _RESULT_TYPES[one_block, holder is not None](graph, name, chunks, meta=meta)
+
+
+def _pinned(tasks: dict, holder: dict) -> MaterializedLayer:
+    """``tasks`` as a layer whose tasks that read chunks of one worker ask for that worker (a group's
+    partial or totals, a chunk's scan), with ``allow_other_workers``: a lost worker's tasks run
+    elsewhere once its chunks are recomputed. Data locality alone moved whole chunks: the scheduler
+    weighs a chunk's transfer against its estimate of the holder's queue (0.5 s for a task it has not
+    timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
+    annotations reach the scheduler because results over held chunks skip Dask's fusion (``_OfHeld``),
+    which drops them."""
+    where = _WorkerOf()
+    for key, task in tasks.items():
+        workers = {holder[a] for a in task[1:] if type(a) is tuple and a in holder}
+        if len(workers) == 1:
+            where[key] = workers.pop()
+    return MaterializedLayer(tasks, annotations={"workers": where, "allow_other_workers": _Pinned(where)})
+
+
+class _WorkerOf(dict):
+    """key -> worker as a Dask annotation: a module-level callable pickles by reference (the graph is
+    pickled to the scheduler on every compute); a closure went by value through cloudpickle, ~2 ms."""
+
+    __slots__ = ()
+
+    def __call__(self, key):
+        return self.get(key)
+
+
+class _Pinned(_WorkerOf):
+    __slots__ = ()
+
+    def __call__(self, key):
+        return True if key in self else None
+
+
+class _OneBlock(da.Array):
+    """A result of one block (a whole reduction). Computed, its value is that block's, so Dask's finalize
+    task (a concatenation of one block: one more task and scheduler round trip after the aggregate) is
+    skipped, as Dask skips it for a Delayed; the aggregate's value is made fresh by its task, so the
+    copy that finalize makes of a single chunk is not needed either. Only for keys that are a flat list
+    (0-d and 1-d results): ``single_key`` picks the first."""
+
+    __slots__ = ()
+
+    def __dask_postcompute__(self):
+        return Delayed.__dask_postcompute__(self)
+
+
+def _cull_only(dsk, keys, **kwargs):
+    from dask.core import flatten
+
+    return HighLevelGraph.cull(dsk, set(flatten(keys))) if isinstance(dsk, HighLevelGraph) else dsk
+
+
+class _OfHeld(da.Array):
+    """A result over an input whose chunks are all in workers' memory (futures): Dask's array optimisation
+    (blockwise and linear fusion, slicing) has nothing to fuse there, so only the cull runs
+    (measured in docs/performance.md, "Lazy reduction profile")."""
+
+    __slots__ = ()
+    __dask_optimize__ = staticmethod(_cull_only)
+
+
+class _OneBlockOfHeld(_OneBlock, _OfHeld):
+    __slots__ = ()
+
+
+_RESULT_TYPES = {(False, False): da.Array, (True, False): _OneBlock, (False, True): _OfHeld,
+                 (True, True): _OneBlockOfHeld}
 
 
 def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
@@ -80,70 +179,48 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     the last level and finalizes (every stage costs a scheduler round trip, milliseconds on a cluster).
 
     Groups of chunks held by one worker (``placement``) run there by data locality."""
-    groups = groups or contiguous_groups(1)
-    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
-    label = plan.label
-    partial_name, combine_name, name = (f"{label}-{stage}-{token}" for stage in ("partial", "combine", "aggregate"))
-    axes, ndim = plan.axes, x.ndim
-    kept = [d for d in range(ndim) if d not in axes]
+    axes = plan.axes
     on_device = type(x._meta).__module__.startswith("cupy")  # the result's chunk type follows the input's
 
-    partials: dict = {}
-    combines: dict = {}
-    finals: dict = {}
-    for kept_index in itertools.product(*(range(x.numblocks[d]) for d in kept)):
-        fixed = dict(zip(kept, kept_index))
-        keys = [
-            (x.name, *_block_index(ndim, {**fixed, **dict(zip(axes, reduced_index))}))
-            for reduced_index in itertools.product(*(range(x.numblocks[d]) for d in axes))
-        ]
-        grouped = groups(keys)
-        _check_groups(keys, grouped, ordered=False)  # every chunk's partial is put back in chunk order
-        position = {k: i for i, k in enumerate(keys)}
-        out_index = _block_index(ndim, fixed) if plan.keepdims else kept_index
+    def emit(names, kept_index, index, grouped, layout):
+        partial_name, combine_name, name = names["partial"], names["combine"], names["output"]
+        out_index = index[0] if plan.keepdims else kept_index  # index[0]: 0 on every reduced axis
+        out = (name, *out_index)
+        keys = [(x.name, *i) for i in index]
         if len(keys) == 1:  # one chunk: reduce and finalize in one task
-            finals[(name, *out_index)] = (plan.whole, *keys)
-            continue
+            return {out: (plan.whole, keys[0])}
         if any(len(group) > 1 for group in grouped):
             # groups of chunks held by one worker: each task returns its chunks' own partials (host
             # values, a few bytes each) and one task folds them in chunk order with the tree every path
             # uses, so the bits do not depend on the placement
-            layout = tuple(tuple(position[k] for k in group) for group in grouped)
             if len(grouped) == 1:
-                finals[(name, *out_index)] = (_whole_in_order, plan, on_device, split_every, *grouped[0])
-                continue
-            level = []
-            for g, group in enumerate(grouped):
-                key = (partial_name, *kept_index, g)
-                partials[key] = (_chunk_partials, plan, *group)
-                level.append(key)
-            finals[(name, *out_index)] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
-            continue
-        grouped = sorted(grouped, key=lambda group: position[group[0]])  # one chunk each: the tree's order
-        level = []
-        for g, group in enumerate(grouped):
-            key = (partial_name, *kept_index, g)
-            partials[key] = (_host_partial, plan, *group)
-            level.append(key)
+                return {out: (_whole_in_order, plan, on_device, split_every, *grouped[0])}
+            level = [(partial_name, *kept_index, g) for g in range(len(grouped))]
+            tasks = {key: (_chunk_partials, plan, *group) for key, group in zip(level, grouped)}
+            tasks[out] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
+            return tasks
+        # one chunk per group: partials in chunk order, then the tree
+        level = [(partial_name, *kept_index, g) for g in range(len(grouped))]
+        in_order = sorted(range(len(grouped)), key=lambda g: layout[g][0])
+        tasks = {key: (_host_partial, plan, grouped[g][0]) for key, g in zip(level, in_order)}
         depth = 0
         while len(level) > split_every:  # the last level is folded into the aggregate task
             nxt = []
             for j in range(0, len(level), split_every):
                 key = (combine_name, depth, *kept_index, j // split_every)
-                combines[key] = (plan.combine, *level[j : j + split_every])
+                tasks[key] = (plan.combine, *level[j : j + split_every])
                 nxt.append(key)
             level, depth = nxt, depth + 1
-        finals[(name, *out_index)] = (_aggregate_on, plan, on_device, *level)
+        tasks[out] = (_aggregate_on, plan, on_device, *level)
+        return tasks
 
     if plan.keepdims:
-        chunks = tuple((1,) if d in axes else x.chunks[d] for d in range(ndim))
+        chunks = tuple((1,) if d in axes else x.chunks[d] for d in range(x.ndim))
     else:
-        chunks = tuple(x.chunks[d] for d in kept)
-    stages = [(partial_name, partials)] if partials else []
-    if combines:
-        stages.append((combine_name, combines))
-    stages.append((name, finals))
-    return _array(x, stages, chunks, plan.out_dtype)
+        chunks = tuple(x.chunks[d] for d in range(x.ndim) if d not in axes)
+    stages = {stage: f"{{label}}-{stage}-{{token}}" for stage in ("partial", "combine")}
+    stages["output"] = "{label}-aggregate-{token}"
+    return _grouped_stages(x, plan, split_every, groups, axes, stages, emit, chunks, plan.out_dtype)
 
 
 def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
@@ -152,58 +229,36 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     Per lane (the chunks that share their position on the other axes): ``totals`` tasks, one per group
     of chunks 0..n-2; one ``carries`` task scanning those totals; one ``scan`` task per chunk, seeded
     with its carry. With at most ``FOLD_TOTALS_UP_TO`` groups the scan tasks fold the totals themselves
-    and there is no carries task. Depth 3 whatever the number of chunks, no rechunking, each input read twice and each
-    output written once. Totals and scan tasks run by data locality where their chunks are, so every
-    output chunk is made where its input lives.
+    and there is no carries task. Depth 3 whatever the number of chunks, no rechunking, each input read
+    twice and each output written once. Totals and scan tasks run by data locality where their chunks
+    are, so every output chunk is made where its input lives.
     """
-    groups = groups or contiguous_groups(1)
-    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
-    label = plan.label
-    totals_name, carries_name, name = f"{label}-totals-{token}", f"{label}-carries-{token}", f"{label}-{token}"
-    axis, ndim = plan.axis, x.ndim
-    others = [d for d in range(ndim) if d != axis]
-    n = x.numblocks[axis]
 
-    totals: dict = {}
-    carries: dict = {}
-    scans: dict = {}
-    for lane in itertools.product(*(range(x.numblocks[d]) for d in others)):
-        fixed = dict(zip(others, lane))
-        index = [_block_index(ndim, {**fixed, axis: i}) for i in range(n)]
-        if n == 1:
-            scans[(name, *index[0])] = (plan.scan_block, (x.name, *index[0]))
-            continue
-        keys = [(x.name, *idx) for idx in index[:-1]]
-        grouped = groups(keys)
-        _check_groups(keys, grouped, ordered=False)  # the layout below puts every chunk's total in place
-        position = {k: i for i, k in enumerate(keys)}
-        layout = [tuple(position[k] for k in group) for group in grouped]
-        total_keys = []
-        for g, group in enumerate(grouped):
-            key = (totals_name, *lane, g)
-            totals[key] = (_host_totals, plan, *group)
-            total_keys.append(key)
+    def emit(names, lane, index, grouped, layout):
+        name = names["output"]
+        if len(index) == 1:
+            return {(name, *index[0]): (plan.scan_block, (x.name, *index[0]))}
+        total_keys = [(names["totals"], *lane, g) for g in range(len(grouped))]
+        tasks = {key: (_host_totals, plan, *group) for key, group in zip(total_keys, grouped)}
         if len(total_keys) <= FOLD_TOTALS_UP_TO:
             # few groups (one per GPU, say): every scan task folds the totals itself, a stage less.
             # It waits only for the groups holding chunks before its own, so chunk 0 is scanned at once
             # and a lazy input's chunks are released as they are scanned
             for i, idx in enumerate(index):
                 used = [g for g, pos in enumerate(layout) if min(pos) < i]
-                scans[(name, *idx)] = (_scan_from_totals, plan, (x.name, *idx), i, tuple(layout[g] for g in used),
+                tasks[(name, *idx)] = (_scan_from_totals, plan, (x.name, *idx), i, tuple(layout[g] for g in used),
                                        *(total_keys[g] for g in used))
-            continue
-        carries_key = (carries_name, *lane)
-        carries[carries_key] = (_carries_in_order, plan, tuple(layout), *total_keys)
+            return tasks
+        carries_key = (names["carries"], *lane)
+        tasks[carries_key] = (_carries_in_order, plan, layout, *total_keys)
         for i, idx in enumerate(index):
-            scans[(name, *idx)] = (_scan_seeded, plan, (x.name, *idx), carries_key, i)
+            tasks[(name, *idx)] = (_scan_seeded, plan, (x.name, *idx), carries_key, i)
+        return tasks
 
-    stages = []
-    if totals:
-        stages.append((totals_name, totals))
-    if carries:
-        stages.append((carries_name, carries))
-    stages.append((name, scans))
-    return _array(x, stages, x.chunks, plan.out_dtype)
+    stages = {"totals": "{label}-totals-{token}", "carries": "{label}-carries-{token}", "output": "{label}-{token}"}
+    # the last chunk's total seeds nothing: chunks 0..n-2 are grouped
+    return _grouped_stages(x, plan, split_every, groups, (plan.axis,), stages, emit, x.chunks, plan.out_dtype,
+                           last_apart=True)
 
 
 def _host(value):

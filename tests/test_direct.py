@@ -4,6 +4,8 @@ tests/multi_gpu). Every fallback to the graph is checked to give the same answer
 
 from __future__ import annotations
 
+import time
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -25,7 +27,21 @@ def _spread(client, x: np.ndarray, chunk: int, owners: list[int]):
     return persist_spread(client, x, chunk, owners)[0]
 
 
+def _busy(dask_scheduler) -> bool:
+    return any(ts.state in ("processing", "waiting", "queued", "no-worker") for ts in dask_scheduler.tasks.values())
+
+
+def _wait_idle(client, timeout: float = 30.0) -> None:
+    """Until no task of an earlier computation is pending: under load one could finish inside the next
+    measurement's task stream and be counted as the measured call's."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_busy):
+        assert time.monotonic() < deadline, "the scheduler did not become idle"
+        time.sleep(0.01)
+
+
 def _tasks_during(client, fn):
+    _wait_idle(client)
     with distributed.get_task_stream(client) as stream:
         value = fn()
     return value, len(stream.data)
@@ -97,3 +113,28 @@ def test_what_the_direct_path_cannot_do_computes_the_graph(client):
 def test_numpy_and_cupy_inputs_ignore_compute():
     x = np.arange(10)
     assert mr.sum(x, compute=True) == 45 and mr.mean(x, compute=True) == 4.5
+
+
+def _add_unless_sentinel(a, b):
+    if np.any(np.asarray(a) == -7777) or np.any(np.asarray(b) == -7777):
+        raise TimeoutError("sentinel element -7777 reached the operator")
+    return np.add(a, b)
+
+
+def test_an_operators_own_timeout_surfaces_without_the_graph(client):
+    """An error raised by the reduction on a worker surfaces as it is, even of a type that a comm
+    failure also has (TimeoutError): it is not taken for stale placement and recomputed by the graph."""
+    mr.register_operator("add_unless_sentinel", identity=0, cpu=_add_unless_sentinel, commutative=True, kinds="i",
+                         replace=True)
+    x = np.random.default_rng(6).integers(-1000, 1000, size=3 * 1031)
+    d = _spread(client, x, 1031, [0, 1, 2])
+    assert mr.reduce(d, "add_unless_sentinel", compute=True) == x.sum()
+    x[1500] = -7777
+    bad = _spread(client, x, 1031, [0, 1, 2])
+    with pytest.raises(TimeoutError, match="sentinel element") as err:
+        _tasks_during(client, lambda: mr.reduce(bad, "add_unless_sentinel", compute=True))
+    assert any("raised on worker" in note for note in getattr(err.value, "__notes__", ()))
+    _wait_idle(client)
+    with distributed.get_task_stream(client) as stream, pytest.raises(TimeoutError):
+        mr.reduce(bad, "add_unless_sentinel", compute=True)
+    assert not stream.data  # the graph did not run

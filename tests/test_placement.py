@@ -157,3 +157,25 @@ def test_bits_do_not_depend_on_placement_or_path(client, dtype):
             assert m.tobytes() == want["mean"].tobytes(), (owners, how)
         assert mr.cumsum(d).compute().tobytes() == want["cumsum"].tobytes(), owners
     assert np.isclose(want["sum"], x.astype(np.float64).sum(), rtol=1e-5)
+
+
+def test_whole_reduction_is_partials_and_one_aggregate(client):
+    """A whole reduction of held chunks runs one partial task per worker and the aggregate, nothing else:
+    no finalize task (the result is one block) and only the cull of Dask's optimisation; lazy inputs keep
+    Dask's fusion and also skip finalize. Any way of computing gives the eager path's bits."""
+    x = (np.random.default_rng(7).standard_normal(12 * 1025) * 100).astype(np.float32)
+    d, _ = _spread(client, x, 1025, [0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 2, 1])
+    workers = len(set(placement.holders(d, client).values()))
+    lazy = mr.sum(d)
+    total, stream = _task_stream(client, lazy.compute)
+    assert sorted(_name(t["key"]) for t in stream) == ["sum-aggregate"] + ["sum-partial"] * workers
+    assert total.tobytes() == mr.sum(d, compute=True).tobytes() == client.compute(lazy).result().tobytes()
+    both = dask.compute(lazy, mr.max(d, keepdims=True))
+    assert both[0].tobytes() == total.tobytes() and both[1].shape == (1,) and both[1][0] == x.max()
+    assert lazy.__dask_optimize__ is not da.Array.__dask_optimize__
+    assert (lazy + 1).compute() == total + 1  # results of further operations are plain dask arrays
+    not_held = mr.sum(da.from_array(x, chunks=1025) * 2, split_every=4)
+    assert not_held.__dask_optimize__ is da.Array.__dask_optimize__  # fusion still runs
+    value, stream = _task_stream(client, not_held.compute)
+    assert not any(_name(t["key"]).startswith("finalize") for t in stream) 
+    assert np.isclose(value, 2 * x.astype(np.float64).sum(), rtol=1e-5)

@@ -88,6 +88,7 @@ def test_one_task_per_gpu_and_chunks_stay_put(client):
         lazy.compute()
     partial_workers = {t["worker"] for t in stream.data if "sum-partial" in str(t["key"])}
     assert partial_workers == workers
+    assert len(stream.data) == len(workers) + 1  # the partials and the aggregate: no finalize task
     # the chunks on each worker are CuPy arrays on that worker's own GPU (each worker sees its GPU as
     # device 0 through CUDA_VISIBLE_DEVICES, so compare PCI bus ids)
     def buses(dask_worker):
@@ -100,16 +101,29 @@ def test_one_task_per_gpu_and_chunks_stay_put(client):
     assert len({b[0] for b in held.values()}) == len(held)  # one distinct GPU per worker
 
 
+def _clear_transfer_logs(dask_worker):
+    dask_worker.transfer_incoming_log.clear()
+
+
+def _moved_keys(dask_worker):
+    return [k for entry in dask_worker.transfer_incoming_log for k in entry["keys"]]
+
+
 def test_scan_outputs_made_on_the_input_gpu(client):
+    """Every output chunk is made on its input's GPU and only the per-worker totals (host) move,
+    whatever the placement (Dask's own here: round-robin-like)."""
     x = gpu_array(client, 1 << 24, 1 << 21, np.int32)
+    client.run(_clear_transfer_logs)
     out = client.persist(mr.cumsum(x))
     distributed.wait(out)
+    moved = [k for ks in client.run(_moved_keys).values() for k in ks]
+    assert all(str(k[0] if isinstance(k, tuple) else k).startswith("cumsum-totals") for k in moved), moved
     gin, gout = x.__dask_graph__(), out.__dask_graph__()
     kin, kout = placement.chunk_keys(x), placement.chunk_keys(out)
     where_in = client.who_has([gin[k] for k in kin])
     where_out = client.who_has([gout[k] for k in kout])
     for ki, ko in zip(kin, kout):
-        assert set(where_out[ko]) <= set(where_in[ki])
+        assert set(where_out[ko]) == set(where_in[ki])
 
 
 def test_killed_worker_is_recomputed():

@@ -1,0 +1,89 @@
+"""Scans of persisted arrays whatever the placement, on a real CPU cluster (the multi-GPU layout: one
+worker per GPU): one totals task per worker holding chunks, only those small totals move between
+workers, every output chunk is made where its input lives, and a worker lost after the placement was
+looked up gives the right answer, not a wrong one or a hang. The non-commutative operator under
+round-robin placement is in tests/test_placement.py (test_noncommutative_scan_keeps_order_...)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import dask.array as da
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import multireduce as mr  # noqa: E402
+from multireduce import placement  # noqa: E402
+
+from .helpers import persist_spread  # noqa: E402
+
+N_CHUNKS = 9
+PLACEMENTS = {"round-robin": [i % 3 for i in range(N_CHUNKS)],
+              "contiguous": [i * 3 // N_CHUNKS for i in range(N_CHUNKS)],
+              "uneven": [2, 2, 0, 1, 1, 1, 0, 2, 0]}
+
+
+@pytest.fixture(scope="module")
+def client(cpu_client):
+    return cpu_client
+
+
+def _clear_transfer_logs(dask_worker):
+    dask_worker.transfer_incoming_log.clear()
+
+
+def _moved_keys(dask_worker):
+    return [k for entry in dask_worker.transfer_incoming_log for k in entry["keys"]]
+
+
+def _name(key) -> str:
+    return (key[0] if isinstance(key, tuple) else key).rsplit("-", 1)[0]
+
+
+@pytest.mark.parametrize("kind", list(PLACEMENTS))
+def test_scan_whatever_the_placement(client, kind):
+    # chunks of a few MB, as on GPUs: moving one costs more than any imbalance, so locality decides
+    chunk = (1 << 19) - 3
+    x = np.random.default_rng(len(kind)).integers(-(1 << 31), 1 << 31, size=N_CHUNKS * chunk, dtype=np.int64)
+    d, _ = persist_spread(client, x, chunk, PLACEMENTS[kind])
+    holder = placement.holders(d, client)
+    keys = placement.chunk_keys(d)
+    client.run(_clear_transfer_logs)
+    with distributed.get_task_stream(client) as stream:
+        out = client.persist(mr.cumsum(d))
+        distributed.wait(out)
+    totals = [t for t in stream.data if _name(t["key"]) == "cumsum-totals"]
+    assert len(totals) == len({holder[k] for k in keys[:-1]}) == 3  # one per worker, however interleaved
+    assert {t["worker"] for t in totals} == {holder[k] for k in keys[:-1]}
+    moved = [k for ks in client.run(_moved_keys).values() for k in ks]
+    assert moved and all(_name(k) == "cumsum-totals" for k in moved), moved  # no chunk crossed workers
+    # before anything gathers the result (which copies chunks to one worker)
+    graph_in, graph_out = d.__dask_graph__(), out.__dask_graph__()
+    out_keys = placement.chunk_keys(out)
+    where_in = client.who_has([graph_in[k] for k in keys])
+    where_out = client.who_has([graph_out[k] for k in out_keys])
+    for ki, ko in zip(keys, out_keys):
+        assert set(where_out[ko]) == set(where_in[ki]), f"output {ko} was made away from its input"
+    np.testing.assert_array_equal(client.compute(out).result(), np.cumsum(x))  # int64 wraps as NumPy's
+
+
+def test_worker_lost_after_placement_lookup():
+    """The graph names groups by the worker that held them when it was built; that worker is killed
+    before the graph runs. Dask recomputes the lost chunks elsewhere and every result is right (within
+    a timeout: a hang fails); the eager path looks placement up again."""
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True, scheduler_port=0,
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
+        x = np.random.default_rng(11).integers(-1000, 1000, size=24 * 1031, dtype=np.int64)
+        d = c.persist(da.from_array(x, chunks=1031))  # Dask's own placement: no worker restrictions
+        distributed.wait(d)
+        holder = placement.holders(d, c)
+        assert holder is not None and len(set(holder.values())) >= 2
+        scan, total = mr.cumsum(d), mr.sum(d, split_every=4)  # grouped by the holders looked up now
+        victim = holder[placement.chunk_keys(d)[0]]
+        os.kill(c.run(os.getpid)[victim], signal.SIGKILL)  # a crash, not a clean shutdown
+        np.testing.assert_array_equal(c.compute(scan).result(timeout=120), np.cumsum(x))
+        assert c.compute(total).result(timeout=120) == x.sum()
+        assert mr.sum(d, compute=True) == x.sum()
