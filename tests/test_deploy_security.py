@@ -212,13 +212,26 @@ def test_local_cluster_listens_on_loopback_only():
         assert len(addrs) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in addrs)
 
 
-def test_kubernetes_workers_bind_the_pod_address_and_loopback_dashboard():
+def _k8s_container(name: str) -> dict:
     import yaml
 
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "workers.yaml").read_text()) if d]
-    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / f"{name}.yaml").read_text()) if d]
+    return next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("name", ["scheduler", "workers"])
+def test_kubernetes_pods_bind_the_pod_address_and_loopback_dashboard(name):
+    """Without --host a Dask server listens on every interface of the pod; the pod's IP (from the
+    downward API) is what the Service and the other pods reach, the dashboard stays on loopback."""
+    container = _k8s_container(name)
     args = container["args"]
-    assert args[args.index("--host") + 1] == "$(POD_IP)"
+    assert "--host" in args and args[args.index("--host") + 1] == "$(POD_IP)", args
+    assert "--interface" not in args
     assert args[args.index("--dashboard-address") + 1].startswith("127.0.0.1:")
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert {"--tls-ca-file", "--tls-cert", "--tls-key"} <= set(args)
+    if name == "scheduler":
+        assert args[args.index("--protocol") + 1] == "tls"
+    else:
+        assert next(a for a in args if "://" in a).startswith("tls://")
