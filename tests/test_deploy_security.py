@@ -212,6 +212,24 @@ def test_local_cluster_listens_on_loopback_only():
         assert len(addrs) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in addrs)
 
 
+@pytest.mark.parametrize("kwargs, named", [
+    ({"host": "0.0.0.0"}, "host='0.0.0.0'"), ({"host": ""}, "host=''"), ({"host": "::"}, "host='::'"),
+    ({"host": None}, "host=None"), ({"host": "10.1.2.3"}, "host='10.1.2.3'"),
+    ({"host": "tcp://0.0.0.0"}, "host='tcp://0.0.0.0'"), ({"interface": "eth0"}, "interface='eth0'"),
+    ({"host": "0.0.0.0", "security": False}, "host='0.0.0.0'"),
+    ({"host": "0.0.0.0", "security": distributed.Security()}, "host='0.0.0.0'"),  # no encryption required
+])
+@pytest.mark.parametrize("gpu", [False, True])
+def test_local_cluster_refuses_an_exposed_address_without_tls(kwargs, named, gpu):
+    # refused before any process starts, on the GPU path too (where there is no GPU here, it would
+    # otherwise fail later for that reason)
+    before = set(_tree(os.getpid()))
+    with pytest.raises(ValueError, match="not loopback") as info:
+        local_cluster(n_workers=1, gpu=gpu, **kwargs)
+    assert named in str(info.value) and "security=" in str(info.value)
+    assert set(_tree(os.getpid())) == before
+
+
 def _k8s_container(name: str) -> dict:
     import yaml
 
