@@ -141,6 +141,29 @@ def test_ca_dir_inside_cert_dir_is_refused(tmp_path):
     assert not (tmp_path / "c" / "ca" / "ca-key.pem").exists()
 
 
+def test_ca_dir_option_reuses_the_ca_and_refuses_bad_use(tmp_path):
+    first, second, cadir = tmp_path / "first", tmp_path / "second", tmp_path / "keep" / "ca"
+    sh("bash", DEPLOY / "make-certs.sh", first, "--ca-dir", cadir, "node1")
+    key = (cadir / "ca-key.pem").read_bytes()
+    assert oct(cadir.stat().st_mode & 0o777) == "0o700" and not list(first.glob("ca-key*"))
+    out = sh("bash", DEPLOY / "make-certs.sh", second, "node2", "--ca-dir", cadir).stdout
+    # the same CA signed both sets: a node holding the first ca.pem trusts the second set's certificates
+    assert "reused" in out and (cadir / "ca-key.pem").read_bytes() == key
+    assert (first / "ca.pem").read_bytes() == (second / "ca.pem").read_bytes()
+    for role in ("scheduler", "worker", "client"):
+        sh("openssl", "verify", "-CAfile", first / "ca.pem", second / f"{role}.pem")
+    text = sh("openssl", "x509", "-in", second / "scheduler.pem", "-noout", "-text").stdout
+    assert "DNS:node2" in text and "DNS:node1" not in text
+    bad = sh("bash", DEPLOY / "make-certs.sh", tmp_path / "x", "--ca-dir", tmp_path / "x" / "ca", check=False)
+    assert bad.returncode == 2 and "must not be inside" in bad.stderr
+    bad = sh("bash", DEPLOY / "make-certs.sh", tmp_path / "y", "--bogus", check=False)
+    assert bad.returncode == 2 and "unknown option --bogus" in bad.stderr
+    (tmp_path / "orphan").mkdir()
+    (tmp_path / "orphan" / "ca-key.pem").write_text("x")  # a key without its certificate is not reused
+    bad = sh("bash", DEPLOY / "make-certs.sh", tmp_path / "z", "--ca-dir", tmp_path / "orphan", check=False)
+    assert bad.returncode == 2 and "no ca.pem" in bad.stderr
+
+
 # ----------------------------------------------------------------------------- stop.sh (item 15)
 
 def test_stop_does_not_signal_an_unrelated_process(tmp_path):
