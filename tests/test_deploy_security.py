@@ -199,6 +199,33 @@ async def _plain_tcp_rpc_refused(address: str) -> None:
         await r.close_rpc()
 
 
+async def _identity(address: str, security) -> dict:
+    """The server's answer to an identity rpc made with the client's certificate: the positive control that
+    makes the refusals below mean something (the port is live and speaks Dask)."""
+    from distributed.core import rpc
+
+    r = rpc(address, connection_args=security.get_connection_args("client"), timeout=5)
+    try:
+        return await asyncio.wait_for(r.identity(), 8)
+    finally:
+        await r.close_rpc()
+
+
+def _tls_handshake_without_certificate(address: str, ca_file: str) -> None:
+    """A TLS client that trusts the cluster's CA but shows no certificate of its own: the server must end
+    the handshake (or the connection) instead of reading a request."""
+    import socket
+    import ssl
+
+    host, port = address.split("://", 1)[1].rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=ca_file)
+    ctx.check_hostname = False
+    with socket.create_connection((host, int(port)), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
+        tls.sendall(b"\0" * 8)  # TLS 1.3 reports a refused client certificate at the first read
+        if not tls.recv(1):
+            raise ConnectionResetError(f"{address} closed the connection")
+
+
 def test_scripted_cluster_listens_on_loopback_and_refuses_plain_tcp(tmp_path, certs):
     config = _tls_config(tmp_path, certs)
     run = tmp_path / "run"
@@ -219,8 +246,14 @@ def test_scripted_cluster_listens_on_loopback_and_refuses_plain_tcp(tmp_path, ce
             assert len(socks) >= 8, socks
             log = (run / "workers-n1.log").read_text()
             assert "dashboard at" in log and "127.0.0.1" in log.split("dashboard at")[-1].splitlines()[0]
+            sec = deploy.security(deploy.load(config), "client")
             for address in list(workers) + nannies:
+                assert asyncio.run(_identity(address, sec))["type"] in ("Worker", "Nanny"), address
                 asyncio.run(_plain_tcp_rpc_refused(address))
+                with pytest.raises(OSError) as refused:  # ssl.SSLError ("certificate required") or a reset
+                    _tls_handshake_without_certificate(address, str(certs / "ca.pem"))
+                # a timeout would mean the server accepted the handshake and waited for a request
+                assert not isinstance(refused.value, TimeoutError), refused.value
     finally:
         sh("bash", DEPLOY / "stop.sh", config, check=False)
 
