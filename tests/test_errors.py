@@ -11,10 +11,11 @@ import pytest
 from multireduce import errors
 
 
-def _fake_cupy(free=3 * 2**30, total=80 * 2**30):
-    class OutOfMemoryError(Exception):
-        pass
+class OutOfMemoryError(Exception):
+    """Stands for CuPy's; at module level so that a chained error pickles (as CuPy's does)."""
 
+
+def _fake_cupy(free=3 * 2**30, total=80 * 2**30):
     freed = []
     mod = types.SimpleNamespace(
         cuda=types.SimpleNamespace(
@@ -58,3 +59,62 @@ def test_guard_without_cupy(monkeypatch):
         with errors.gpu_memory_guard(np.ones(3)):
             raise MemoryError("host")
     assert type(info.value) is MemoryError
+
+
+def _guarded_failure(cupy, exc, array):
+    with pytest.raises(Exception) as info:
+        with errors.gpu_memory_guard(array, "a reduction"):
+            raise exc
+    return info.value
+
+
+def test_error_pickles_with_its_attributes(monkeypatch):
+    import pickle
+
+    cupy, oom, _ = _fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    err = _guarded_failure(cupy, oom("out of memory"), np.empty((31, 33), dtype=np.int16))
+    back = pickle.loads(pickle.dumps(err))  # as Dask sends a worker's error to the client
+    assert type(back) is errors.GPUOutOfMemoryError and str(back) == str(err) and isinstance(back, MemoryError)
+    assert (back.what, back.shape, back.dtype, back.nbytes) == ("a reduction", (31, 33), np.int16, 31 * 33 * 2)
+    assert back.gpu["id"] == 2 and back.gpu["name"] == "Fake H200" and back.gpu["total"] == 80 * 2**30
+
+
+def test_driver_out_of_memory_counts_other_driver_errors_pass(monkeypatch):
+    cupy, _, freed = _fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    # what CuPy raises when a kernel launch (not the pool) finds no memory
+    driver_error = type("CUDADriverError", (RuntimeError,), {"__module__": "cupy_backends.cuda.api.driver"})
+    err = _guarded_failure(cupy, driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory"), np.ones(1025))
+    assert isinstance(err, errors.GPUOutOfMemoryError) and "(1025,)" in str(err) and freed == [1]
+    other = _guarded_failure(cupy, driver_error("CUDA_ERROR_ILLEGAL_ADDRESS"), np.ones(3))
+    assert type(other) is driver_error and freed == [1]
+
+
+def test_failed_work_releases_its_arrays(monkeypatch):
+    import gc
+    import weakref
+
+    cupy, oom, _ = _fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    refs = []
+
+    def work():
+        scratch = np.ones(1023)  # a temporary of the failed work: only this frame holds it
+        refs.append(weakref.ref(scratch))
+        raise oom("out of memory")
+
+    with pytest.raises(errors.GPUOutOfMemoryError) as info:
+        with errors.gpu_memory_guard(np.ones(3)):
+            work()
+    gc.collect()
+    # the caller still holds the error (and its chained cause) but not the failed frame's array
+    assert info.value.__cause__ is not None and refs[0]() is None
+
+
+def test_unknown_chunk_sizes_in_the_message(monkeypatch):
+    cupy, oom, _ = _fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    fake = types.SimpleNamespace(shape=(float("nan"), 4), dtype=np.dtype(np.float32))
+    err = _guarded_failure(cupy, oom("out of memory"), fake)
+    assert isinstance(err, errors.GPUOutOfMemoryError) and "shape ? " in str(err) and err.nbytes is None
