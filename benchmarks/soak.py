@@ -204,6 +204,12 @@ def _request(client, spec, gpu):
     if gpu and hasattr(got, "get"):
         got = got.get()
     _check(op, got, host)
+    if gpu:  # results arrive as CuPy arrays on GPU 0: the client's pool would hold blocks as large as the
+        # largest result there, and a worker on that GPU that can only read the whole GPU's use would count them
+        import cupy
+
+        del got
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _specs(rng, n_requests, min_bytes, max_bytes, gpu):
