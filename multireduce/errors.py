@@ -22,7 +22,7 @@ _OOM_MARKERS = ("CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation", "out of
 class GPUOutOfMemoryError(MemoryError):
     """A GPU ran out of memory while multireduce worked on an array. Attributes: ``what`` (the work),
     ``shape``, ``dtype``, ``nbytes`` (the array; None where unknown) and ``gpu`` (a dict: ``id``, ``name``,
-    ``free``, ``total``)."""
+    ``pci``, ``free``, ``total``)."""
 
     def __init__(self, message: str, *, what: str = "", shape=None, dtype=None, nbytes=None, gpu=None):
         super().__init__(message)
@@ -37,10 +37,13 @@ def _gib(n) -> str:
 
 
 def _device_facts(cupy) -> dict:
-    facts = {"id": None, "name": "unknown", "free": None, "total": None}
+    facts = {"id": None, "name": "unknown", "pci": None, "free": None, "total": None}
     try:
         dev = cupy.cuda.Device()
         facts["id"] = dev.id
+        # a Dask CUDA worker sees its own GPU as device 0: the PCI bus id tells the GPUs of a host apart
+        with contextlib.suppress(Exception):
+            facts["pci"] = dev.pci_bus_id
         facts["free"], facts["total"] = cupy.cuda.runtime.memGetInfo()
         name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
         facts["name"] = name.decode() if isinstance(name, bytes) else str(name)
@@ -68,7 +71,8 @@ def _nbytes(shape, itemsize):
 
 def oom_message(what: str, shape, dtype, itemsize: int | None, device: dict, detail: str = "") -> str:
     nbytes = _nbytes(shape, itemsize)
-    return (f"GPU {device.get('id')} ({device.get('name')}) ran out of memory during {what} of an array of "
+    where = device.get("name") if device.get("pci") is None else f"{device.get('name')}, PCI {device['pci']}"
+    return (f"GPU {device.get('id')} ({where}) ran out of memory during {what} of an array of "
             f"shape {_shape(shape) if _shape(shape) is not None else '?'} and dtype {dtype} "
             f"({'?' if nbytes is None else f'{nbytes} bytes, {_gib(nbytes)}'}); the GPU has "
             f"{_gib(device.get('free'))} free of {_gib(device.get('total'))}. Use smaller chunks, fewer "

@@ -20,7 +20,7 @@ def _fake_cupy(free=3 * 2**30, total=80 * 2**30):
     mod = types.SimpleNamespace(
         cuda=types.SimpleNamespace(
             memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
-            Device=lambda: types.SimpleNamespace(id=2),
+            Device=lambda: types.SimpleNamespace(id=2, pci_bus_id="0000:3B:00.0"),
             runtime=types.SimpleNamespace(memGetInfo=lambda: (free, total),
                                           getDeviceProperties=lambda i: {"name": b"Fake H200"})),
         get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: freed.append(1)))
@@ -36,7 +36,7 @@ def test_guard_turns_cupy_oom_into_a_clear_memory_error(monkeypatch):
             raise oom("out of memory allocating 135,300 bytes")
     msg = str(info.value)
     assert isinstance(info.value, MemoryError) and isinstance(info.value.__cause__, oom)
-    for part in ("GPU 2", "Fake H200", "a scan", "(1025, 33)", "float32", f"{1025 * 33 * 4} bytes",
+    for part in ("GPU 2 (Fake H200, PCI 0000:3B:00.0)", "a scan", "(1025, 33)", "float32", f"{1025 * 33 * 4} bytes",
                  "3.00 GiB free of 80.00 GiB", "135,300 bytes"):
         assert part in msg, (part, msg)
     assert freed == [1]
@@ -78,6 +78,7 @@ def test_error_pickles_with_its_attributes(monkeypatch):
     assert type(back) is errors.GPUOutOfMemoryError and str(back) == str(err) and isinstance(back, MemoryError)
     assert (back.what, back.shape, back.dtype, back.nbytes) == ("a reduction", (31, 33), np.int16, 31 * 33 * 2)
     assert back.gpu["id"] == 2 and back.gpu["name"] == "Fake H200" and back.gpu["total"] == 80 * 2**30
+    assert back.gpu["pci"] == "0000:3B:00.0"
 
 
 def test_driver_out_of_memory_counts_other_driver_errors_pass(monkeypatch):
