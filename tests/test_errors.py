@@ -11,8 +11,13 @@ import pytest
 from multireduce import errors
 
 
-class OutOfMemoryError(Exception):
-    """Stands for CuPy's; at module level so that a chained error pickles (as CuPy's does)."""
+class OutOfMemoryError(MemoryError):
+    """Stands for CuPy's, with its constructor (size, total, limit): at module level, as CuPy's, so that a
+    chained error pickles; its __init__ does not take its own message back, as CuPy's does not."""
+
+    def __init__(self, size, total=0, limit=0):
+        text = size if isinstance(size, str) else f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes)"
+        super().__init__(text)
 
 
 def _fake_cupy(free=3 * 2**30, total=80 * 2**30):
@@ -119,3 +124,18 @@ def test_unknown_chunk_sizes_in_the_message(monkeypatch):
     fake = types.SimpleNamespace(shape=(float("nan"), 4), dtype=np.dtype(np.float32))
     err = _guarded_failure(cupy, oom("out of memory"), fake)
     assert isinstance(err, errors.GPUOutOfMemoryError) and "shape ? " in str(err) and err.nbytes is None
+
+
+def test_error_crosses_dask_with_its_type_attributes_and_cause(monkeypatch):
+    """What a worker does with a task's error (distributed.core.error_message: tblib, a pickling round trip
+    that falls back to a bare Exception(repr) on failure) and what the client does with it."""
+    core = pytest.importorskip("distributed.core")
+    cupy, oom, _ = _fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    err = _guarded_failure(cupy, oom(16 * 2**20, 3 * 2**30, 3 * 2**30 + 2**20), np.empty(2**21))
+    assert isinstance(err, errors.GPUOutOfMemoryError)
+    message = {k: getattr(v, "data", v) for k, v in core.error_message(err).items()}  # as sent: bytes
+    _, back, _ = core.clean_exception(**message)
+    assert type(back) is errors.GPUOutOfMemoryError and str(back) == str(err)
+    assert back.shape == (2**21,) and back.nbytes == 2**24 and back.gpu["pci"] == "0000:3B:00.0"
+    assert type(back.__cause__) is oom and "16,777,216 bytes" in str(back.__cause__)
