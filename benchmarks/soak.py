@@ -1,10 +1,21 @@
-"""Soak test: N client processes each send M mixed reductions and scans to one cluster; every result is
-checked against NumPy, worker memory (RSS; on GPUs also the CuPy pool and the driver's free memory) is
-sampled after a warm-up and at the end and must stay flat, and small-request throughput is reported next to
-dask.array.sum on the same requests.
+"""Soak test: N client processes send mixed reductions and scans to one cluster in rounds; every result is
+checked against NumPy, worker memory is sampled after a warm-up and after every round, and small-request
+throughput is reported next to dask.array.sum on the same requests.
 
-    python benchmarks/soak.py                              # 4 clients x 500 requests, 1 KB .. 1 GB, GPUs
+    python benchmarks/soak.py                     # default: 4 clients x 80 requests, 1 KB .. 1 GB (~2 min)
+    python benchmarks/soak.py --full              # the issue's size: 4 clients x 500 requests, 1 KB .. 1 GB
     python benchmarks/soak.py --cpu --clients 2 --requests 20 --max-bytes 1e6
+
+Memory is judged after a warm-up, not from a cold start: the first use of each dtype, operation and size
+class loads kernel modules, sizes workspaces and fills Dask's and our caches, and that is a one-off cost,
+not a leak. The warm-up runs every (dtype, operation, size class) eagerly on every worker and through Dask
+from every client process; then the baseline is sampled; then each round's requests run and the workers
+are sampled again once the scheduler holds no task. A sample is taken after a garbage collection,
+``malloc_trim`` (RSS then counts live memory, not the allocator's free lists) and, on GPUs, after CuPy's
+pool has returned its unused blocks (the driver then counts live arrays, the context and loaded modules, not
+blocks cached for the largest request so far). Reported per worker: the growth from the baseline to the
+last round and the per-round slope (least squares); the run fails where the growth passes the tolerances,
+or where a cache of ours without a size bound grew after the warm-up.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -22,23 +34,106 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
           "float64", "complex64", "complex128", "bool"]
-OPS = ["sum", "min", "max", "mean", "cumsum"]
+OPS = ["sum", "min", "max", "mean", "cumsum", "argmax", "var", "nansum"]
+# lower edges in bytes: the one-block, several-block and many-chunk regimes of the kernels and the graph
+SIZE_CLASSES = {"small": 1024, "medium": 64 * 2**10, "large": 16 * 2**20}
+# Growth allowed per worker between the baseline (after the warm-up) and the last round. What may still grow
+# then is bounded by count, not by requests: distributed's in-memory logs (10,000 log records, 1,000-entry
+# low-level logs, 7,200 system-monitor samples: a few MB together), our caches with a size bound, allocator
+# noise after malloc_trim. A request's data is 1 KB - 1 GB (tens of MB typical), so keeping the arrays of
+# even a few requests passes 64 MiB. On the GPU, after the pool returned its free blocks, nothing of a
+# request may stay; a kernel module or workspace first loaded after the warm-up is 1-2 MB.
+RSS_TOL = 64 * 2**20
+GPU_TOL = 64 * 2**20
+FULL = {"clients": 4, "requests": 500, "min_bytes": 1024, "max_bytes": 1e9}
 
 
-def _sample():
-    """On a worker: its RSS and, where CuPy is in use, the pool's bytes and the driver's used bytes."""
-    import psutil
+def ops_for(dtype) -> list[str]:
+    kind = np.dtype(dtype).kind
+    if kind == "c":  # no order, and no complex statistics kernels
+        return ["sum", "mean", "cumsum"]
+    if kind == "b":  # as NumPy, a boolean cumsum or mean changes dtype: covered by the integer types
+        return [op for op in OPS if op not in ("cumsum", "mean")]
+    return list(OPS)
 
-    out = {"rss": psutil.Process().memory_info().rss}
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        free, total = cupy.cuda.runtime.memGetInfo()
-        out["pool"] = cupy.get_default_memory_pool().used_bytes()
-        out["gpu_used"] = total - free
+
+def dtypes_for(gpu: bool) -> list[str]:
+    # complex data runs on the CPU backend only (dtypes.GPU_DTYPES)
+    return [d for d in DTYPES if not (gpu and np.dtype(d).kind == "c")]
+
+
+def warmup_grid(gpu: bool, min_bytes: int, max_bytes: int) -> list[tuple[str, str, int]]:
+    """Every (dtype, operation, size class) the run can send, at the class's lower edge clipped to the run's
+    range."""
+    edges = sorted({min(max(edge, min_bytes), max_bytes) for edge in SIZE_CLASSES.values()})
+    return [(d, op, nbytes) for d in dtypes_for(gpu) for op in ops_for(d) for nbytes in edges]
+
+
+def cache_sizes() -> dict[str, tuple[int, int | None]]:
+    """Our memos in this process: name -> (entries, bound; None: no bound). Module-level ``lru_cache``
+    functions, and module-level dicts with a lower-case private name (upper-case ones are tables) whose
+    bound, where they have one, is the module's ``_MAX_<NAME>``."""
+    out = {}
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or not (modname == "multireduce" or modname.startswith("multireduce.")):
+            continue
+        for attr, obj in list(vars(mod).items()):
+            info = getattr(obj, "cache_info", None)
+            if callable(info) and getattr(obj, "__module__", None) == modname:
+                ci = info()
+                out[f"{modname}.{attr}"] = (ci.currsize, ci.maxsize)
+            elif isinstance(obj, dict) and attr.startswith("_") and not attr.startswith("__") \
+                    and attr != attr.upper():
+                out[f"{modname}.{attr}"] = (len(obj), getattr(mod, "_MAX_" + attr.lstrip("_").upper(), None))
     return out
 
 
-def _data(rng, dtype, n):
+def _gpu_used_by_this_process(cupy) -> tuple[int, str]:
+    """Driver-level bytes of this process on its GPU (NVML, where it lists our pid), else the whole GPU's."""
+    dev = cupy.cuda.Device().id
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        bus = cupy.cuda.runtime.getDeviceProperties(dev)["pciBusID"]
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            if pynvml.nvmlDeviceGetPciInfo(handle).bus != bus:
+                continue
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                    return int(proc.usedGpuMemory), "process"
+    except Exception:  # no NVML, or a container whose pids NVML does not show: the device total
+        pass
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return total - free, "device"
+
+
+def _sample(dask_worker=None):
+    """On a worker, between rounds: RSS, and where CuPy is in use the pool and driver-level GPU bytes."""
+    import ctypes
+    import gc
+
+    import psutil
+
+    gc.collect()
+    try:  # RSS then counts live memory, not glibc's free lists
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    out = {"rss": psutil.Process().memory_info().rss}
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and cupy.cuda.runtime.getDeviceCount() > 0:
+        pool = cupy.get_default_memory_pool()
+        out["pool_used"], out["pool_held"] = pool.used_bytes(), pool.total_bytes()
+        pool.free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+        out["gpu_used"], out["gpu_scope"] = _gpu_used_by_this_process(cupy)
+    out["caches"] = cache_sizes()
+    return out
+
+
+def _data(rng, dtype, n, op):
     dt = np.dtype(dtype)
     if dt.kind == "b":
         return rng.random(n) < 0.5
@@ -47,69 +142,133 @@ def _data(rng, dtype, n):
         hi = min(int(info.max), 100) + 1  # small values: sums of 1 GB of int8 stay exact in int64 references
         return rng.integers(max(int(info.min), -100), hi, n).astype(dt)
     x = rng.standard_normal(n) + (1j * rng.standard_normal(n) if dt.kind == "c" else 0)
-    return x.astype(dt)
+    x = x.astype(dt)
+    if op == "nansum" and n > 1:
+        x[rng.random(n) < 0.01] = np.nan
+    return x
+
+
+def _eps(dt) -> float:
+    size = dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
+    return {2: 1e-2, 4: 1e-5, 8: 1e-12}.get(size, 1e-5) if dt.kind in "fc" else 1e-12
 
 
 def _check(op, got, host):
     dt = host.dtype
     ref_t = np.complex128 if dt.kind == "c" else np.float64
+    got = np.asarray(got)
+    if op == "argmax":  # ties: NumPy and multireduce both take the lowest index
+        assert int(got) == int(np.argmax(host)), (op, dt, got, np.argmax(host))
+        return
+    if op == "var":
+        ref = host.astype(np.float64).var()
+        rtol = max(_eps(dt), 1e-9) * 10
+        assert np.isclose(float(got), ref, rtol=rtol, atol=rtol * abs(ref)), (op, dt, got, ref)
+        return
     if op == "cumsum":
         ref = np.cumsum(host.astype(ref_t))
     elif op == "mean":
         ref = host.astype(ref_t).mean()
+    elif op in ("sum", "nansum"):
+        ref = getattr(np, op)(host.astype(ref_t))
     else:
-        ref = getattr(np, op)(host.astype(ref_t)) if op == "sum" else getattr(np, op)(host)
-    got = np.asarray(got)
+        ref = getattr(np, op)(host)
     if op == "cumsum" and dt.kind in "iub":
         assert np.array_equal(got.astype(np.int64), ref.astype(np.int64)), (op, dt)
         return
     if dt.kind in "iub" and op != "mean":
         assert np.array_equal(np.asarray(got, dtype=ref.dtype), ref), (op, dt, got, ref)
         return
-    eps = {2: 1e-2, 4: 1e-5, 8: 1e-12}.get(dt.itemsize if dt.kind != "c" else dt.itemsize // 2, 1e-5)
-    scale = np.sqrt(host.size) * eps * max(1.0, float(np.abs(host).max(initial=0)))
+    eps = _eps(dt)
+    finite = host[~np.isnan(host)] if dt.kind == "f" else host
+    scale = np.sqrt(host.size) * eps * max(1.0, float(np.abs(finite).max(initial=0)))
     assert np.allclose(got.astype(ref.dtype), ref, rtol=eps * 10, atol=scale * 10), (op, dt)
 
 
-def _client_main(address, index, n_requests, min_bytes, max_bytes, gpu, seed, queue):
+def _request(client, spec, gpu):
+    """Build, send and check one request: (dtype, op, n, n_chunks, persist, seed)."""
     import dask.array as da
-    from distributed import Client
 
     import multireduce as mr
 
-    rng = np.random.default_rng(seed + index)
-    done = 0
+    dtype, op, n, n_chunks, persist, seed = spec
+    host = _data(np.random.default_rng(seed), dtype, n, op)
+    x = da.from_array(host, chunks=max(-(-n // n_chunks), 1))
+    if gpu:
+        import cupy
+
+        x = x.map_blocks(cupy.asarray, dtype=x.dtype)
+    if persist:
+        x = client.persist(x)
+    got = client.compute(getattr(mr, op)(x)).result()
+    if gpu and hasattr(got, "get"):
+        got = got.get()
+    _check(op, got, host)
+    if gpu:  # results arrive as CuPy arrays on GPU 0: the client's pool would hold blocks as large as the
+        # largest result there, and a worker on that GPU that can only read the whole GPU's use would count them
+        import cupy
+
+        del got
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def _specs(rng, n_requests, min_bytes, max_bytes, gpu):
+    out = []
+    kinds = dtypes_for(gpu)
+    for _ in range(n_requests):
+        dtype = kinds[rng.integers(len(kinds))]
+        ops = ops_for(dtype)
+        op = ops[rng.integers(len(ops))]
+        nbytes = int(np.exp(rng.uniform(np.log(min_bytes), np.log(max_bytes))))
+        n = max(nbytes // np.dtype(dtype).itemsize, 1) + int(rng.integers(0, 3))
+        out.append((dtype, op, n, int(rng.integers(1, 9)), bool(rng.random() < 0.5), int(rng.integers(2**31))))
+    return out
+
+
+def _client_main(address, index, warmup, rounds, gpu, barrier, queue, timeout):
+    """One client process: its share of the warm-up, then each round's requests; after each stage it waits
+    at the barrier twice (work done; the parent has sampled)."""
+    from distributed import Client
+
+    done, stage = 0, "connect"
     try:
         with Client(address, timeout=60) as client:
-            for _ in range(n_requests):
-                # complex data runs on the CPU backend only (dtypes.GPU_DTYPES): CuPy chunks get the others
-                kinds = [d for d in DTYPES if not (gpu and np.dtype(d).kind == "c")]
-                dtype = kinds[rng.integers(len(kinds))]
-                op = OPS[rng.integers(len(OPS))]
-                if np.dtype(dtype).kind == "b" and op in ("cumsum", "mean"):
-                    op = "sum"
-                if np.dtype(dtype).kind == "c" and op in ("min", "max"):
-                    op = "sum"
-                nbytes = int(np.exp(rng.uniform(np.log(min_bytes), np.log(max_bytes))))
-                n = max(nbytes // np.dtype(dtype).itemsize, 1) + int(rng.integers(0, 3))
-                host = _data(rng, dtype, n)
-                x = da.from_array(host, chunks=max(n // int(rng.integers(1, 9)), 1))
-                if gpu:
-                    import cupy
-
-                    x = x.map_blocks(cupy.asarray, dtype=x.dtype)
-                if rng.random() < 0.5:
-                    x = client.persist(x)
-                result = getattr(mr, op)(x)
-                got = client.compute(result).result()
-                if gpu and hasattr(got, "get"):
-                    got = got.get()
-                _check(op, got, host)
-                done += 1
-                del x, result, got
+            stage = "warm-up"
+            for spec in warmup:
+                _request(client, spec, gpu)
+            barrier.wait(timeout), barrier.wait(timeout)
+            for r, specs in enumerate(rounds):
+                stage = f"round {r}"
+                for spec in specs:
+                    _request(client, spec, gpu)
+                    done += 1
+                barrier.wait(timeout), barrier.wait(timeout)
         queue.put((index, done, None))
-    except BaseException as exc:  # the parent reports which client failed and why
-        queue.put((index, done, f"{type(exc).__name__}: {exc}"))
+    except BaseException as exc:  # the parent reports which client failed, where and why
+        barrier.abort()
+        queue.put((index, done, f"{stage}: {type(exc).__name__}: {exc}"))
+
+
+def _warm_worker(grid, gpu):
+    """On a worker: every (dtype, op, size class) once, eagerly, so that each worker has loaded its kernels."""
+    import multireduce as mr
+
+    rng = np.random.default_rng(0)
+    for dtype, op, nbytes in grid:
+        host = _data(rng, dtype, max(nbytes // np.dtype(dtype).itemsize, 1), op)
+        if gpu:
+            import cupy
+
+            host = cupy.asarray(host)
+        getattr(mr, op)(host)
+    return len(grid)
+
+
+def _quiet(client, timeout=30.0):
+    """Wait until the scheduler holds no task: the clients' released keys are gone from the workers."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _throughput(client, gpu, n=200):
@@ -135,60 +294,127 @@ def _throughput(client, gpu, n=200):
     return out
 
 
-def run(clients=4, requests=500, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0, rss_tol=256 * 2**20,
-        gpu_tol=64 * 2**20, warmup=5, throughput_requests=200) -> dict:
+def _slope(values) -> float:
+    """Least-squares growth per round over baseline, round 1, ..."""
+    if len(values) < 2:
+        return 0.0
+    return float(np.polyfit(np.arange(len(values)), np.asarray(values, dtype=np.float64), 1)[0])
+
+
+def summarize(samples: list[dict], rss_tol: int, gpu_tol: int) -> dict:
+    """``samples``: the baseline and one sample per round, each {worker: _sample()}. Per worker and metric:
+    growth (last - baseline), slope per round, and what passed its tolerance; caches of ours without a
+    bound that grew after the warm-up."""
+    tol = {"rss": rss_tol, "pool_used": gpu_tol, "gpu_used": gpu_tol}
+    base, last = samples[0], samples[-1]
+    growth, slope, leaks, caches = {}, {}, {}, {}
+    for w in base:
+        growth[w], slope[w] = {}, {}
+        for metric in ("rss", "pool_used", "gpu_used"):
+            if metric not in base[w] or w not in last:
+                continue
+            growth[w][metric] = last[w][metric] - base[w][metric]
+            slope[w][metric] = _slope([s[w][metric] for s in samples if w in s])
+            if growth[w][metric] > tol[metric]:
+                leaks.setdefault(w, {})[metric] = growth[w][metric]
+        for name, (entries, bound) in last.get(w, {}).get("caches", {}).items():
+            before = base[w]["caches"].get(name, (0, bound))[0]
+            if bound is None and entries > before:
+                caches.setdefault(w, {})[name] = (before, entries)
+    return {"growth_bytes": growth, "slope_bytes_per_round": slope, "tolerance_bytes": tol, "leaks": leaks,
+            "unbounded_cache_growth": caches}
+
+
+def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0, rss_tol=RSS_TOL,
+        gpu_tol=GPU_TOL, rounds=5, throughput_requests=200, timeout=1800.0, warmup=True) -> dict:
+    """``requests`` per client, split into ``rounds``; returns the report (``ok``: every result right, no
+    memory growth past the tolerances, no unbounded cache growth). ``warmup=False`` takes the baseline from a
+    cold cluster instead (to see what the warm-up absorbs)."""
     from distributed import Client
 
     from multireduce.cluster import local_cluster
 
     gpu = not cpu
+    min_bytes, max_bytes = int(min_bytes), int(max_bytes)
+    rng = np.random.default_rng(seed)
+    grid = warmup_grid(gpu, min_bytes, max_bytes) if warmup else []
+    # the Dask warm-up: the grid split over the clients, persisted and lazy, chunked so that every worker
+    # takes part in the larger classes
+    warm_specs = [(d, op, max(nb // np.dtype(d).itemsize, 1), 8, bool(i % 2), int(rng.integers(2**31)))
+                  for i, (d, op, nb) in enumerate(grid)]
+    per_client = [_specs(np.random.default_rng([seed, i]), requests, min_bytes, max_bytes, gpu) for i in range(clients)]
+    cuts = np.linspace(0, requests, rounds + 1).astype(int)
     with local_cluster(gpu=gpu) as cluster, Client(cluster) as client:
+        n_workers = len(client.scheduler_info()["workers"])
+        t_warm = time.perf_counter()
+        if grid:
+            client.run(_warm_worker, grid, gpu)
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        # warm-up: imports, kernels, pools reach their working size before the baseline sample
-        w = ctx.Process(target=_client_main, args=(cluster.scheduler_address, 999, warmup, min_bytes,
-                                                    min(max_bytes, 1e6), gpu, seed, q))
-        w.start(); w.join(); q.get(timeout=5)
-        client.run(lambda: __import__("gc").collect())
-        before = client.run(_sample)
-        t0 = time.perf_counter()
-        procs = [ctx.Process(target=_client_main, args=(cluster.scheduler_address, i, requests, min_bytes,
-                                                         max_bytes, gpu, seed, q)) for i in range(clients)]
+        barrier = ctx.Barrier(clients + 1)
+        procs = [ctx.Process(target=_client_main, args=(
+            cluster.scheduler_address, i, warm_specs[i::clients],
+            [per_client[i][cuts[r]:cuts[r + 1]] for r in range(rounds)], gpu, barrier, q, timeout))
+            for i in range(clients)]
         for p in procs:
             p.start()
-        reports = [q.get(timeout=3600) for _ in procs]
+        samples, seconds, broken, t0 = [], [], None, t_warm
+        try:
+            for stage in range(rounds + 1):  # the warm-up, then each round
+                barrier.wait(timeout)
+                seconds.append(time.perf_counter() - t0)
+                _quiet(client)
+                samples.append(client.run(_sample))
+                barrier.wait(timeout)
+                t0 = time.perf_counter()
+        except threading.BrokenBarrierError:
+            broken = "a client failed (see errors)"
+        reports = [q.get(timeout=60) for _ in procs]
         for p in procs:
-            p.join()
-        elapsed = time.perf_counter() - t0
-        client.run(lambda: __import__("gc").collect())
-        after = client.run(_sample)
-        tput = _throughput(client, gpu, throughput_requests)
-    errors = [r for r in reports if r[2]]
-    growth = {w: {k: after[w][k] - before[w][k] for k in before[w]} for w in before}
-    tol = {"rss": rss_tol, "pool": gpu_tol, "gpu_used": gpu_tol}
-    leaks = {w: {k: v for k, v in g.items() if v > tol[k]} for w, g in growth.items()}
-    leaks = {w: g for w, g in leaks.items() if g}
-    return {"clients": clients, "requests": requests, "done": sum(r[1] for r in reports), "errors": errors,
-            "seconds": elapsed, "growth_bytes": growth, "tolerance_bytes": tol, "leaks": leaks,
-            "small_request_per_s": tput, "ok": not errors and not leaks}
+            p.join(timeout=60)
+        tput = _throughput(client, gpu, throughput_requests) if throughput_requests else {}
+    warm_seconds, round_seconds = (seconds[0] if seconds else None), seconds[1:]
+    errors = [r for r in reports if r[2]] + ([(None, 0, broken)] if broken and not any(r[2] for r in reports) else [])
+    summary = summarize(samples, rss_tol, gpu_tol) if samples else {"leaks": {}, "unbounded_cache_growth": {}}
+    done = sum(r[1] for r in reports)
+    scope = {s.get("gpu_scope") for s in samples[0].values()} if samples else set()
+    return {"clients": clients, "requests": requests, "rounds": rounds, "workers": n_workers,
+            "bytes": [min_bytes, max_bytes], "warmup_requests": len(warm_specs), "done": done, "errors": errors,
+            "warmup_seconds": warm_seconds, "round_seconds": round_seconds,
+            "requests_per_s": done / sum(round_seconds) if round_seconds and sum(round_seconds) else None,
+            "gpu_scope": sorted(x for x in scope if x), **summary, "small_request_per_s": tput,
+            "ok": not errors and not summary["leaks"] and not summary["unbounded_cache_growth"]}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--full", action="store_true",
+                   help="the issue's size: 4 clients x 500 requests, 1 KB .. 1 GB (tens of minutes on 4 x H200)")
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--requests", type=int, default=500)
+    p.add_argument("--requests", type=int, default=80, help="per client, over all rounds")
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--min-bytes", type=float, default=1024)
     p.add_argument("--max-bytes", type=float, default=1e9)
     p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster instead of LocalCUDACluster")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rss-tol-mb", type=float, default=256, help="allowed RSS growth per worker")
-    p.add_argument("--gpu-tol-mb", type=float, default=64, help="allowed CuPy pool / driver growth per worker")
+    p.add_argument("--rss-tol-mb", type=float, default=RSS_TOL / 2**20, help="allowed RSS growth per worker")
+    p.add_argument("--gpu-tol-mb", type=float, default=GPU_TOL / 2**20, help="allowed driver-level GPU growth")
+    p.add_argument("--no-warmup", action="store_true", help="baseline from a cold cluster (diagnosis)")
+    p.add_argument("--out", help="also write the report (JSON) here")
     a = p.parse_args(argv)
-    if a.clients < 1 or a.requests < 1 or not 1 <= a.min_bytes <= a.max_bytes:
-        p.error(f"need --clients >= 1, --requests >= 1, 1 <= --min-bytes <= --max-bytes; got {vars(a)}")
+    if a.full:
+        for k, v in FULL.items():
+            setattr(a, k, v)
+    if a.clients < 1 or a.requests < 1 or not 1 <= a.rounds <= a.requests or not 1 <= a.min_bytes <= a.max_bytes:
+        p.error("need --clients >= 1, --requests >= 1, 1 <= --rounds <= --requests, 1 <= --min-bytes <= "
+                f"--max-bytes; got {vars(a)}")
     out = run(a.clients, a.requests, int(a.min_bytes), int(a.max_bytes), a.cpu, a.seed,
-              int(a.rss_tol_mb * 2**20), int(a.gpu_tol_mb * 2**20))
-    print(json.dumps(out, indent=1, default=str))
+              int(a.rss_tol_mb * 2**20), int(a.gpu_tol_mb * 2**20), a.rounds, warmup=not a.no_warmup)
+    text = json.dumps(out, indent=1, default=str)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
     return 0 if out["ok"] else 1
 
 

@@ -128,6 +128,7 @@ on_register(_check_on_gpu)
 # a previous call of the same signature has already checked and resolved. Operator names are keys, so
 # the cache empties whenever the operator registry changes.
 _whole_reducers: dict = {}
+_MAX_WHOLE_REDUCERS = 256  # an operator object passed per call (not by name) adds a key each time
 on_registry_change(_whole_reducers.clear)
 
 
@@ -166,6 +167,8 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     if defaults and not mean and kind in ("numpy", "cupy") and len(plans) == 1:
         whole = plans[0].whole_reducer(x)
         if whole is not None:
+            if len(_whole_reducers) >= _MAX_WHOLE_REDUCERS:
+                _whole_reducers.clear()  # refilled by the next calls; cheaper than tracking use
             _whole_reducers[(type(x), caller, op_arg, x.dtype)] = whole
     with _run_device(kind, x), gpu_memory_guard(x, caller):
         for plan in plans:

@@ -25,13 +25,32 @@ def gpu_count() -> int:
         return 0
 
 
+def _check_exposure(kwargs: dict) -> None:
+    """Default ``host`` to loopback (Dask's default binds workers to every interface) and refuse an address
+    reachable from other machines without TLS: a local cluster runs whatever code a connection sends."""
+    from multireduce.deploy import is_loopback
+
+    if kwargs.get("interface") is not None:  # Dask refuses host and interface together
+        where, local = f"interface={kwargs['interface']!r}", kwargs["interface"] == "lo"
+    else:
+        host = kwargs.setdefault("host", "127.0.0.1")
+        bare = host.split("://", 1)[-1] if isinstance(host, str) else host
+        where, local = f"host={host!r}", isinstance(bare, str) and is_loopback(bare)
+    security = kwargs.get("security")
+    if not local and not (security is True or getattr(security, "require_encryption", False)):
+        raise ValueError(f"local_cluster({where}): an address that is not loopback is reachable from other "
+                         "machines and needs security=distributed.Security(..., require_encryption=True) "
+                         "(TLS); expected a loopback host such as '127.0.0.1', or such a security argument")
+
+
 def local_cluster(n_workers: int | None = None, gpu: bool | None = None, **kwargs):
     """A LocalCUDACluster with one worker per GPU (``gpu=None``: when GPUs and dask-cuda exist), otherwise
     a CPU LocalCluster. Ports default to 0 and the dashboard to a free loopback port, so several clusters
-    never collide. Extra keyword arguments go to the cluster class."""
-    # host binds the scheduler and every worker and nanny the cluster starts to loopback (the default would
-    # bind workers to every interface); pass host= to open it on purpose
-    kwargs.setdefault("host", "127.0.0.1")
+    never collide. The scheduler, workers and nannies listen on 127.0.0.1 unless ``host`` (or ``interface``)
+    names another address; one that is not loopback ("", "0.0.0.0" and "::" included) needs
+    ``security=distributed.Security(...)`` with TLS, checked before anything starts. Extra keyword arguments
+    go to the cluster class."""
+    _check_exposure(kwargs)
     kwargs.setdefault("scheduler_port", 0)
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     have_gpus = gpu_count() > 0

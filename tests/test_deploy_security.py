@@ -141,6 +141,29 @@ def test_ca_dir_inside_cert_dir_is_refused(tmp_path):
     assert not (tmp_path / "c" / "ca" / "ca-key.pem").exists()
 
 
+def test_ca_dir_option_reuses_the_ca_and_refuses_bad_use(tmp_path):
+    first, second, cadir = tmp_path / "first", tmp_path / "second", tmp_path / "keep" / "ca"
+    sh("bash", DEPLOY / "make-certs.sh", first, "--ca-dir", cadir, "node1")
+    key = (cadir / "ca-key.pem").read_bytes()
+    assert oct(cadir.stat().st_mode & 0o777) == "0o700" and not list(first.glob("ca-key*"))
+    out = sh("bash", DEPLOY / "make-certs.sh", second, "node2", "--ca-dir", cadir).stdout
+    # the same CA signed both sets: a node holding the first ca.pem trusts the second set's certificates
+    assert "reused" in out and (cadir / "ca-key.pem").read_bytes() == key
+    assert (first / "ca.pem").read_bytes() == (second / "ca.pem").read_bytes()
+    for role in ("scheduler", "worker", "client"):
+        sh("openssl", "verify", "-CAfile", first / "ca.pem", second / f"{role}.pem")
+    text = sh("openssl", "x509", "-in", second / "scheduler.pem", "-noout", "-text").stdout
+    assert "DNS:node2" in text and "DNS:node1" not in text
+    bad = sh("bash", DEPLOY / "make-certs.sh", tmp_path / "x", "--ca-dir", tmp_path / "x" / "ca", check=False)
+    assert bad.returncode == 2 and "must not be inside" in bad.stderr
+    bad = sh("bash", DEPLOY / "make-certs.sh", tmp_path / "y", "--bogus", check=False)
+    assert bad.returncode == 2 and "unknown option --bogus" in bad.stderr
+    (tmp_path / "orphan").mkdir()
+    (tmp_path / "orphan" / "ca-key.pem").write_text("x")  # a key without its certificate is not reused
+    bad = sh("bash", DEPLOY / "make-certs.sh", tmp_path / "z", "--ca-dir", tmp_path / "orphan", check=False)
+    assert bad.returncode == 2 and "no ca.pem" in bad.stderr
+
+
 # ----------------------------------------------------------------------------- stop.sh (item 15)
 
 def test_stop_does_not_signal_an_unrelated_process(tmp_path):
@@ -176,6 +199,33 @@ async def _plain_tcp_rpc_refused(address: str) -> None:
         await r.close_rpc()
 
 
+async def _identity(address: str, security) -> dict:
+    """The server's answer to an identity rpc made with the client's certificate: the positive control that
+    makes the refusals below mean something (the port is live and speaks Dask)."""
+    from distributed.core import rpc
+
+    r = rpc(address, connection_args=security.get_connection_args("client"), timeout=5)
+    try:
+        return await asyncio.wait_for(r.identity(), 8)
+    finally:
+        await r.close_rpc()
+
+
+def _tls_handshake_without_certificate(address: str, ca_file: str) -> None:
+    """A TLS client that trusts the cluster's CA but shows no certificate of its own: the server must end
+    the handshake (or the connection) instead of reading a request."""
+    import socket
+    import ssl
+
+    host, port = address.split("://", 1)[1].rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=ca_file)
+    ctx.check_hostname = False
+    with socket.create_connection((host, int(port)), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
+        tls.sendall(b"\0" * 8)  # TLS 1.3 reports a refused client certificate at the first read
+        if not tls.recv(1):
+            raise ConnectionResetError(f"{address} closed the connection")
+
+
 def test_scripted_cluster_listens_on_loopback_and_refuses_plain_tcp(tmp_path, certs):
     config = _tls_config(tmp_path, certs)
     run = tmp_path / "run"
@@ -196,8 +246,14 @@ def test_scripted_cluster_listens_on_loopback_and_refuses_plain_tcp(tmp_path, ce
             assert len(socks) >= 8, socks
             log = (run / "workers-n1.log").read_text()
             assert "dashboard at" in log and "127.0.0.1" in log.split("dashboard at")[-1].splitlines()[0]
+            sec = deploy.security(deploy.load(config), "client")
             for address in list(workers) + nannies:
+                assert asyncio.run(_identity(address, sec))["type"] in ("Worker", "Nanny"), address
                 asyncio.run(_plain_tcp_rpc_refused(address))
+                with pytest.raises(OSError) as refused:  # ssl.SSLError ("certificate required") or a reset
+                    _tls_handshake_without_certificate(address, str(certs / "ca.pem"))
+                # a timeout would mean the server accepted the handshake and waited for a request
+                assert not isinstance(refused.value, TimeoutError), refused.value
     finally:
         sh("bash", DEPLOY / "stop.sh", config, check=False)
 
@@ -212,13 +268,44 @@ def test_local_cluster_listens_on_loopback_only():
         assert len(addrs) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in addrs)
 
 
-def test_kubernetes_workers_bind_the_pod_address_and_loopback_dashboard():
+@pytest.mark.parametrize("kwargs, named", [
+    ({"host": "0.0.0.0"}, "host='0.0.0.0'"), ({"host": ""}, "host=''"), ({"host": "::"}, "host='::'"),
+    ({"host": None}, "host=None"), ({"host": "10.1.2.3"}, "host='10.1.2.3'"),
+    ({"host": "tcp://0.0.0.0"}, "host='tcp://0.0.0.0'"), ({"interface": "eth0"}, "interface='eth0'"),
+    ({"host": "0.0.0.0", "security": False}, "host='0.0.0.0'"),
+    ({"host": "0.0.0.0", "security": distributed.Security()}, "host='0.0.0.0'"),  # no encryption required
+])
+@pytest.mark.parametrize("gpu", [False, True])
+def test_local_cluster_refuses_an_exposed_address_without_tls(kwargs, named, gpu):
+    # refused before any process starts, on the GPU path too (where there is no GPU here, it would
+    # otherwise fail later for that reason)
+    before = set(_tree(os.getpid()))
+    with pytest.raises(ValueError, match="not loopback") as info:
+        local_cluster(n_workers=1, gpu=gpu, **kwargs)
+    assert named in str(info.value) and "security=" in str(info.value)
+    assert set(_tree(os.getpid())) == before
+
+
+def _k8s_container(name: str) -> dict:
     import yaml
 
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "workers.yaml").read_text()) if d]
-    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / f"{name}.yaml").read_text()) if d]
+    return next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("name", ["scheduler", "workers"])
+def test_kubernetes_pods_bind_the_pod_address_and_loopback_dashboard(name):
+    """Without --host a Dask server listens on every interface of the pod; the pod's IP (from the
+    downward API) is what the Service and the other pods reach, the dashboard stays on loopback."""
+    container = _k8s_container(name)
     args = container["args"]
-    assert args[args.index("--host") + 1] == "$(POD_IP)"
+    assert "--host" in args and args[args.index("--host") + 1] == "$(POD_IP)", args
+    assert "--interface" not in args
     assert args[args.index("--dashboard-address") + 1].startswith("127.0.0.1:")
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert {"--tls-ca-file", "--tls-cert", "--tls-key"} <= set(args)
+    if name == "scheduler":
+        assert args[args.index("--protocol") + 1] == "tls"
+    else:
+        assert next(a for a in args if "://" in a).startswith("tls://")

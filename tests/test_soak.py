@@ -1,44 +1,145 @@
-"""benchmarks/soak.py on a CPU LocalCluster with tiny settings: every result checked, memory flat, throughput
-reported; and its argument checks."""
+"""benchmarks/soak.py on a CPU LocalCluster with tiny settings (every result checked, memory after the
+warm-up flat, throughput reported), its checker, its memory summary and argument checks; and our caches stay
+bounded under a stream of distinct inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("distributed")
 pytest.importorskip("psutil")
 
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+
+import multireduce as mr  # noqa: E402
+
 # by name from sys.path, not from a file spec: the spawned client processes unpickle soak._client_main
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 soak = importlib.import_module("soak")
+api = importlib.import_module("multireduce.api")
+operators = importlib.import_module("multireduce.operators")
 
 
 def test_soak_cpu_small():
-    out = soak.run(clients=2, requests=8, min_bytes=1, max_bytes=50_000, cpu=True, seed=3, warmup=2,
+    # one size class (1 KB) keeps the warm-up at one request per (dtype, operation)
+    out = soak.run(clients=2, requests=9, rounds=3, min_bytes=1, max_bytes=1024, cpu=True, seed=3,
                    throughput_requests=20)
-    assert out["errors"] == [] and out["done"] == 16 and out["leaks"] == {}, out
-    assert out["ok"] and len(out["growth_bytes"]) == 2
+    assert out["errors"] == [] and out["done"] == 18, out
+    assert out["leaks"] == {} and out["unbounded_cache_growth"] == {}, out
+    assert out["ok"] and out["warmup_requests"] == len(soak.warmup_grid(False, 1, 1024))
+    assert len(out["round_seconds"]) == 3 and len(out["growth_bytes"]) == 2
+    for worker, growth in out["growth_bytes"].items():
+        assert set(growth) == {"rss"} and growth["rss"] <= soak.RSS_TOL, (worker, growth)
+        assert "rss" in out["slope_bytes_per_round"][worker]
     assert set(out["small_request_per_s"]) == {"multireduce.sum", "dask.array.sum"}
     assert all(v > 0 for v in out["small_request_per_s"].values())
 
 
-def test_soak_checker_catches_a_wrong_result():
-    import numpy as np
+def test_warmup_grid_touches_every_dtype_operation_and_size_class():
+    grid = soak.warmup_grid(gpu=False, min_bytes=1, max_bytes=10**9)
+    assert {d for d, _, _ in grid} == set(soak.DTYPES)
+    assert {op for _, op, _ in grid} == set(soak.OPS)
+    assert {nb for _, _, nb in grid} == set(soak.SIZE_CLASSES.values())
+    assert len(grid) == len(set(grid)) == sum(len(soak.ops_for(d)) for d in soak.DTYPES) * len(soak.SIZE_CLASSES)
+    gpu = soak.warmup_grid(gpu=True, min_bytes=4096, max_bytes=10**5)
+    assert not any(np.dtype(d).kind == "c" for d, _, _ in gpu)
+    assert {nb for _, _, nb in gpu} == {4096, 64 * 2**10, 10**5}  # clipped to the run's range
 
+
+def test_soak_checker_catches_a_wrong_result():
+    rng = np.random.default_rng(0)
     host = np.arange(1, 34, dtype=np.int32)
     soak._check("sum", host.sum(dtype=np.int64), host)
     with pytest.raises(AssertionError):
         soak._check("sum", host.sum(dtype=np.int64) + 1, host)
-    x = np.random.default_rng(0).standard_normal(1025).astype(np.float32)
+    x = rng.standard_normal(1025).astype(np.float32)
     with pytest.raises(AssertionError):
         soak._check("cumsum", np.cumsum(x) * 1.01, x)
+    soak._check("argmax", np.argmax(x), x)
+    with pytest.raises(AssertionError):
+        soak._check("argmax", np.argmax(x) + 1, x)
+    soak._check("var", x.astype(np.float64).var(), x)
+    with pytest.raises(AssertionError):
+        soak._check("var", x.astype(np.float64).var() * 1.001, x)
+    y = soak._data(rng, "float64", 1023, "nansum")
+    assert np.isnan(y).any()
+    soak._check("nansum", np.nansum(y), y)
+    with pytest.raises(AssertionError):
+        soak._check("nansum", np.nansum(y) + 1e-3, y)
 
 
-@pytest.mark.parametrize("argv", [["--clients", "0"], ["--requests", "0"], ["--min-bytes", "10", "--max-bytes", "5"]])
+def _samples(rss, gpu=None, caches=None):
+    out = []
+    for r, value in enumerate(rss):
+        s = {"rss": value, "caches": (caches or [{}] * len(rss))[r]}
+        if gpu is not None:
+            s.update(gpu_used=gpu[r], pool_used=0)
+        out.append({"w": s})
+    return out
+
+
+def test_summary_flags_growth_past_the_bound_and_unbounded_caches():
+    mib = 2**20
+    flat = soak.summarize(_samples([100 * mib, 101 * mib, 100 * mib, 101 * mib]), 64 * mib, 64 * mib)
+    assert flat["leaks"] == {} and flat["growth_bytes"]["w"]["rss"] == mib
+    steady = soak.summarize(_samples([100 * mib + 30 * mib * r for r in range(5)]), 64 * mib, 64 * mib)
+    assert steady["leaks"] == {"w": {"rss": 120 * mib}}
+    assert steady["slope_bytes_per_round"]["w"]["rss"] == pytest.approx(30 * mib)
+    gpu = soak.summarize(_samples([0, 0, 0], gpu=[5 * mib, 5 * mib, 80 * mib]), 64 * mib, 64 * mib)
+    assert gpu["leaks"] == {"w": {"gpu_used": 75 * mib}}
+    caches = [{"a.bounded": (3, 8), "a.free": (2, None)}, {"a.bounded": (8, 8), "a.free": (2, None)},
+              {"a.bounded": (8, 8), "a.free": (5, None)}]
+    grown = soak.summarize(_samples([0, 0, 0], caches=caches), mib, mib)
+    assert grown["unbounded_cache_growth"] == {"w": {"a.free": (2, 5)}} and grown["leaks"] == {}
+
+
+@pytest.mark.parametrize("argv", [["--clients", "0"], ["--requests", "0"], ["--rounds", "0"],
+                                  ["--requests", "2", "--rounds", "3"], ["--min-bytes", "10", "--max-bytes", "5"]])
 def test_soak_rejects_bad_arguments(argv):
     with pytest.raises(SystemExit):
         soak.main(argv + ["--cpu"])
+
+
+def _workload(rng, sizes, fresh_operators=0):
+    """NumPy and Dask inputs of the given sizes through every soak operation, plus 2-D axis reductions;
+    each call checked against NumPy so that a cache serving a stale entry would show."""
+    for n in sizes:
+        for dtype in ("int16", "float32", "float64", "bool"):
+            host = soak._data(rng, dtype, n, "sum")
+            for op in soak.ops_for(dtype):
+                if op in ("argmax",) and n == 0:
+                    continue
+                soak._check(op, getattr(mr, op)(host), host)
+                lazy = da.from_array(host, chunks=max(n // 3, 1))
+                soak._check(op, getattr(mr, op)(lazy).compute(), host)
+        grid = rng.standard_normal((3, n + 1))
+        np.testing.assert_allclose(mr.sum(grid, axis=1), grid.sum(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(mr.cumsum(grid, axis=1), np.cumsum(grid, axis=1), rtol=1e-12, atol=1e-12)
+    base = operators.get_operator("sum")
+    host = rng.standard_normal(33)
+    for _ in range(fresh_operators):  # an operator object built per call, not registered by name
+        assert np.isclose(mr.reduce(host, dataclasses.replace(base)), host.sum())
+
+
+def test_caches_stay_bounded_under_distinct_inputs():
+    rng = np.random.default_rng(5)
+    with dask.config.set(scheduler="sync"):
+        _workload(rng, [1, 31, 1025])
+        warm = soak.cache_sizes()
+        assert warm, "no cache found: the check would pass vacuously"
+        assert "multireduce.api._whole_reducers" in warm and warm["multireduce.api._whole_reducers"][1] is not None
+        # distinct sizes, shapes and array names (each from_array is a new name), new operator objects
+        _workload(rng, [2, 33, 1023, 4097, 40_000], fresh_operators=api._MAX_WHOLE_REDUCERS + 40)
+    after = soak.cache_sizes()
+    for name, (entries, bound) in after.items():
+        if bound is None:
+            assert entries <= warm.get(name, (0, None))[0], f"{name} grew from {warm.get(name)} to {entries}"
+        else:
+            assert entries <= bound, (name, entries, bound)

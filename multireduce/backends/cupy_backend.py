@@ -48,6 +48,7 @@ def _facts():
 
 
 _workspaces: dict[tuple, list] = {}
+_MAX_WORKSPACES = 64  # a stream made per request would otherwise add one per stream, each holding GPU memory
 
 
 def _workspace(grid: int, acc: np.dtype) -> tuple[cupy.ndarray, cupy.ndarray]:
@@ -58,13 +59,16 @@ def _workspace(grid: int, acc: np.dtype) -> tuple[cupy.ndarray, cupy.ndarray]:
     key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr, acc)
     space = _workspaces.get(key)
     if space is None:
+        if len(_workspaces) >= _MAX_WORKSPACES:
+            # the oldest: CuPy's pool reuses its blocks only on the stream they came from, after the work queued there
+            _workspaces.pop(next(iter(_workspaces)))
         space = _workspaces[key] = [cupy.empty(max(grid, 4096), acc), cupy.zeros(1, dtype=np.uint32)]
     elif space[0].size < grid:
         space[0] = cupy.empty(grid, acc)
     return space[0], space[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)  # keyed by operator objects: bounded, as operators come and go
 def _identity(op: Operator, acc: np.dtype):
     return op.identity(acc)
 

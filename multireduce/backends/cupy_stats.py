@@ -111,11 +111,14 @@ def _whole_kernel_fits(block, axes) -> bool:
             and block.flags.c_contiguous)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # one entry per device; the grid itself is not memoized: one per size
+def _sms(device: int) -> int:
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
 def _grid(device: int, n: int) -> int:
-    sms = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
     per_block = BLOCK * 16  # one 16-byte pack per thread at least
-    return int(max(1, min(sms * BLOCKS_PER_SM, -(-n // per_block))))
+    return int(max(1, min(_sms(device) * BLOCKS_PER_SM, -(-n // per_block))))
 
 
 def _arg_kernel(block, largest, skipnan, offsets, shape):

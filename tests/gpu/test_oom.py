@@ -1,5 +1,6 @@
 """A request that cannot fit in GPU memory raises GPUOutOfMemoryError (naming the array and the GPU), and the
-next request in the same process succeeds."""
+next request in the same process succeeds; on a Dask CUDA worker, the client gets that error and the worker
+keeps serving."""
 
 from __future__ import annotations
 
@@ -66,3 +67,73 @@ def test_api_raises_the_clear_error_then_recovers(nearly_full_gpu):
     with pytest.raises(GPUOutOfMemoryError, match="float32"):
         mr.cumsum(x)
     _recover_and_check(host, x, hold)
+
+
+# ------------------------------------------------------------------------------------------------
+# On a Dask CUDA worker: the error reaches the client, the worker keeps serving
+# ------------------------------------------------------------------------------------------------
+CHUNK = 1 << 21  # float64: 16 MiB a chunk
+HEADROOM = 4 * 2**20  # what a capped worker may still allocate: a reduction's partials, not a scan's output
+
+
+def cap_pool(cap: int, headroom: bool = False):
+    """On a worker: empty CuPy's pool and cap it at ``cap`` bytes (``headroom``: above what its live arrays
+    hold; 0: no cap). None where CuPy does not allocate through its default pool (an RMM allocator)."""
+    import gc
+
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    if cupy.cuda.get_allocator() != pool.malloc:
+        return None
+    gc.collect()
+    pool.free_all_blocks()  # a free cached block would be reused under the cap
+    pool.set_limit(size=cap + (pool.total_bytes() if headroom else 0))
+    return pool.get_limit()
+
+
+def _pci_bus_id():
+    import cupy
+
+    return cupy.cuda.Device().pci_bus_id
+
+
+@pytest.fixture(scope="module")
+def cuda_client():
+    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("dask_cuda", reason="dask-cuda is not installed (pip install 'multireduce[cluster]')")
+    from multireduce.cluster import local_cluster
+
+    with local_cluster(n_workers=1, gpu=True) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(1, timeout=120)
+        yield client
+
+
+def test_worker_out_of_memory_names_array_and_gpu_then_serves(cuda_client):
+    import dask.array as da
+    import distributed
+
+    client = cuda_client
+    host = np.random.default_rng(9).standard_normal(8 * CHUNK + 33)
+    x = client.persist(da.from_array(host, chunks=CHUNK).map_blocks(cupy.asarray, dtype=host.dtype))
+    distributed.wait(x)
+    (worker,) = client.scheduler_info()["workers"]
+    pci = client.run(_pci_bus_id)[worker]
+    if client.run(cap_pool, HEADROOM, True)[worker] is None:
+        pytest.skip("the worker does not allocate through CuPy's default pool")
+    try:
+        with pytest.raises(GPUOutOfMemoryError) as info:
+            client.compute(mr.cumsum(x)).result()  # each chunk's scan needs a 16 MiB output
+        err = info.value
+        msg = str(err)
+        assert f"PCI {pci}" in msg and err.gpu["pci"] == pci, msg
+        assert err.shape in {(CHUNK,), (33,)} and "float64" in msg and f"{err.nbytes} bytes" in msg, msg
+        assert isinstance(err.__cause__, MemoryError), repr(err.__cause__)
+        # under the same cap, a request that fits is served: the failed scan gave its memory back
+        assert np.isclose(float(mr.sum(x, compute=True)), host.sum(), rtol=1e-9, atol=1e-9)
+        assert np.isclose(float(client.compute(mr.sum(x)).result()), host.sum(), rtol=1e-9, atol=1e-9)
+    finally:
+        client.run(cap_pool, 0)
+    got = cupy.asnumpy(client.compute(mr.cumsum(x)).result())
+    ref = np.cumsum(host)
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
