@@ -15,6 +15,7 @@ import warnings
 import numbers
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable
 
 import numpy as np
@@ -137,19 +138,8 @@ _BUILTINS = {
 }
 
 _REGISTRY: dict[str, Operator] = dict(_BUILTINS)
-_LISTENERS: list[Callable[[], None]] = []
-
-
-def on_registry_change(callback: Callable[[], None]) -> None:
-    """Call ``callback`` whenever a name is registered or unregistered (caches keyed by names drop then)."""
-    _LISTENERS.append(callback)
-
-
-def _changed() -> None:
-    for callback in _LISTENERS:
-        callback()
-
-
+#: name -> Operator, read-only: ``REGISTERED.get(op, op)`` is the check-free lookup of a repeated call
+REGISTERED = MappingProxyType(_REGISTRY)
 _CHECKS: list[Callable[[Operator], None]] = []
 
 
@@ -410,7 +400,6 @@ def register_operator(
     for check in _CHECKS:
         check(op)
     _REGISTRY[name] = op
-    _changed()
     return op
 
 
@@ -418,7 +407,6 @@ def unregister_operator(name: str) -> None:
     if name in _BUILTINS:
         raise ValueError(f"unregister_operator: {name!r} is a built-in operator")
     _REGISTRY.pop(name, None)
-    _changed()
 
 
 def operators() -> list[str]:

@@ -251,7 +251,7 @@ def test_noncommutative_multi_axis_is_c_order():
 # ------------------------------------------------------------------------------------------------
 # The cached whole-array path (calls with every option at its default)
 # ------------------------------------------------------------------------------------------------
-def test_repeated_default_calls_use_the_cached_reducer_and_agree():
+def test_repeated_default_calls_use_the_cached_plan_and_agree():
     from multireduce import api
     from multireduce.operators import get_operator
 
@@ -261,7 +261,8 @@ def test_repeated_default_calls_use_the_cached_reducer_and_agree():
             x = random_array(rng, 1000, dtype, "prod" if opname == "prod" else "sum")
             before = x.copy()
             first = fn(x)
-            assert (np.ndarray, f"multireduce.{opname}", opname, x.dtype) in api._whole_reducers
+            plan = api._default_plans[(np.ndarray, f"multireduce.{opname}", get_operator(opname), x.dtype, 1)]
+            assert (np.ndarray, x.dtype) in plan._launchers  # the plan bound itself to NumPy once
             second = fn(x)
             np.testing.assert_array_equal(x, before)
             assert type(second) is type(first) and second.dtype == first.dtype
@@ -279,19 +280,40 @@ def test_repeated_default_calls_use_the_cached_reducer_and_agree():
         assert np.isnan(mr.mean(np.empty(0, np.float32)))
 
 
-def test_cached_reducer_follows_a_replaced_operator_and_options():
+def test_cached_plan_follows_a_replaced_operator_and_options():
     x = np.arange(1, 9, dtype=np.int64)
     mr.register_operator("pick", identity=0, cpu=np.add, commutative=True, replace=True)
     try:
         assert mr.reduce(x, "pick") == 36 and mr.reduce(x, "pick") == 36
         mr.register_operator("pick", identity=0, cpu=np.bitwise_xor, commutative=True, kinds="biu", replace=True)
-        assert mr.reduce(x, "pick") == np.bitwise_xor.reduce(x)
+        assert mr.reduce(x, "pick") == np.bitwise_xor.reduce(x) and mr.reduce(x, "pick") == np.bitwise_xor.reduce(x)
+        # a callable operator (no ufunc) has no one-step launcher: its cached plan folds pairwise
+        mr.register_operator("pick", identity=np.iinfo(np.int64).min, cpu=lambda a, b: np.maximum(a, b), commutative=True, kinds="i",
+                             replace=True)
+        assert mr.reduce(x, "pick") == 8 and mr.reduce(x, "pick") == 8
     finally:
         mr.unregister_operator("pick")
+    with pytest.raises(ValueError, match="argument 'op'"):
+        mr.reduce(x, "pick")
     assert mr.sum(x) == 36 and mr.sum(x, dtype=np.int8) == 36 and mr.sum(x, keepdims=True).shape == (1,)
     assert mr.sum([1, 2, 3]) == 6 and mr.sum(np.float32(2.5)) == np.float32(2.5)
     with pytest.raises(TypeError, match="argument 'x' has dtype"):
         mr.sum(np.array(["a"]))
+
+
+def test_plans_pickle_without_their_binding():
+    import pickle
+
+    from multireduce import api
+    from multireduce.operators import get_operator
+
+    x = np.random.default_rng(8).standard_normal(33)
+    assert mr.sum(x) == mr.sum(x)
+    plan = api._default_plans[(np.ndarray, "multireduce.sum", get_operator("sum"), x.dtype, 1)]
+    assert plan._launchers
+    copy = pickle.loads(pickle.dumps(plan))
+    assert copy.axes == plan.axes and copy.op.name == "sum" and copy._launchers == {}
+    assert copy(x) == plan(x) == np.add.reduce(x)
 
 
 def test_unhashable_operator_is_refused_by_name():
