@@ -16,7 +16,7 @@ from . import _validation as v
 from . import dtypes as _dt
 from . import exact as _exact
 from .errors import gpu_memory_guard
-from .core import ReductionPlan, ScanPlan
+from .core import ReductionPlan, ScanPlan, empty_error
 from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, REGISTERED
 
 __all__ = ["sum", "prod", "min", "max", "mean", "reduce", "cumsum", "cumprod", "scan"]
@@ -71,7 +71,7 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     axes = v.normalize_axes(axis, ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
     fan_in = v.fan_in(split_every, axes, caller)
-    algorithm = v.check_algorithm(algorithm, "reduce", kind, op, caller)
+    algorithm = _check_loads(v.check_algorithm(algorithm, "reduce", kind, op, caller), op, caller)
     out_dtype = _dt.result_dtype(family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)
     if "cupy" in kind:
@@ -85,6 +85,13 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
         plans = tuple(ReductionPlan(op, (a,), acc_dtype, acc_dtype, True, False, algorithm, label) for a in steps[:-1])
         plans += (ReductionPlan(op, (steps[-1],), acc_dtype, out_dtype, True, False, algorithm, label),)
     return plans, axes, keepdims, fan_in
+
+
+def _check_loads(algorithm: str, op: Operator, caller: str) -> str:
+    if op.masks_nan and algorithm != "auto":
+        raise ValueError(f"{caller}: argument 'algorithm' is {algorithm!r}, but operator {op.name!r} masks NaN as "
+                         "elements are loaded, which only the production kernels do; use algorithm='auto'")
+    return algorithm
 
 
 def _check_gpu(caller, op, dtype, acc_dtype, out_dtype):
@@ -154,8 +161,7 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     plans, axes, keepdims, fan_in = _resolve_reduction(kind, op, x.dtype, x.ndim, axis, dtype, keepdims, split_every,
                                                        algorithm, mean, label, caller)
     if op.empty_is_error and v.known_empty(x, axes):
-        ufunc = "minimum" if op.name == "min" else "maximum"
-        raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
+        raise ValueError(empty_error(op))
 
     compute = v.check_flag(compute, "compute", caller)
     if kind.startswith("dask"):
@@ -207,7 +213,7 @@ def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, 
     requested = v.requested_dtype(requested, op.kinds, caller)
     inclusive = v.check_flag(inclusive, "inclusive", caller)
     ax = 0 if axis is None else v.normalize_scan_axis(axis, ndim, caller)
-    algorithm = v.check_algorithm(algorithm, "scan", kind, op, caller)
+    algorithm = _check_loads(v.check_algorithm(algorithm, "scan", kind, op, caller), op, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
     out_dtype = _dt.result_dtype(op.family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)

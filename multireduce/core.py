@@ -24,6 +24,12 @@ from .errors import gpu_memory_guard
 from .operators import Operator
 
 
+def empty_error(op: Operator) -> str:
+    """NumPy's own words for a min/max of nothing, so code that catches NumPy's error catches ours."""
+    ufunc = {"min": "minimum", "max": "maximum", "nanmin": "fmin", "nanmax": "fmax"}[op.name]
+    return f"zero-size array to reduction operation {ufunc} which has no identity"
+
+
 @dataclass(frozen=True)
 class Partial:
     """A partial reduction: ``value`` keeps the reduced axes (size 1); ``count`` elements went into each."""
@@ -61,15 +67,13 @@ class ReductionPlan:
         if len(partials) == 1:
             return partials[0]
         values = [p.value for p in partials]
-        value = backend_for(values[0]).combine(self.op, values)
+        value = backend_for(values[0]).combine(self.op.partials, values)
         return Partial(value, sum(p.count for p in partials))
 
     def finalize(self, partial: Partial):
         value = partial.value
         if partial.count == 0 and self.op.empty_is_error:
-            # NumPy's own words, so code that catches NumPy's error catches ours
-            ufunc = "minimum" if self.op.name == "min" else "maximum"
-            raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
+            raise ValueError(empty_error(self.op))
         if self.mean:
             if partial.count == 0:
                 warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
@@ -155,7 +159,8 @@ class ScanPlan:
         """
         backend = backend_for(totals[0])
         stacked = totals[0] if len(totals) == 1 else backend.concatenate(list(totals), axis=self.axis)
-        return backend.scan(stacked, self.op, self.axis, self.acc_dtype, self.acc_dtype)
+        # totals are partial results: folded as they are (a NaN total of nancumsum stays NaN)
+        return backend.scan(stacked, self.op.partials, self.axis, self.acc_dtype, self.acc_dtype)
 
     def scan_block_from_totals(self, block, index: int, *totals):
         """Scan chunk ``index`` seeded from the group totals themselves (few groups: one stage less)."""

@@ -165,7 +165,7 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
         if grid == 1:
             return
         current = partials
-        ks, _, _ = _reduce_kernels(op, acc, acc, catalogue=True)
+        ks, _, _ = _reduce_kernels(op.partials, acc, acc, catalogue=True)
 
 
 def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
@@ -185,7 +185,9 @@ def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
     ks["columns"](grid, block, (x3, _i64(outer), _i64(K), _i64(inner), _i64(segments), _i64(segment), identity, out))
     if segments == 1:
         return out
-    return _reduce_columns(out.reshape(outer, segments, inner), op, acc, identity, outer, segments, inner, sms, p)
+    # the segments' partials are folded as they are: no load transform on them
+    return _reduce_columns(out.reshape(outer, segments, inner), op.partials, acc, identity, outer, segments, inner,
+                           sms, p)
 
 
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
@@ -270,7 +272,7 @@ def combine(op: Operator, values: list):
     if len(values) == 1:
         return values[0]
     stacked = cupy.stack(values)
-    return reduce(stacked, op, (0,), stacked.dtype)[0]
+    return reduce(stacked, op.partials, (0,), stacked.dtype)[0]
 
 
 # ------------------------------------------------------------------------------------------------
