@@ -15,7 +15,8 @@ values:
   least as good as NumPy's own two-pass var in the input's dtype.
 * nanmin/nanmax: (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
 
-nansum/nanprod/nancumsum/nancumprod replace NaN by the identity and run the ordinary sum/prod/scan.
+nansum/nanprod/nancumsum/nancumprod run the built-in operators of the same names (``operators.py``), whose
+kernels read NaN as the identity as they load each element (one pass; NumPy input: ``Operator.load``).
 """
 
 from __future__ import annotations
@@ -359,6 +360,20 @@ def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
 # ------------------------------------------------------------------------------------------------
 # NaN as the identity: nansum, nanprod, nancumsum, nancumprod
 # ------------------------------------------------------------------------------------------------
+def _nan_operator(x, dtype, plain: str, caller: str):
+    """(``x`` as an array, the operator name): the nan-family's operator, which masks NaN as the kernels
+    load each element (one pass), for floating input summed in a floating type; the plain operator for
+    other input, which holds no NaN. A floating ``x`` with an integer or bool ``dtype=`` (NaN would be
+    converted before the mask could see it) and ``exact=True`` go through ``_without_nan``'s copy."""
+    x, kind = _prepare(x, caller, "biuf")
+    if x.dtype.kind != "f":
+        return x, plain
+    requested = v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller)
+    if requested is not None and requested.kind not in "fc":
+        return _without_nan(x, caller, 0 if plain == "sum" else 1), plain
+    return x, "nan" + plain
+
+
 def _nan_to(block, fill):
     if block.dtype.kind != "f":
         return block
@@ -379,26 +394,37 @@ def _without_nan(x, caller, fill):
 
 
 def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=False):
-    """``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0); ``exact=True`` as in ``sum``."""
-    return api.sum(_without_nan(x, "multireduce.nansum", 0), axis, dtype, keepdims, split_every=split_every,
-                   exact=exact)
+    """``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0; inf - inf stays NaN), masked as the
+    kernels load each element; ``exact=True`` as in ``sum``."""
+    caller = "multireduce.nansum"
+    if exact is not False and api._wants_exact(x, dtype, exact, caller):
+        return api.sum(_without_nan(x, caller, 0), axis, dtype, keepdims, split_every=split_every, exact=exact)
+    x, op = _nan_operator(x, dtype, "sum", caller)
+    return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
 def nanprod(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
-    """``numpy.nanprod``: NaN counts as 1."""
-    return api.prod(_without_nan(x, "multireduce.nanprod", 1), axis, dtype, keepdims, split_every=split_every)
+    """``numpy.nanprod``: NaN counts as 1, masked as the kernels load each element."""
+    caller = "multireduce.nanprod"
+    x, op = _nan_operator(x, dtype, "prod", caller)
+    return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
 def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
-    """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens); ``exact=True``
-    as in ``cumsum``."""
-    return api.cumsum(_without_nan(x, "multireduce.nancumsum", 0), axis, dtype, split_every=split_every,
-                      exact=exact)
+    """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens), masked as the
+    scan kernels load each element; ``exact=True`` as in ``cumsum``."""
+    caller = "multireduce.nancumsum"
+    if exact is not False and api._wants_exact(x, dtype, exact, caller):
+        return api.cumsum(_without_nan(x, caller, 0), axis, dtype, split_every=split_every, exact=exact)
+    x, op = _nan_operator(x, dtype, "sum", caller)
+    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every)
 
 
 def nancumprod(x, axis=None, dtype=None, *, split_every=None):
     """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
-    return api.cumprod(_without_nan(x, "multireduce.nancumprod", 1), axis, dtype, split_every=split_every)
+    caller = "multireduce.nancumprod"
+    x, op = _nan_operator(x, dtype, "prod", caller)
+    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every)
 
 
 # ------------------------------------------------------------------------------------------------
