@@ -13,10 +13,11 @@ values:
   pairwise update between chunks. Relative error stays within ``VAR_BOUND`` of an exact reference for
   data with a mean up to 1e8 times the spread, for every chunking (tests/test_statistics.py), at
   least as good as NumPy's own two-pass var in the input's dtype.
-* nanmin/nanmax: (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
+* nanmin/nanmax (Dask input): (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
 
 nansum/nanprod/nancumsum/nancumprod run the built-in operators of the same names (``operators.py``), whose
-kernels read NaN as the identity as they load each element (one pass; NumPy input: ``Operator.load``).
+kernels read NaN as the identity as they load each element (one pass; NumPy input: ``Operator.load``);
+so do nanmin/nanmax on NumPy and CuPy input (Dask input: the (extreme, count) partials above).
 """
 
 from __future__ import annotations
@@ -329,14 +330,41 @@ def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
     return _run(x, kind, plan, split_every, caller)
 
 
+def _nan_extreme(stat, x, axis, keepdims, split_every):
+    """NumPy and CuPy input: the nan-family operator (NaN read as +inf / -inf as the kernels load each
+    element), then the all-NaN slices, which gave that identity, finished as NumPy: a warning and NaN.
+    Only where some slice equals the identity is the data looked at again (isnan over it). Dask input
+    keeps the (extreme, count) partials of ``StatPlan``, which know an all-NaN slice without a second
+    pass over the data."""
+    caller = f"multireduce.{stat}"
+    x, kind = _prepare(x, caller, "biuf")
+    if kind.startswith("dask"):
+        return _fold(stat, x, axis, keepdims, split_every, "biuf")
+    if x.dtype.kind != "f":
+        return api._reduction(x, stat[3:], axis, None, keepdims, split_every, "auto", caller=caller)
+    result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
+    identity = np.inf if stat == "nanmin" else -np.inf
+    if bool((result == identity).any()):
+        xp = np
+        if kind == "cupy":
+            import cupy as xp
+        hollow = xp.isnan(x).all(axis=v.normalize_axes(axis, x.ndim, caller), keepdims=keepdims)
+        if bool(hollow.any()):
+            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+            result = xp.where(hollow, xp.asarray(np.nan, dtype=result.dtype), result)
+            if kind == "numpy" and result.ndim == 0:
+                result = result[()]
+    return result
+
+
 def nanmin(x, axis=None, keepdims=False, *, split_every=None):
     """``numpy.nanmin``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
-    return _fold("nanmin", x, axis, keepdims, split_every, "biuf")
+    return _nan_extreme("nanmin", x, axis, keepdims, split_every)
 
 
 def nanmax(x, axis=None, keepdims=False, *, split_every=None):
     """``numpy.nanmax``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
-    return _fold("nanmax", x, axis, keepdims, split_every, "biuf")
+    return _nan_extreme("nanmax", x, axis, keepdims, split_every)
 
 
 def any(x, axis=None, keepdims=False, *, split_every=None):

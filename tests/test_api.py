@@ -568,3 +568,28 @@ def test_nanmin_nanmax_operators_skip_nan():
             assert mr.reduce(x, name) == want and mr.reduce(da.from_array(x, chunks=7), name).compute() == want
             running = ufunc.accumulate(x)
             np.testing.assert_array_equal(mr.scan(x, name), np.where(np.isnan(running), inf, running))
+
+
+def test_nanmin_nanmax_finish_all_nan_slices_as_numpy():
+    """multireduce.nanmin/nanmax run the operators, then finish the slices that gave the identity: all-NaN
+    ones warn and give NaN, a slice of infinities (with or without NaN) keeps its infinity."""
+    rng = np.random.default_rng(13)
+    x = _nan_data(rng, 33 * 9, np.float64).reshape(33, 9)
+    x[3] = np.nan
+    x[5] = np.where(np.isnan(x[5]), np.nan, np.inf)
+    x[7] = -np.inf
+    x[:, 2] = np.nan
+    for name in ("nanmin", "nanmax"):
+        ref = getattr(np, name)
+        for axis in (0, 1):
+            for keepdims in (False, True):
+                with pytest.warns(RuntimeWarning, match="All-NaN slice"):
+                    got = getattr(mr, name)(x, axis=axis, keepdims=keepdims)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    np.testing.assert_array_equal(got, ref(x, axis=axis, keepdims=keepdims))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no all-NaN slice: no warning, no second look at the data
+            assert getattr(mr, name)(x[5]) == ref(x[5]) and getattr(mr, name)(x) == ref(x)
+        with pytest.warns(RuntimeWarning, match="All-NaN slice"):
+            assert np.isnan(getattr(mr, name)(np.full(5, np.nan, np.float32)))
