@@ -17,7 +17,7 @@ from . import dtypes as _dt
 from . import exact as _exact
 from .errors import gpu_memory_guard
 from .core import ReductionPlan, ScanPlan, empty_error
-from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, REGISTERED
+from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, registered
 
 __all__ = ["sum", "prod", "min", "max", "mean", "reduce", "cumsum", "cumprod", "scan"]
 
@@ -145,7 +145,7 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
                 and algorithm == "auto" and compute is False and not mean)
     if defaults:
         try:
-            plan = _default_plans.get((type(x), caller, REGISTERED.get(op, op), x.dtype, x.ndim))
+            plan = _default_plans.get((type(x), caller, registered(op, op), x.dtype, x.ndim))
         except (TypeError, AttributeError):  # an unhashable op or not an array: the checks below name it
             plan = None
         if plan is not None:
