@@ -117,6 +117,20 @@ struct Max {
   }
 };
 
+// Reinterpret the bytes of ``v`` as a ``To`` (at least as large; spare bytes are zero). NVRTC has no
+// memcpy, and a union is what CUDA compilers define for this.
+template <class To, class From>
+__device__ __forceinline__ To bits_as(const From& v) {
+  static_assert(sizeof(From) <= sizeof(To), "the target holds every byte");
+  union {
+    To to;
+    From from;
+  } u;
+  u.to = To();
+  u.from = v;
+  return u.to;
+}
+
 // ---- the load transform: what an operator makes of an input element as it is read -----------------
 // An operator may define ``template <class A> static A load(const A& v)``, applied to every input element
 // (after conversion to the accumulator) and never to partial results: the nan-family masks NaN there, in
@@ -139,11 +153,11 @@ template <class A>
 __device__ __forceinline__ A positive_infinity();
 template <>
 __device__ __forceinline__ float positive_infinity<float>() {
-  return __int_as_float(0x7f800000);
+  return bits_as<float>(0x7f800000u);
 }
 template <>
 __device__ __forceinline__ double positive_infinity<double>() {
-  return __longlong_as_double(0x7ff0000000000000ll);
+  return bits_as<double>(0x7ff0000000000000ull);
 }
 
 // NaN as the identity (numpy.nansum, nanprod); floating accumulators only. NaN made by the arithmetic
@@ -174,20 +188,6 @@ struct NanMax : Max {
     return is_nan(v) ? -positive_infinity<A>() : v;
   }
 };
-
-// Reinterpret the bytes of ``v`` as a ``To`` (at least as large; spare bytes are zero). NVRTC has no
-// memcpy, and a union is what CUDA compilers define for this.
-template <class To, class From>
-__device__ __forceinline__ To bits_as(const From& v) {
-  static_assert(sizeof(From) <= sizeof(To), "the target holds every byte");
-  union {
-    To to;
-    From from;
-  } u;
-  u.to = To();
-  u.from = v;
-  return u.to;
-}
 
 // ---- shuffles of any 1- to 8-byte value ---------------------------------------------------------
 // The hardware shuffles 4- or 8-byte words; smaller types ride in an int.
