@@ -59,8 +59,8 @@ def main():
         ref = float(x.astype(cupy.float64).sum())
         got = float(mr.sum(x))
         assert abs(got - ref) <= 1e-5 * n, (got, ref)
-        whole = cb.WholeReducer(op, x.dtype, np.dtype(np.float32), np.dtype(np.float32))
-        kernel, (per_block, max_grid, block), _ = whole._prepare(cupy.cuda.runtime.getDevice())
+        whole = cb.bind(op, x.dtype, np.dtype(np.float32), np.dtype(np.float32))
+        kernel, (per_block, max_grid, block), _ = whole._bind(cupy.cuda.runtime.getDevice())
         fn, grid, block = kernel.fn, min(-(-n // per_block), max_grid), (block,)
         out = cupy.empty((), np.float32)
         partials, counter = cb._workspace(grid, np.dtype(np.float32))
@@ -68,7 +68,7 @@ def main():
         pieces = {
             "multireduce.sum(x)": lambda: mr.sum(x),
             "cupy.sum(x)": lambda: cupy.sum(x),
-            "WholeReducer(x) (no API layer)": lambda: whole(x),
+            "bound launcher(x) (no API layer)": lambda: whole(x),
             "cupy.empty((), float32)": lambda: cupy.empty((), np.float32),
             "our reduce kernel, args ready": lambda: fn((grid,), block, args),
             "empty kernel launch": lambda: noop((1,), (32,), ()),

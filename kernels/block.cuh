@@ -118,8 +118,9 @@ __device__ __forceinline__ bool arrive_last(unsigned int* counter, unsigned int*
 
 // ---- ordered fold of a range with coalesced loads ---------------------------------------------------
 // Tiles of BLOCK*ITEMS elements are loaded coalesced into shared memory, each thread folds ITEMS
-// consecutive elements, the block folds the threads in order. Result valid in thread 0.
-template <int BLOCK, int ITEMS, class T, class Acc, class Op>
+// consecutive elements, the block folds the threads in order. Result valid in thread 0. LOAD: ``in`` is
+// input (read through load_as); false for partial results, which are folded as they are.
+template <int BLOCK, int ITEMS, bool LOAD = true, class T, class Acc, class Op>
 __device__ Acc block_fold_ordered(const T* in, index_t begin, index_t end, Acc identity, Op op, Acc* tile,
                                   Acc* scratch) {
   constexpr int kTile = BLOCK * ITEMS;
@@ -129,7 +130,15 @@ __device__ Acc block_fold_ordered(const T* in, index_t begin, index_t end, Acc i
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       index_t i = base + k * BLOCK + threadIdx.x;
-      tile[k * BLOCK + threadIdx.x] = i < end ? convert<Acc>(in[i]) : identity;
+      Acc v = identity;
+      if (i < end) {
+        if constexpr (LOAD) {
+          v = load_as<Acc, Op>(in[i]);
+        } else {
+          v = convert<Acc>(in[i]);
+        }
+      }
+      tile[k * BLOCK + threadIdx.x] = v;
     }
     __syncthreads();
     Acc v = tile[threadIdx.x * ITEMS];

@@ -131,6 +131,64 @@ __device__ __forceinline__ To bits_as(const From& v) {
   return u.to;
 }
 
+// ---- the load transform: what an operator makes of an input element as it is read -----------------
+// An operator may define ``template <class A> static A load(const A& v)``, applied to every input element
+// (after conversion to the accumulator) and never to partial results: the nan-family masks NaN there, in
+// the same pass as the reduction. Every kernel reads input through load_as; without Op::load it is the
+// plain conversion, so other operators' code is unchanged.
+template <class Op, class A>
+__device__ __forceinline__ auto load_transform(const A& v, int) -> decltype(Op::load(v)) {
+  return Op::load(v);
+}
+template <class Op, class A>
+__device__ __forceinline__ A load_transform(const A& v, long) {
+  return v;
+}
+template <class Acc, class Op, class T>
+__device__ __forceinline__ Acc load_as(const T& e) {
+  return load_transform<Op>(convert<Acc>(e), 0);  // 0 is an int: the Op::load overload wins where it exists
+}
+
+template <class A>
+__device__ __forceinline__ A positive_infinity();
+template <>
+__device__ __forceinline__ float positive_infinity<float>() {
+  return bits_as<float>(0x7f800000u);
+}
+template <>
+__device__ __forceinline__ double positive_infinity<double>() {
+  return bits_as<double>(0x7ff0000000000000ull);
+}
+
+// NaN as the identity (numpy.nansum, nanprod); floating accumulators only. NaN made by the arithmetic
+// itself (inf - inf) is a partial result, never reloaded, so it stays NaN as in NumPy.
+struct NanSum : Sum {
+  template <class A>
+  __device__ __forceinline__ static A load(const A& v) {
+    return is_nan(v) ? A(0) : v;
+  }
+};
+struct NanProd : Prod {
+  template <class A>
+  __device__ __forceinline__ static A load(const A& v) {
+    return is_nan(v) ? A(1) : v;
+  }
+};
+// NaN skipped (numpy.nanmin, nanmax): read as the identity, +inf / -inf. An all-NaN slice then gives the
+// identity; the caller tells it from a slice of infinities and finishes it as NumPy (warning, NaN).
+struct NanMin : Min {
+  template <class A>
+  __device__ __forceinline__ static A load(const A& v) {
+    return is_nan(v) ? positive_infinity<A>() : v;
+  }
+};
+struct NanMax : Max {
+  template <class A>
+  __device__ __forceinline__ static A load(const A& v) {
+    return is_nan(v) ? -positive_infinity<A>() : v;
+  }
+};
+
 // ---- shuffles of any 1- to 8-byte value ---------------------------------------------------------
 // The hardware shuffles 4- or 8-byte words; smaller types ride in an int.
 template <class T, class Shuffle>

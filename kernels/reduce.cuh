@@ -1,6 +1,7 @@
 // multireduce: the production reduction kernels, the ones algorithm="auto" launches (the seeds' ladder is
 // in catalogue/reduce.cuh). All are templated on the element type T, the accumulator type Acc (elements
-// are converted on load) and the operator Op; every index is 64-bit: ``reduce_vectorized`` (commutative),
+// are converted on load, and pass through Op::load where the operator has one: kernels/common.cuh) and
+// the operator Op; every index is 64-bit: ``reduce_vectorized`` (commutative),
 // ``reduce_ordered_multi_block`` (any associative operator), ``reduce_rows`` and ``reduce_columns`` (one
 // axis of an N-d array).
 #pragma once
@@ -19,7 +20,7 @@ __device__ __forceinline__ Acc fold_vector(Acc v, const uint4& raw, Op op) {
   } u;
   u.raw = raw;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) v = op(v, convert<Acc>(u.e[k]));
+  for (int k = 0; k < kPer; ++k) v = op(v, load_as<Acc, Op>(u.e[k]));
   return v;
 }
 
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_vectorized(const T* in, index_t 
   const uint4* vin = reinterpret_cast<const uint4*>(in + head);
 
   Acc a0 = identity, a1 = identity;  // two chains: more independent work per thread
-  if (tid < head) a0 = convert<Acc>(in[tid]);
+  if (tid < head) a0 = load_as<Acc, Op>(in[tid]);
   index_t i = tid;
   static_assert(VECTORS >= 1, "at least one vector per pass");
   for (; i + (VECTORS - 1) * stride < vectors; i += VECTORS * stride) {
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_vectorized(const T* in, index_t 
     }
   }
   for (; i < vectors; i += stride) a0 = fold_vector<T>(a0, __ldg(vin + i), op);
-  for (index_t j = head + vectors * kPer + tid; j < n; j += stride) a1 = op(a1, convert<Acc>(in[j]));
+  for (index_t j = head + vectors * kPer + tid; j < n; j += stride) a1 = op(a1, load_as<Acc, Op>(in[j]));
   Acc v = block_reduce<BLOCK>(op(a0, a1), op, identity, scratch);
   if (gridDim.x == 1) {
     if (threadIdx.x == 0) *out = v;
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_ordered_multi_block(const T* in,
   if (threadIdx.x == 0) partials[blockIdx.x] = v;
   if (!arrive_last(counter, &is_last)) return;
   // partials are read through L2 only: plain cached loads could see stale lines
-  v = block_fold_ordered<BLOCK, ITEMS>(static_cast<const volatile Acc*>(partials), 0, (index_t)gridDim.x,
+  v = block_fold_ordered<BLOCK, ITEMS, false>(static_cast<const volatile Acc*>(partials), 0, (index_t)gridDim.x,
                                        identity, op, tile, scratch);
   if (threadIdx.x == 0) *out = v;
 }
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_rows(const T* in, index_t rows, 
       v = block_fold_ordered<BLOCK, ITEMS>(r, 0, K, identity, op, tile, scratch);
     } else {
       v = identity;
-      for (index_t k = threadIdx.x; k < K; k += BLOCK) v = op(v, convert<Acc>(r[k]));
+      for (index_t k = threadIdx.x; k < K; k += BLOCK) v = op(v, load_as<Acc, Op>(r[k]));
       v = block_reduce<BLOCK>(v, op, identity, scratch);
     }
     if (threadIdx.x == 0) out[row] = v;
@@ -133,7 +134,7 @@ __global__ void reduce_columns(const T* in, index_t outer, index_t K, index_t in
     index_t k0 = s * segment, k1 = k0 + segment < K ? k0 + segment : K;
     const T* p = in + (o * K) * inner + i;
     Acc v = identity;
-    for (index_t k = k0; k < k1; ++k) v = op(v, convert<Acc>(p[k * inner]));
+    for (index_t k = k0; k < k1; ++k) v = op(v, load_as<Acc, Op>(p[k * inner]));
     out[id] = v;
   }
 }

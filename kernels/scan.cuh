@@ -213,14 +213,14 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG
   part[0] = identity;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    if (mine + k < valid) part[0] = op(part[0], convert<Acc>(s_in[mine + k]));
+    if (mine + k < valid) part[0] = op(part[0], load_as<Acc, Op>(s_in[mine + k]));
   }
 #pragma unroll
   for (int r = 0; r < REG_ROWS; ++r) {
     part[1 + r] = identity;
 #pragma unroll
     for (int e = 0; e < kVector; ++e)
-      if (held_at(r, e) < valid) part[1 + r] = op(part[1 + r], convert<Acc>(held[r].e[e]));
+      if (held_at(r, e) < valid) part[1 + r] = op(part[1 + r], load_as<Acc, Op>(held[r].e[e]));
   }
   Acc aggregate;
   block_exclusive_scan_parts<BLOCK>(part, op, identity, scratch, &aggregate);
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG
     Acc running = op(before, part[1 + r]);
 #pragma unroll
     for (int e = 0; e < kVector; ++e) {
-      const Acc next = op(running, convert<Acc>(held[r].e[e]));
+      const Acc next = op(running, load_as<Acc, Op>(held[r].e[e]));
       result.e[e] = convert<Out>(inclusive ? next : running);
       running = next;
     }
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG
   for (int k = 0; k < ITEMS; ++k) {
     const int j = mine + k;
     if (j < valid) {
-      Acc next = op(running, convert<Acc>(s_in[j]));
+      Acc next = op(running, load_as<Acc, Op>(s_in[j]));
       s_out[j] = convert<Out>(inclusive ? next : running);
       running = next;
     }
@@ -309,7 +309,7 @@ __global__ void scan_columns(const T* in, Out* out, index_t outer, index_t K, in
     const index_t at = o * K * inner + i;
     Acc running = carry_in ? carry_in[c] : identity;
     for (index_t k = 0; k < K; ++k) {
-      Acc next = op(running, convert<Acc>(in[at + k * inner]));
+      Acc next = op(running, load_as<Acc, Op>(in[at + k * inner]));
       out[at + k * inner] = convert<Out>(inclusive ? next : running);
       running = next;
     }

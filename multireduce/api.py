@@ -16,8 +16,8 @@ from . import _validation as v
 from . import dtypes as _dt
 from . import exact as _exact
 from .errors import gpu_memory_guard
-from .core import ReductionPlan, ScanPlan
-from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, on_registry_change
+from .core import ReductionPlan, ScanPlan, empty_error
+from .operators import SAMPLE_DTYPES, Operator, check_algebra, get_operator, on_register, registered
 
 __all__ = ["sum", "prod", "min", "max", "mean", "reduce", "cumsum", "cumprod", "scan"]
 
@@ -71,7 +71,7 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     axes = v.normalize_axes(axis, ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
     fan_in = v.fan_in(split_every, axes, caller)
-    algorithm = v.check_algorithm(algorithm, "reduce", kind, op, caller)
+    algorithm = _check_loads(v.check_algorithm(algorithm, "reduce", kind, op, caller), op, caller)
     out_dtype = _dt.result_dtype(family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)
     if "cupy" in kind:
@@ -85,6 +85,13 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
         plans = tuple(ReductionPlan(op, (a,), acc_dtype, acc_dtype, True, False, algorithm, label) for a in steps[:-1])
         plans += (ReductionPlan(op, (steps[-1],), acc_dtype, out_dtype, True, False, algorithm, label),)
     return plans, axes, keepdims, fan_in
+
+
+def _check_loads(algorithm: str, op: Operator, caller: str) -> str:
+    if op.masks_nan and algorithm != "auto":
+        raise ValueError(f"{caller}: argument 'algorithm' is {algorithm!r}, but operator {op.name!r} masks NaN as "
+                         "elements are loaded, which only the production kernels do; use algorithm='auto'")
+    return algorithm
 
 
 def _check_gpu(caller, op, dtype, acc_dtype, out_dtype):
@@ -123,29 +130,28 @@ def _check_on_gpu(op: Operator) -> None:
 on_register(_check_on_gpu)
 
 
-# (array type, caller, operator as passed, dtype) -> a backend's whole-array reducer, for calls with every
-# option at its default: small arrays spend most of their time in Python, and this skips all of it that
-# a previous call of the same signature has already checked and resolved. Operator names are keys, so
-# the cache empties whenever the operator registry changes.
-_whole_reducers: dict = {}
-_MAX_WHOLE_REDUCERS = 256  # an operator object passed per call (not by name) adds a key each time
-on_registry_change(_whole_reducers.clear)
+# (array type, caller, operator, dtype, ndim) -> the plan of a call with every option at its default:
+# small arrays spend most of their time in Python, and this skips all of it that an earlier call of the
+# same signature has already checked and resolved. The key holds the Operator itself, not its name, so a
+# re-registered name resolves to a new operator and a new plan; the cache is bounded (dropped when full)
+# because unregistered operators stay in it otherwise.
+_default_plans: dict = {}
+_MAX_DEFAULT_PLANS = 1024
 
 
 def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None,
                compute=False):
-    defaults = axis is None and dtype is None and keepdims is False and split_every is None and algorithm == "auto"
-    if defaults and not mean and compute is False:
-        key = (type(x), caller, op, getattr(x, "dtype", None))
+    defaults = (axis is None and dtype is None and keepdims is False and split_every is None
+                and algorithm == "auto" and compute is False and not mean)
+    if defaults:
         try:
-            whole = _whole_reducers.get(key)
-        except TypeError:  # an unhashable op: the checks below name it
-            whole = None
-        if whole is not None:
-            result = whole(x)
+            plan = _default_plans.get((type(x), caller, registered(op, op), x.dtype, x.ndim))
+        except (TypeError, AttributeError):  # an unhashable op or not an array: the checks below name it
+            plan = None
+        if plan is not None:
+            result = plan.launch(x)
             if result is not None:
                 return result
-    op_arg = op
     op = get_operator(op, caller=caller)
     x, kind = v.as_array(x, caller)
     if split_every is None and kind.startswith("dask"):
@@ -155,8 +161,7 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     plans, axes, keepdims, fan_in = _resolve_reduction(kind, op, x.dtype, x.ndim, axis, dtype, keepdims, split_every,
                                                        algorithm, mean, label, caller)
     if op.empty_is_error and v.known_empty(x, axes):
-        ufunc = "minimum" if op.name == "min" else "maximum"
-        raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
+        raise ValueError(empty_error(op))
 
     compute = v.check_flag(compute, "compute", caller)
     if kind.startswith("dask"):
@@ -164,12 +169,10 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
             return _computed_now(x, plans, keepdims, axes, fan_in, op)
         return _lazy_reduction(x, plans, keepdims, axes, fan_in, op)
 
-    if defaults and not mean and kind in ("numpy", "cupy") and len(plans) == 1:
-        whole = plans[0].whole_reducer(x)
-        if whole is not None:
-            if len(_whole_reducers) >= _MAX_WHOLE_REDUCERS:
-                _whole_reducers.clear()  # refilled by the next calls; cheaper than tracking use
-            _whole_reducers[(type(x), caller, op_arg, x.dtype)] = whole
+    if defaults and kind in ("numpy", "cupy") and len(plans) == 1:
+        if len(_default_plans) >= _MAX_DEFAULT_PLANS:
+            _default_plans.clear()
+        _default_plans[(type(x), caller, op, x.dtype, x.ndim)] = plans[0]
     with _run_device(kind, x), gpu_memory_guard(x, caller):
         for plan in plans:
             x = plan(x)
@@ -210,7 +213,7 @@ def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, 
     requested = v.requested_dtype(requested, op.kinds, caller)
     inclusive = v.check_flag(inclusive, "inclusive", caller)
     ax = 0 if axis is None else v.normalize_scan_axis(axis, ndim, caller)
-    algorithm = v.check_algorithm(algorithm, "scan", kind, op, caller)
+    algorithm = _check_loads(v.check_algorithm(algorithm, "scan", kind, op, caller), op, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
     out_dtype = _dt.result_dtype(op.family, dtype, requested)
     acc_dtype = _dt.accumulator_dtype(out_dtype)
@@ -331,7 +334,7 @@ def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, spli
       _REDUCTION + ("exact",), _REDUCED)
 def sum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
         exact=False):
-    if _wants_exact(x, dtype, exact, "multireduce.sum"):
+    if exact is not False and _wants_exact(x, dtype, exact, "multireduce.sum"):
         return _exact_now_or_lazy(_exact.sum(x, axis, dtype, keepdims, split_every=split_every), compute,
                                   "multireduce.sum")
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.sum", compute=compute)
@@ -358,7 +361,7 @@ def max(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm
       "``dtype=`` sums in that type and divides as NumPy does).", _REDUCTION + ("exact",), _REDUCED)
 def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
          exact=False):
-    if _wants_exact(x, dtype, exact, "multireduce.mean"):
+    if exact is not False and _wants_exact(x, dtype, exact, "multireduce.mean"):
         return _exact_now_or_lazy(_exact.mean(x, axis, dtype, keepdims, split_every=split_every), compute,
                                   "multireduce.mean")
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.mean",

@@ -24,6 +24,12 @@ from .errors import gpu_memory_guard
 from .operators import Operator
 
 
+def empty_error(op: Operator) -> str:
+    """NumPy's own words for a min/max of nothing, so code that catches NumPy's error catches ours."""
+    ufunc = {"min": "minimum", "max": "maximum", "nanmin": "fmin", "nanmax": "fmax"}[op.name]
+    return f"zero-size array to reduction operation {ufunc} which has no identity"
+
+
 @dataclass(frozen=True)
 class Partial:
     """A partial reduction: ``value`` keeps the reduced axes (size 1); ``count`` elements went into each."""
@@ -34,6 +40,10 @@ class Partial:
 
 @dataclass(frozen=True)
 class ReductionPlan:
+    """How one reduction is computed, whatever the data: the Dask graph's per-chunk contract, and
+    (``__call__``) the eager reduction of one array. Plans compare and hash by their fields; the
+    operator compares by identity, so a plan never outlives a re-registered operator of the same name."""
+
     op: Operator
     axes: tuple[int, ...]
     acc_dtype: np.dtype
@@ -57,15 +67,13 @@ class ReductionPlan:
         if len(partials) == 1:
             return partials[0]
         values = [p.value for p in partials]
-        value = backend_for(values[0]).combine(self.op, values)
+        value = backend_for(values[0]).combine(self.op.partials, values)
         return Partial(value, sum(p.count for p in partials))
 
     def finalize(self, partial: Partial):
         value = partial.value
         if partial.count == 0 and self.op.empty_is_error:
-            # NumPy's own words, so code that catches NumPy's error catches ours
-            ufunc = "minimum" if self.op.name == "min" else "maximum"
-            raise ValueError(f"zero-size array to reduction operation {ufunc} which has no identity")
+            raise ValueError(empty_error(self.op))
         if self.mean:
             if partial.count == 0:
                 warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
@@ -87,24 +95,39 @@ class ReductionPlan:
         """A single group's chunks straight to the result: one task instead of two."""
         return self.finalize(self.partial(*blocks))
 
-    def __call__(self, x):
-        """Reduce one array now. A backend's ``reduce_all`` may take a whole-array reduction in one step
-        (it returns None where it cannot); otherwise partial -> finalize."""
-        if not self.keepdims and not self.mean and len(self.axes) == x.ndim and x.size:
-            reduce_all = getattr(backend_for(x), "reduce_all", None)
-            value = reduce_all(x, self.op, self.acc_dtype, self.algorithm) if reduce_all else None
-            if value is not None:
-                return value if value.dtype == self.out_dtype else value.astype(self.out_dtype)
-        return self.finalize(self.partial(x))
+    # -- eager: the plan bound to the backend (and, on a GPU, the device) it runs on --------------
+    def __post_init__(self):
+        object.__setattr__(self, "_launchers", {})
 
-    def whole_reducer(self, x):
-        """A reusable function reducing whole arrays of ``x``'s type and dtype to this plan's result, from
-        the backend (None where the backend has none, or the plan needs the general path). It returns
-        None for an array it cannot take, and the caller then calls the plan."""
-        make = getattr(backend_for(x), "whole_reducer", None)
-        if make is None or self.keepdims or self.mean or self.algorithm != "auto" or len(self.axes) != x.ndim:
-            return None
-        return make(self.op, x.dtype, self.acc_dtype, self.out_dtype)
+    def __getstate__(self):
+        # a binding holds loaded kernels and device workspace: each process binds its own
+        return {k: v for k, v in self.__dict__.items() if k != "_launchers"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _launchers={})
+
+    def launch(self, x):
+        """All of ``x`` (whose every axis this plan reduces: the caller checks) reduced to this plan's
+        result in one step, or None where the general path is needed: the backend's launcher declines
+        (empty or non-contiguous input, data on another GPU than the current one), or the plan is not a
+        plain whole-array reduction. Bound once per (array type, dtype); a launcher binds to each device
+        once."""
+        key = (type(x), x.dtype)
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            launcher = self._launchers[key] = self._bind(x)
+        return launcher(x) if launcher else None
+
+    def _bind(self, x):
+        bind = getattr(backend_for(x), "bind", None)
+        if bind is None or self.keepdims or self.mean or self.algorithm != "auto":
+            return False
+        return bind(self.op, x.dtype, self.acc_dtype, self.out_dtype) or False
+
+    def __call__(self, x):
+        """Reduce one array now: the bound launcher where it takes ``x``, else partial -> finalize."""
+        value = self.launch(x) if len(self.axes) == x.ndim else None
+        return self.finalize(self.partial(x)) if value is None else value
 
     def __dask_tokenize__(self):
         from dask.base import tokenize
@@ -136,7 +159,8 @@ class ScanPlan:
         """
         backend = backend_for(totals[0])
         stacked = totals[0] if len(totals) == 1 else backend.concatenate(list(totals), axis=self.axis)
-        return backend.scan(stacked, self.op, self.axis, self.acc_dtype, self.acc_dtype)
+        # totals are partial results: folded as they are (a NaN total of nancumsum stays NaN)
+        return backend.scan(stacked, self.op.partials, self.axis, self.acc_dtype, self.acc_dtype)
 
     def scan_block_from_totals(self, block, index: int, *totals):
         """Scan chunk ``index`` seeded from the group totals themselves (few groups: one stage less)."""

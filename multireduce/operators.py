@@ -42,6 +42,28 @@ class Operator:
     cuda_preamble: str = ""
     builtin: bool = False
     _identity_fn: Callable[[np.dtype], Any] | None = field(default=None, repr=False)
+    #: the built-in operator that folds partial results, for an operator that transforms its input as it
+    #: is read (``load``); None: this operator folds its own partials
+    base: str | None = None
+
+    # -- the load transform ---------------------------------------------------------------------
+    @property
+    def masks_nan(self) -> bool:
+        """True for the nan-family: NaN input elements are read as the identity (kernels/common.cuh's
+        ``Op::load``; ``load`` on the CPU), partial results are folded by ``partials`` as they are."""
+        return self.base is not None
+
+    def load(self, x):
+        """Input elements as the operator reads them (NumPy, CPU): NaN -> the identity for the nan-family,
+        ``x`` itself otherwise. Never applied to partial results: inf - inf stays NaN in nansum."""
+        if self.base is None or x.dtype.kind != "f":
+            return x
+        return np.where(np.isnan(x), self.identity(x.dtype), x)
+
+    @property
+    def partials(self) -> "Operator":
+        """The operator that folds partial results (already loaded): ``sum`` for ``nansum``."""
+        return self if self.base is None else _BUILTINS[self.base]
 
     # -- identity -------------------------------------------------------------------------------
     def identity(self, dtype: np.dtype) -> Any:
@@ -136,20 +158,21 @@ _BUILTINS = {
     ),
 }
 
+# The nan-family (numpy.nansum, nanprod, nanmin, nanmax): NaN input reads as the identity, in the same
+# pass as the reduction or scan (the kernels' load transform). Floating dtypes only: other dtypes hold no
+# NaN, and multireduce.nansum & co. send them to the plain operator. Listed by ``operators()`` and usable by
+# ``reduce``/``scan`` by name like the other built-ins. nanmin/nanmax of an all-NaN slice give the identity
+# (+inf / -inf) here; multireduce.nanmin/nanmax finish that case as NumPy (a warning and NaN).
+for _name, _base in (("nansum", "sum"), ("nanprod", "prod"), ("nanmin", "min"), ("nanmax", "max")):
+    _plain = _BUILTINS[_base]
+    _BUILTINS[_name] = Operator(_name, _plain.family, _plain.cpu, "mr::Nan" + _base.capitalize(), True, "f",
+                                _plain.identity_value, builtin=True, _identity_fn=_plain._identity_fn, base=_base)
+del _name, _base, _plain
+
 _REGISTRY: dict[str, Operator] = dict(_BUILTINS)
-_LISTENERS: list[Callable[[], None]] = []
-
-
-def on_registry_change(callback: Callable[[], None]) -> None:
-    """Call ``callback`` whenever a name is registered or unregistered (caches keyed by names drop then)."""
-    _LISTENERS.append(callback)
-
-
-def _changed() -> None:
-    for callback in _LISTENERS:
-        callback()
-
-
+#: ``registered(name, default)``: the Operator registered under ``name``, else ``default``; no checks (the
+#: lookup of a repeated call, timed in nanoseconds: the dict's own bound method)
+registered = _REGISTRY.get
 _CHECKS: list[Callable[[Operator], None]] = []
 
 
@@ -410,7 +433,6 @@ def register_operator(
     for check in _CHECKS:
         check(op)
     _REGISTRY[name] = op
-    _changed()
     return op
 
 
@@ -418,7 +440,6 @@ def unregister_operator(name: str) -> None:
     if name in _BUILTINS:
         raise ValueError(f"unregister_operator: {name!r} is a built-in operator")
     _REGISTRY.pop(name, None)
-    _changed()
 
 
 def operators() -> list[str]:

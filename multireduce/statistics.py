@@ -13,9 +13,11 @@ values:
   pairwise update between chunks. Relative error stays within ``VAR_BOUND`` of an exact reference for
   data with a mean up to 1e8 times the spread, for every chunking (tests/test_statistics.py), at
   least as good as NumPy's own two-pass var in the input's dtype.
-* nanmin/nanmax: (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
+* nanmin/nanmax (Dask input): (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
 
-nansum/nanprod/nancumsum/nancumprod replace NaN by the identity and run the ordinary sum/prod/scan.
+nansum/nanprod/nancumsum/nancumprod run the built-in operators of the same names (``operators.py``), whose
+kernels read NaN as the identity as they load each element (one pass; NumPy input: ``Operator.load``);
+so do nanmin/nanmax on NumPy and CuPy input (Dask input: the (extreme, count) partials above).
 """
 
 from __future__ import annotations
@@ -329,14 +331,41 @@ def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
     return _run(x, kind, plan, split_every, caller)
 
 
+def _nan_extreme(stat, x, axis, keepdims, split_every):
+    """NumPy and CuPy input: the nan-family operator (NaN read as +inf / -inf as the kernels load each
+    element), then the all-NaN slices, which gave that identity, finished as NumPy: a warning and NaN.
+    Only where some slice equals the identity is the data looked at again (isnan over it). Dask input
+    keeps the (extreme, count) partials of ``StatPlan``, which know an all-NaN slice without a second
+    pass over the data."""
+    caller = f"multireduce.{stat}"
+    x, kind = _prepare(x, caller, "biuf")
+    if kind.startswith("dask"):
+        return _fold(stat, x, axis, keepdims, split_every, "biuf")
+    if x.dtype.kind != "f":
+        return api._reduction(x, stat[3:], axis, None, keepdims, split_every, "auto", caller=caller)
+    result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
+    identity = np.inf if stat == "nanmin" else -np.inf
+    if bool((result == identity).any()):
+        xp = np
+        if kind == "cupy":
+            import cupy as xp
+        hollow = xp.isnan(x).all(axis=v.normalize_axes(axis, x.ndim, caller), keepdims=keepdims)
+        if bool(hollow.any()):
+            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+            result = xp.where(hollow, xp.asarray(np.nan, dtype=result.dtype), result)
+            if kind == "numpy" and result.ndim == 0:
+                result = result[()]
+    return result
+
+
 def nanmin(x, axis=None, keepdims=False, *, split_every=None):
     """``numpy.nanmin``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
-    return _fold("nanmin", x, axis, keepdims, split_every, "biuf")
+    return _nan_extreme("nanmin", x, axis, keepdims, split_every)
 
 
 def nanmax(x, axis=None, keepdims=False, *, split_every=None):
     """``numpy.nanmax``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
-    return _fold("nanmax", x, axis, keepdims, split_every, "biuf")
+    return _nan_extreme("nanmax", x, axis, keepdims, split_every)
 
 
 def any(x, axis=None, keepdims=False, *, split_every=None):
@@ -360,6 +389,20 @@ def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
 # ------------------------------------------------------------------------------------------------
 # NaN as the identity: nansum, nanprod, nancumsum, nancumprod
 # ------------------------------------------------------------------------------------------------
+def _nan_operator(x, dtype, plain: str, caller: str):
+    """(``x`` as an array, the operator name): the nan-family's operator, which masks NaN as the kernels
+    load each element (one pass), for floating input summed in a floating type; the plain operator for
+    other input, which holds no NaN. A floating ``x`` with an integer or bool ``dtype=`` (NaN would be
+    converted before the mask could see it) and ``exact=True`` go through ``_without_nan``'s copy."""
+    x, kind = _prepare(x, caller, "biuf")
+    if x.dtype.kind != "f":
+        return x, plain
+    requested = v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller)
+    if requested is not None and requested.kind not in "fc":
+        return _without_nan(x, caller, 0 if plain == "sum" else 1), plain
+    return x, "nan" + plain
+
+
 def _nan_to(block, fill):
     if block.dtype.kind != "f":
         return block
@@ -380,26 +423,37 @@ def _without_nan(x, caller, fill):
 
 
 def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=False):
-    """``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0); ``exact=True`` as in ``sum``."""
-    return api.sum(_without_nan(x, "multireduce.nansum", 0), axis, dtype, keepdims, split_every=split_every,
-                   exact=exact)
+    """``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0; inf - inf stays NaN), masked as the
+    kernels load each element; ``exact=True`` as in ``sum``."""
+    caller = "multireduce.nansum"
+    if exact is not False and api._wants_exact(x, dtype, exact, caller):
+        return api.sum(_without_nan(x, caller, 0), axis, dtype, keepdims, split_every=split_every, exact=exact)
+    x, op = _nan_operator(x, dtype, "sum", caller)
+    return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
 def nanprod(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
-    """``numpy.nanprod``: NaN counts as 1."""
-    return api.prod(_without_nan(x, "multireduce.nanprod", 1), axis, dtype, keepdims, split_every=split_every)
+    """``numpy.nanprod``: NaN counts as 1, masked as the kernels load each element."""
+    caller = "multireduce.nanprod"
+    x, op = _nan_operator(x, dtype, "prod", caller)
+    return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
 def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
-    """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens); ``exact=True``
-    as in ``cumsum``."""
-    return api.cumsum(_without_nan(x, "multireduce.nancumsum", 0), axis, dtype, split_every=split_every,
-                      exact=exact)
+    """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens), masked as the
+    scan kernels load each element; ``exact=True`` as in ``cumsum``."""
+    caller = "multireduce.nancumsum"
+    if exact is not False and api._wants_exact(x, dtype, exact, caller):
+        return api.cumsum(_without_nan(x, caller, 0), axis, dtype, split_every=split_every, exact=exact)
+    x, op = _nan_operator(x, dtype, "sum", caller)
+    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every)
 
 
 def nancumprod(x, axis=None, dtype=None, *, split_every=None):
     """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
-    return api.cumprod(_without_nan(x, "multireduce.nancumprod", 1), axis, dtype, split_every=split_every)
+    caller = "multireduce.nancumprod"
+    x, op = _nan_operator(x, dtype, "prod", caller)
+    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -251,7 +251,7 @@ def test_noncommutative_multi_axis_is_c_order():
 # ------------------------------------------------------------------------------------------------
 # The cached whole-array path (calls with every option at its default)
 # ------------------------------------------------------------------------------------------------
-def test_repeated_default_calls_use_the_cached_reducer_and_agree():
+def test_repeated_default_calls_use_the_cached_plan_and_agree():
     from multireduce import api
     from multireduce.operators import get_operator
 
@@ -261,7 +261,8 @@ def test_repeated_default_calls_use_the_cached_reducer_and_agree():
             x = random_array(rng, 1000, dtype, "prod" if opname == "prod" else "sum")
             before = x.copy()
             first = fn(x)
-            assert (np.ndarray, f"multireduce.{opname}", opname, x.dtype) in api._whole_reducers
+            plan = api._default_plans[(np.ndarray, f"multireduce.{opname}", get_operator(opname), x.dtype, 1)]
+            assert (np.ndarray, x.dtype) in plan._launchers  # the plan bound itself to NumPy once
             second = fn(x)
             np.testing.assert_array_equal(x, before)
             assert type(second) is type(first) and second.dtype == first.dtype
@@ -279,19 +280,40 @@ def test_repeated_default_calls_use_the_cached_reducer_and_agree():
         assert np.isnan(mr.mean(np.empty(0, np.float32)))
 
 
-def test_cached_reducer_follows_a_replaced_operator_and_options():
+def test_cached_plan_follows_a_replaced_operator_and_options():
     x = np.arange(1, 9, dtype=np.int64)
     mr.register_operator("pick", identity=0, cpu=np.add, commutative=True, replace=True)
     try:
         assert mr.reduce(x, "pick") == 36 and mr.reduce(x, "pick") == 36
         mr.register_operator("pick", identity=0, cpu=np.bitwise_xor, commutative=True, kinds="biu", replace=True)
-        assert mr.reduce(x, "pick") == np.bitwise_xor.reduce(x)
+        assert mr.reduce(x, "pick") == np.bitwise_xor.reduce(x) and mr.reduce(x, "pick") == np.bitwise_xor.reduce(x)
+        # a callable operator (no ufunc) has no one-step launcher: its cached plan folds pairwise
+        mr.register_operator("pick", identity=np.iinfo(np.int64).min, cpu=lambda a, b: np.maximum(a, b), commutative=True, kinds="i",
+                             replace=True)
+        assert mr.reduce(x, "pick") == 8 and mr.reduce(x, "pick") == 8
     finally:
         mr.unregister_operator("pick")
+    with pytest.raises(ValueError, match="argument 'op'"):
+        mr.reduce(x, "pick")
     assert mr.sum(x) == 36 and mr.sum(x, dtype=np.int8) == 36 and mr.sum(x, keepdims=True).shape == (1,)
     assert mr.sum([1, 2, 3]) == 6 and mr.sum(np.float32(2.5)) == np.float32(2.5)
     with pytest.raises(TypeError, match="argument 'x' has dtype"):
         mr.sum(np.array(["a"]))
+
+
+def test_plans_pickle_without_their_binding():
+    import pickle
+
+    from multireduce import api
+    from multireduce.operators import get_operator
+
+    x = np.random.default_rng(8).standard_normal(33)
+    assert mr.sum(x) == mr.sum(x)
+    plan = api._default_plans[(np.ndarray, "multireduce.sum", get_operator("sum"), x.dtype, 1)]
+    assert plan._launchers
+    copy = pickle.loads(pickle.dumps(plan))
+    assert copy.axes == plan.axes and copy.op.name == "sum" and copy._launchers == {}
+    assert copy(x) == plan(x) == np.add.reduce(x)
 
 
 def test_unhashable_operator_is_refused_by_name():
@@ -439,3 +461,135 @@ def test_numpy_calls_import_no_dask():
             "print(sorted(m for m in sys.modules if m == 'dask' or m.startswith(('dask.', 'distributed'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# The nan-family's operators: NaN read as the identity where elements are loaded, partials as they are
+# ------------------------------------------------------------------------------------------------
+NAN_SIZES = [1, 31, 33, 1023, 1025]
+
+
+def _nan_data(rng, n, dtype, product=False):
+    """Random values (near 1 for products, so they neither vanish nor overflow) with NaN at random places,
+    at both ends and as a run, plus an inf and a -inf: inf - inf must stay NaN."""
+    x = (rng.uniform(0.5, 1.5, n) if product else rng.standard_normal(n)).astype(dtype)
+    x[rng.random(n) < 0.3] = np.nan
+    x[0] = x[-1] = np.nan
+    x[n // 3 : n // 3 + min(40, n // 4)] = np.nan
+    return x
+
+
+def _same(got, ref, dtype, n):
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape
+    tol = 8 * float(np.finfo(dtype).eps) * max(1.0, n ** 0.5)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", NAN_SIZES)
+def test_nan_operators_match_numpy_on_numpy_and_dask(n, dtype):
+    import dask.array as da
+
+    rng = np.random.default_rng(n)
+    for name, ref in [("nansum", np.nansum), ("nanprod", np.nanprod)]:
+        x = _nan_data(rng, n, dtype, product=name == "nanprod")
+        before = x.copy()
+        expected = ref(x)
+        for fn in (getattr(mr, name), lambda a: mr.reduce(a, name)):
+            got = fn(x)
+            assert np.asarray(got).dtype == expected.dtype
+            _same(got, expected, dtype, n)
+            _same(fn(x), expected, dtype, n)  # the cached plan's launcher
+            _same(fn(da.from_array(x, chunks=max(1, n // 5))).compute(), expected, dtype, n)
+        np.testing.assert_array_equal(x, before)
+        scan = {"nansum": (mr.nancumsum, np.nancumsum), "nanprod": (mr.nancumprod, np.nancumprod)}[name]
+        _same(scan[0](x), scan[1](x), dtype, n)
+        _same(mr.scan(x, name), scan[1](x), dtype, n)
+        _same(scan[0](da.from_array(x, chunks=max(1, n // 5))).compute(), scan[1](x), dtype, n)
+        two_d = x[: n - n % 3].reshape(3, -1) if n >= 3 else x.reshape(1, -1)
+        for axis in (0, 1):
+            _same(getattr(mr, name)(two_d, axis=axis), ref(two_d, axis=axis), dtype, n)
+            _same(scan[0](two_d, axis=axis), scan[1](two_d, axis=axis), dtype, n)
+
+
+def test_nan_operators_keep_arithmetic_nan_across_chunks():
+    """inf and -inf in different chunks: the partials' sum is NaN and must stay NaN (np.nansum gives NaN),
+    so a NaN partial or scan total is never read as the identity."""
+    import dask.array as da
+
+    x = np.array([np.inf, 1.0, np.nan, -np.inf, 2.0, np.nan, 3.0])
+    for chunks in (1, 2, 3, 7):
+        d = da.from_array(x, chunks=chunks)
+        assert np.isnan(mr.nansum(d).compute()) and np.isnan(np.nansum(x))
+        np.testing.assert_array_equal(mr.nancumsum(d).compute(), np.nancumsum(x))
+        np.testing.assert_array_equal(mr.scan(d, "nansum").compute(), np.nancumsum(x))
+    assert mr.nansum(np.full(33, np.nan)) == 0 and mr.nanprod(np.full(33, np.nan, np.float32)) == 1
+    assert mr.nansum(da.from_array(np.full(33, np.nan), chunks=4)).compute() == 0
+
+
+def test_nan_operators_dtype_rules_and_refusals():
+    import dask.array as da
+
+    rng = np.random.default_rng(11)
+    x = _nan_data(rng, 257, np.float64) * 10
+    for name in ("nansum", "nanprod"):
+        ref = getattr(np, name)
+        # an integer result type: NaN is masked before the conversion, as in NumPy
+        assert getattr(mr, name)(x[:9], dtype=np.int64) == ref(x[:9], dtype=np.int64)
+        assert getattr(mr, name)(x, dtype=np.float32).dtype == np.float32
+        i = rng.integers(-5, 5, 100)
+        assert getattr(mr, name)(i) == ref(i) and getattr(mr, name)(i).dtype == ref(i).dtype
+    assert mr.nancumsum(x, dtype=np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="argument 'algorithm'"):
+        mr.reduce(x, "nansum", algorithm="interleaved")
+    with pytest.raises(ValueError, match="argument 'algorithm'"):
+        mr.scan(da.from_array(x, chunks=10), "nansum", algorithm="blelloch")
+    with pytest.raises(TypeError, match="argument 'x' has dtype"):
+        mr.reduce(np.arange(5), "nansum")  # the nan-family takes floating data; nansum() sends ints to sum
+    with pytest.raises(ValueError, match="reduction operation fmin"):
+        mr.reduce(np.zeros(0), "nanmin")
+    with pytest.raises(ValueError, match="argument 'name'"):
+        mr.register_operator("nansum", identity=0, cpu=np.add, commutative=True)
+    assert {"nansum", "nanprod", "nanmin", "nanmax"} <= set(mr.operators())
+
+
+def test_nanmin_nanmax_operators_skip_nan():
+    """The raw operators read NaN as their identity: an all-NaN slice gives +inf / -inf (multireduce.nanmin
+    finishes that as NumPy); otherwise np.fmin / np.fmax's reduction and running scan."""
+    import dask.array as da
+
+    rng = np.random.default_rng(12)
+    for n in NAN_SIZES:
+        x = _nan_data(rng, n, np.float32)
+        for name, ufunc, inf in [("nanmin", np.fmin, np.inf), ("nanmax", np.fmax, -np.inf)]:
+            want = ufunc.reduce(x)
+            want = inf if np.isnan(want) else want
+            assert mr.reduce(x, name) == want and mr.reduce(da.from_array(x, chunks=7), name).compute() == want
+            running = ufunc.accumulate(x)
+            np.testing.assert_array_equal(mr.scan(x, name), np.where(np.isnan(running), inf, running))
+
+
+def test_nanmin_nanmax_finish_all_nan_slices_as_numpy():
+    """multireduce.nanmin/nanmax run the operators, then finish the slices that gave the identity: all-NaN
+    ones warn and give NaN, a slice of infinities (with or without NaN) keeps its infinity."""
+    rng = np.random.default_rng(13)
+    x = _nan_data(rng, 33 * 9, np.float64).reshape(33, 9)
+    x[3] = np.nan
+    x[5] = np.where(np.isnan(x[5]), np.nan, np.inf)
+    x[7] = -np.inf
+    x[:, 2] = np.nan
+    for name in ("nanmin", "nanmax"):
+        ref = getattr(np, name)
+        for axis in (0, 1):
+            for keepdims in (False, True):
+                with pytest.warns(RuntimeWarning, match="All-NaN slice"):
+                    got = getattr(mr, name)(x, axis=axis, keepdims=keepdims)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    np.testing.assert_array_equal(got, ref(x, axis=axis, keepdims=keepdims))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no all-NaN slice: no warning, no second look at the data
+            assert getattr(mr, name)(x[5]) == ref(x[5]) and getattr(mr, name)(x) == ref(x)
+        with pytest.warns(RuntimeWarning, match="All-NaN slice"):
+            assert np.isnan(getattr(mr, name)(np.full(5, np.nan, np.float32)))

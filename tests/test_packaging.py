@@ -85,7 +85,8 @@ def test_instantiation_groups_cover_both_sources():
 
     groups = kernels.all_instantiations(policy(9))
     assert {(op, entry) for op, entry, _ in groups} == {
-        (op, entry) for op in ("sum", "prod", "min", "max") for entry in (kernels.ENTRY, kernels.CATALOGUE_ENTRY)}
+        (op, entry) for op in ("sum", "prod", "min", "max") for entry in (kernels.ENTRY, kernels.CATALOGUE_ENTRY)} | {
+        (op, kernels.ENTRY) for op in ("nansum", "nanprod", "nanmin", "nanmax")}
     for op, entry, expressions in groups:
         assert expressions and len(set(expressions)) == len(expressions)
         assert all(("scan_lookback" in e or "reduce_vectorized" in e or "_rows<" in e or "_columns<" in e

@@ -134,9 +134,9 @@ def test_caches_stay_bounded_under_distinct_inputs():
         _workload(rng, [1, 31, 1025])
         warm = soak.cache_sizes()
         assert warm, "no cache found: the check would pass vacuously"
-        assert "multireduce.api._whole_reducers" in warm and warm["multireduce.api._whole_reducers"][1] is not None
+        assert "multireduce.api._default_plans" in warm and warm["multireduce.api._default_plans"][1] is not None
         # distinct sizes, shapes and array names (each from_array is a new name), new operator objects
-        _workload(rng, [2, 33, 1023, 4097, 40_000], fresh_operators=api._MAX_WHOLE_REDUCERS + 40)
+        _workload(rng, [2, 33, 1023, 4097, 40_000], fresh_operators=api._MAX_DEFAULT_PLANS + 40)
     after = soak.cache_sizes()
     for name, (entries, bound) in after.items():
         if bound is None:

@@ -169,7 +169,7 @@ def _reduce_1d(x1, op: Operator, acc, identity, out1, algorithm: str) -> None:
         if grid == 1:
             return
         current = partials
-        ks, _, _ = _reduce_kernels(op, acc, acc, catalogue=True)
+        ks, _, _ = _reduce_kernels(op.partials, acc, acc, catalogue=True)
 
 
 def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
@@ -189,7 +189,9 @@ def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
     ks["columns"](grid, block, (x3, _i64(outer), _i64(K), _i64(inner), _i64(segments), _i64(segment), identity, out))
     if segments == 1:
         return out
-    return _reduce_columns(out.reshape(outer, segments, inner), op, acc, identity, outer, segments, inner, sms, p)
+    # the segments' partials are folded as they are: no load transform on them
+    return _reduce_columns(out.reshape(outer, segments, inner), op.partials, acc, identity, outer, segments, inner,
+                           sms, p)
 
 
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
@@ -225,26 +227,17 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
     return out.reshape(keep_shape)
 
 
-def reduce_all(x, op: Operator, acc_dtype, algorithm: str = "auto"):
-    """The whole of a contiguous ``x`` into a 0-d array in one launch; None where the general path is
-    needed (non-contiguous data, a catalogue algorithm, a non-commutative operator)."""
-    if algorithm != "auto" or not op.commutative or not x.flags.c_contiguous:
-        return None
-    out = cupy.empty((), acc_dtype)
-    _reduce_1d(x, op, acc_dtype, _identity(op, acc_dtype), out, algorithm)
-    return out
+def bind(op: Operator, T, acc_dtype, out_dtype):
+    """The eager launcher of a whole-array reduction (``core.ReductionPlan.launch``), or None for
+    non-commutative operators (their ordered kernel is launched by ``reduce``)."""
+    return Launcher(op, T, acc_dtype, out_dtype) if op.commutative else None
 
 
-def whole_reducer(op: Operator, T, acc_dtype, out_dtype):
-    """A reusable whole-array reducer (``WholeReducer``), or None for non-commutative operators."""
-    return WholeReducer(op, T, acc_dtype, out_dtype) if op.commutative else None
-
-
-class WholeReducer:
-    """``reduce_all`` for one (operator, input dtype, accumulator, result dtype), with everything that
-    depends only on those looked up once: the small-input path, where Python time is the cost. Returns
-    None where the general path is needed (empty or non-contiguous input, data on another device than
-    the current one)."""
+class Launcher:
+    """``reduce_vectorized`` over a whole array for one (operator, input dtype, accumulator, result
+    dtype), bound to each device once: the kernel, its grid rule and a workspace per stream, looked up
+    once because small inputs spend most of their time in Python. Returns None where the general path
+    is needed (empty or non-contiguous input, data on another device than the current one)."""
 
     __slots__ = ("acc", "cast", "identity", "op", "per_device", "type")
 
@@ -254,10 +247,9 @@ class WholeReducer:
         self.identity = _identity(op, self.acc)
         self.per_device: dict[int, tuple] = {}
 
-    def _prepare(self, device: int) -> tuple:
-        """Bind to ``device`` once: the kernel, its grid rule and a workspace per stream, sized for the
-        largest grid (going through _workspace, a key with the dtype in it, measured ~1 us more per call at
-        2^10 on an H200, profile_small.py)."""
+    def _bind(self, device: int) -> tuple:
+        # its own per-stream workspace, sized for the largest grid: going through _workspace (a key with
+        # the dtype in it) measured ~1 us more per call at 2^10 on an H200 (profile_small.py)
         ks, sms, p = _reduce_kernels(self.op, self.type, self.acc)
         state = self.per_device[device] = (ks["vectorized"], _vectorized_rule(self.type, sms, p), {})
         return state
@@ -269,7 +261,7 @@ class WholeReducer:
         device = cupy.cuda.runtime.getDevice()
         if x.data.device_id != device:
             return None
-        kernel, rule, spaces = self.per_device.get(device) or self._prepare(device)
+        kernel, rule, spaces = self.per_device.get(device) or self._bind(device)
         stream = cupy.cuda.get_current_stream().ptr
         space = spaces.get(stream)
         if space is None:
@@ -284,7 +276,7 @@ def combine(op: Operator, values: list):
     if len(values) == 1:
         return values[0]
     stacked = cupy.stack(values)
-    return reduce(stacked, op, (0,), stacked.dtype)[0]
+    return reduce(stacked, op.partials, (0,), stacked.dtype)[0]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -40,10 +40,11 @@ def _aligned(x):
 
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
     """Reduce ``axes`` of ``x`` with ``op`` in ``acc_dtype``; the result keeps the reduced axes (size 1).
+    Elements are read through ``op.load`` (the nan-family's NaN -> identity).
 
     Non-commutative operators take one axis at a time, so the caller passes one axis for them.
     """
-    x = _aligned(x)
+    x = op.load(_aligned(x))
     acc_dtype = np.dtype(acc_dtype)
     identity = op.identity(acc_dtype)
     if op.ufunc is not None:
@@ -62,36 +63,38 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
     return np.moveaxis(folded, 0, axis)
 
 
-def reduce_all(x, op: Operator, acc_dtype, algorithm: str = "auto"):
-    """The whole of ``x`` in one ufunc call (0-d); None for callables, which take the general path."""
-    if op.ufunc is None:
-        return None
-    return np.asarray(op.ufunc.reduce(_aligned(x), axis=None, dtype=acc_dtype))
+class _Launcher:
+    """A whole-array reduction to a NumPy scalar in one ufunc call, for one (operator, accumulator,
+    result dtype) with the lookups done once; None for empty input (the general path owns NumPy's
+    empty-input rules) and for ndarray subclasses."""
 
+    __slots__ = ("acc", "cast", "load", "ufunc")
 
-class _WholeReducer:
-    """``reduce_all`` for one (operator, accumulator, result dtype) with the lookups done once; None for
-    empty input (the general path owns NumPy's empty-input rules)."""
-
-    __slots__ = ("acc", "out", "ufunc")
-
-    def __init__(self, ufunc, acc, out):
-        self.ufunc, self.acc, self.out = ufunc, np.dtype(acc), np.dtype(out)
+    def __init__(self, op: Operator, acc, out):
+        self.ufunc, self.acc = op.ufunc, np.dtype(acc)
+        self.cast = None if np.dtype(out) == self.acc else np.dtype(out)
+        self.load = op.load if op.masks_nan else None
 
     def __call__(self, x):
         if type(x) is not np.ndarray or x.size == 0:
             return None
-        value = self.ufunc.reduce(_aligned(x), axis=None, dtype=self.acc)
-        return value if value.dtype == self.out else value.astype(self.out)
+        if not x.flags.aligned:  # as _aligned, inline: this path is timed in microseconds
+            x = np.array(x, copy=True, order="K")
+        if self.load is not None:
+            x = self.load(x)
+        value = self.ufunc.reduce(x, axis=None, dtype=self.acc)
+        return value if self.cast is None else value.astype(self.cast)
 
 
-def whole_reducer(op: Operator, T, acc_dtype, out_dtype):
-    """A reusable whole-array reducer to a NumPy scalar, or None for operators without a ufunc."""
-    return None if op.ufunc is None else _WholeReducer(op.ufunc, acc_dtype, out_dtype)
+def bind(op: Operator, T, acc_dtype, out_dtype):
+    """The eager launcher of a whole-array reduction (``core.ReductionPlan.launch``), or None for
+    operators without a ufunc (their pairwise fold runs through ``reduce``)."""
+    return None if op.ufunc is None else _Launcher(op, acc_dtype, out_dtype)
 
 
 def combine(op: Operator, values: list):
-    """Fold equally shaped partials in order: ``values[0] op values[1] op ...``."""
+    """Fold equally shaped partials in order: ``values[0] op values[1] op ...`` (as they are: no load
+    transform)."""
     if len(values) == 1:
         return values[0]
     dtype = values[0].dtype
@@ -127,7 +130,7 @@ def scan(
 ):
     """Scan ``x`` along ``axis``; ``carry`` (keepdims shape) is combined in on the left of every element."""
     acc_dtype = np.dtype(acc_dtype)
-    scanned = _inclusive_scan(_aligned(x), op, axis, acc_dtype)
+    scanned = _inclusive_scan(op.load(_aligned(x)), op, axis, acc_dtype)
     if carry is not None:
         scanned = np.asarray(op.combine(np.asarray(carry, dtype=acc_dtype), scanned)).astype(acc_dtype, copy=False)
     if not inclusive:

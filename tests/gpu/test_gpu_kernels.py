@@ -331,7 +331,7 @@ def test_lookback_candidate_tiles_keep_order():
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int32, np.uint8, np.float64],
                          ids=lambda d: np.dtype(d).name)
 def test_repeated_calls_take_the_whole_array_path_and_agree(dtype):
-    """The second call of a signature goes through the cached whole-array reducer; it must give what the
+    """The second call of a signature goes through the cached plan's bound launcher; it must give what the
     general path gives, and hand back to it for input it cannot take."""
     from multireduce import api
 
@@ -341,8 +341,8 @@ def test_repeated_calls_take_the_whole_array_path_and_agree(dtype):
             host = random_array(rng, n, dtype, "prod" if opname == "prod" else "sum")
             dev = cupy.asarray(host)
             first = fn(dev)
-            key = (cupy.ndarray, f"multireduce.{opname}", opname, dev.dtype)
-            assert key in api._whole_reducers
+            plan = api._default_plans[(cupy.ndarray, f"multireduce.{opname}", get_operator(opname), dev.dtype, 1)]
+            assert (cupy.ndarray, dev.dtype) in plan._launchers
             second = fn(dev)
             assert second.dtype == first.dtype and second.shape == ()
             cupy.testing.assert_array_equal(first, second)
