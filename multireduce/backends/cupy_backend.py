@@ -312,41 +312,41 @@ def _deterministic(op, acc, deterministic) -> bool:
     return _k.fixed_lookback(op, acc) if deterministic is None else bool(deterministic)
 
 
-_occupancy: dict[tuple, int] = {}
+_occupancy: dict[tuple, int | None] = {}
 
 
-def scan_occupancy(kernel, block: int) -> int:
+def _occupancy_from_attributes(fn, device: int, block: int) -> int:
+    """The driver's arithmetic from the kernel's attributes and the device's limits."""
+    attrs = fn.attributes
+    dev = cupy.cuda.Device(device).attributes
+    warps = -(-block // 32)
+    by_threads = dev["MaxThreadsPerMultiProcessor"] // (warps * 32)
+    regs = -(-max(attrs["num_regs"], 1) * 32 // 256) * 256 * warps  # granted per warp, 256 registers at a time
+    by_registers = dev["MaxRegistersPerMultiprocessor"] // regs
+    by_shared = dev["MaxSharedMemoryPerMultiprocessor"] // (attrs["shared_size_bytes"] + 1024)  # 1 KB reserved per block
+    return max(0, min(by_threads, by_registers, by_shared, dev.get("MaxBlocksPerMultiprocessor", 32)))
+
+
+def scan_occupancy(kernel, block: int) -> int | None:
     """Resident blocks per SM of a look-back ``kernel`` (a ``kernels.Kernel``) at ``block`` threads, as the
-    driver reports it (cuOccupancyMaxActiveBlocksPerMultiprocessor), computed from the kernel's attributes
-    and the device's limits where this CuPy does not expose the call. Correctness does not depend on it
-    (kernels/scan.cuh: tiles wait only for lower block indices); 0 means the tile cannot run here."""
+    driver reports it (cuOccupancyMaxActiveBlocksPerMultiprocessor through CuPy), else computed from the
+    kernel's attributes; None if neither can be had. The launch bounds' blocks-per-SM in kernels/scan.cuh
+    are only a register-budget hint for ptxas; this is the number that holds. Correctness does not depend
+    on it (tiles wait only for lower block indices, see kernels/scan.cuh); 0 means the tile cannot run."""
     device = cupy.cuda.runtime.getDevice()
     key = (device, kernel.expression, block)
-    found = _occupancy.get(key)
-    if found is not None:
-        return found
+    if key in _occupancy:
+        return _occupancy[key]
     fn = kernel.fn
     try:
         found = int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, 0))
-    except AttributeError:  # no driver call in this CuPy: the same arithmetic from the attributes
-        attrs = fn.attributes
-        dev = cupy.cuda.Device(device).attributes
-        warps = -(-block // 32)
-        by_threads = dev["MaxThreadsPerMultiProcessor"] // (warps * 32)
-        regs = -(-max(attrs["num_regs"], 1) * 32 // 256) * 256 * warps  # registers are granted per warp, 256 at a time
-        by_registers = dev["MaxRegistersPerMultiprocessor"] // regs
-        shared = attrs["shared_size_bytes"] + 1024  # the driver reserves 1 KB per block (sm_80+)
-        by_shared = dev["MaxSharedMemoryPerMultiprocessor"] // shared
-        found = max(0, min(by_threads, by_registers, by_shared, dev.get("MaxBlocksPerMultiprocessor", 32)))
+    except Exception:  # no such call in this CuPy, or a kernel object without a handle
+        try:
+            found = _occupancy_from_attributes(fn, device, block)
+        except Exception:
+            found = None
     _occupancy[key] = found
     return found
-
-
-def _scan_catalogue_kernels(op, T, acc, out_dtype):
-    """The catalogue's scan group for these types, compiled on first use."""
-    sms, p = _facts()
-    names = _k.scan_catalogue_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p)
-    return _k.get_kernels(op, names), sms, p
 
 
 def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, shape=None, deterministic=None) -> None:
@@ -358,7 +358,7 @@ def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, sha
     deterministic = _deterministic(op, acc, deterministic)
     ks, sms, p, shape = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, shape, deterministic)
     kernel = ks["lookback"]
-    if scan_occupancy(kernel, shape.block) < 1:
+    if scan_occupancy(kernel, shape.block) == 0:
         raise _k.KernelError(f"{kernel.expression}: the driver fits no block of {shape.block} threads on an SM of "
                              f"this GPU (registers or shared memory); pick a smaller tuning.ScanShape")
     tiles_per_row = -(-K // shape.tile(rows.dtype.itemsize))
