@@ -142,7 +142,7 @@ __device__ __forceinline__ Acc wait_published(const LookbackState<Acc>& st, bool
 // are fixed functions of the values read. Each value read is published once and waited for until
 // published, so by induction over tiles every descriptor, and so every output, is a fixed function of
 // the input: the same bits on every run. Non-commutative operators are folded in element order.
-// Cost: the only chain is one PREFIX per 1024 tiles (~70 hops at 2^28 float32, each covering ~16 MB of
+// Cost: the only chain is one PREFIX per 1024 tiles (~24 hops at 2^28 float32, each covering ~45 MB of
 // input, far more than an SM pipeline holds in flight); the free look-back also waits for the loads
 // of the tiles nearest to it, here those of up to two windows back.
 template <class Acc, class Op>
