@@ -1,6 +1,9 @@
-"""Reductions side by side: multireduce (auto and every catalogue rung), cupy, torch, the copy roof.
+"""Reductions side by side: multireduce (auto and every catalogue rung), cupy, torch, the copy roof; and
+float32 sums accumulated in float32 vs float64 (one launch each, the production kernel), 2^20 .. 2^30.
 
-    python benchmarks/bench_reduce.py [--quick]
+    python benchmarks/bench_reduce.py [--quick] [--accumulate-only]
+
+``--accumulate-only`` runs the accumulator comparison alone: what decides dtypes.WIDE_FLOAT32_ON_GPU.
 """
 
 from __future__ import annotations
@@ -18,10 +21,54 @@ import multireduce as mr  # noqa: E402
 from multireduce.catalogue import REDUCE_ALGORITHMS  # noqa: E402
 
 
-def main(argv=None) -> list:
-    cupy, torch, args, env = h.setup("reductions side by side", argv)
+def accumulators(cupy, quick: bool, roof: dict[int, float]) -> list:
+    """float32 sum with a float32 and with a float64 accumulator, back to back, through the production
+    whole-array launch (``cupy_backend.reduce_all``)."""
+    from multireduce.backends import cupy_backend as cb
+    from multireduce.operators import get_operator
+
+    op = get_operator("sum")
     rows: list[h.Row] = []
+    for e in ([20, 24, 26, 28, 30] if not quick else [24, 28]):
+        n = 1 << e
+        nbytes = 4 * n
+        xs = h.buffers(lambda i: cupy.random.random(n, dtype=cupy.float32) - 0.5, nbytes,
+                       max_buffers=2 if nbytes > 1 << 30 else 4)
+        exact = float(cupy.sum(xs[0], dtype=cupy.float64))
+        mass = float(cupy.sum(cupy.abs(xs[0]), dtype=cupy.float64))
+        if nbytes not in roof:
+            roof[nbytes] = h.copy_roof(nbytes)
+        times = {}
+        for acc in (np.float32, np.float64):
+            def fn(x, acc=acc):
+                return cb.reduce_all(x, op, np.dtype(acc)).astype(cupy.float32)
+
+            err = abs(float(fn(xs[0])) - exact) / max(mass, 1e-30)
+            ms = h.time_gpu(fn, xs, repeats=10 if nbytes > 1 << 30 else 20)
+            times[acc] = ms
+            gbps = nbytes / ms / 1e6
+            rows.append(h.Row("sum-accumulator", f"acc={np.dtype(acc).name}", "float32", n, ms, gbps,
+                              gbps / roof[nbytes], h.check_close(float(fn(xs[0])), exact, mass, np.finfo(np.float32).eps, n),
+                              extra={"relative_error_vs_mass": err}))
+        rows[-1].extra["time_vs_float32_acc"] = times[np.float64] / times[np.float32]
+        del xs
+        cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def main(argv=None) -> list:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    accumulate_only = "--accumulate-only" in argv
+    argv = [a for a in argv if a != "--accumulate-only"]
+    cupy, torch, args, env = h.setup("reductions side by side", argv)
     roof: dict[int, float] = {}
+    rows: list[h.Row] = accumulators(cupy, args.quick, roof)
+    for r in rows:
+        print(f"sum float32 2^{int(np.log2(r.n))} {r.impl}: {r.ratio_copy:.3f} x copy"
+              + (f", {r.extra['time_vs_float32_acc']:.3f} x the float32 accumulator's time" if "time_vs_float32_acc" in r.extra else ""))
+    if accumulate_only:
+        h.save(rows, "bench_reduce_accumulator", env)
+        return rows
     sizes = [10, 14, 18, 20, 22, 24, 26, 28, 30] if not args.quick else [20, 26]
     dtypes = [np.float32, np.float64, np.int32, np.int64]
 

@@ -14,15 +14,23 @@ namespace mr {
 // One block per tile; tile i is block i. A tile is BLOCK x ITEMS elements copied into shared memory with
 // asynchronous 16-byte copies (cp.async: no registers spent on bytes in flight) followed by REG_ROWS
 // layers of one 16-byte vector per thread loaded into registers. Each thread folds its ITEMS
-// consecutive shared elements and each held vector, the block scans those folds, and warp 0 publishes
-// the tile's fold (status AGGREGATE) and looks back over the preceding tiles 32 at a time until it
-// meets one whose inclusive prefix is known (status PREFIX). Tiles before a row's first tile read as
-// that row's carry-in with status PREFIX.
+// consecutive shared elements and each held vector, the block scans those folds, and warp 0 finds the
+// fold of everything before the tile in one of two ways (the DETERMINISTIC template flag):
+// - free (``look_back``): publish the tile's fold (status AGGREGATE), look back over the preceding
+//   tiles 32 at a time until one whose inclusive prefix is known (status PREFIX), then publish PREFIX.
+//   Which predecessors have published depends on timing, so float sums differ run to run; exact
+//   combines (integers wrap exactly, min/max ignore order) give the same bits anyway.
+// - fixed (``look_back_fixed``): every tile folds values that are fixed functions of the input, with
+//   fixed trees, so the bits never depend on timing (see there).
+// Tiles before a row's first tile read as that row's carry-in.
 // Why the registers: a tile's life is mostly waiting in the look-back for the slowest of its
 // predecessors to load, so the scan's speed follows the bytes an SM keeps in flight; shared memory
 // alone caps that at ~220 KB, the register file adds ~60-90 KB (measured: docs/performance.md).
+// Correctness needs no co-residency: a tile waits only for tiles of lower block index, and blocks are
+// dispatched in index order (as CUB's scans assume), so every tile waited for is running or done and
+// publishes without waiting for a later one. Any occupancy >= 1 block per SM is safe (sm_80 included).
 // Status words must be zero before the launch.
-enum : unsigned { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2 };
+enum : unsigned { kStatusNone = 0, kStatusAggregate = 1, kStatusPrefix = 2, kStatusWindow = 3 };
 
 // Tile descriptors: the status and the value in one word written and read whole, so publishing needs
 // no fence and a reader never sees a status without its value. Accumulators of up to 4 bytes share an
@@ -105,6 +113,86 @@ __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row
   }
 }
 
+// Warp 0 only, every lane. Lanes with ``need`` wait until tile ``j``'s descriptor is published (any
+// status: in the fixed look-back each tile publishes exactly once, so the first value seen is final) and
+// return its value; the other lanes return ``fallback``. One backoff for the warp.
+template <class Acc>
+__device__ __forceinline__ Acc wait_published(const LookbackState<Acc>& st, bool need, index_t j, Acc fallback) {
+  Acc v = fallback;
+  bool waiting = need && st.poll(j, &v) == kStatusNone;
+  for (unsigned backoff = 32; __any_sync(kFullMask, waiting); backoff = backoff < 512 ? backoff * 2 : backoff) {
+    __nanosleep(backoff);  // spinning warps would otherwise crowd L2
+    if (waiting) waiting = st.poll(j, &v) == kStatusNone;
+  }
+  return need ? v : fallback;
+}
+
+// Deterministic look-back. Tiles of a row form windows of 32 tiles, and windows super-windows of 32
+// windows (1024 tiles), aligned at the row's first tile. Each tile publishes exactly one descriptor:
+//   - not last in its window: AGGREGATE, its own fold A, before it waits for anything;
+//   - last in its window (not in its super-window): WINDOW, the window's fold W = E0 op A, published as
+//     soon as its own window's aggregates are in (never after another window: no chain of windows);
+//   - last in its super-window: PREFIX, P = P' op (E1 op W), the fold of the row up to its end;
+// (a row's last tile publishes nothing: no later tile of its row reads it) where, for a tile,
+//   E0 = tree of the AGGREGATEs of the tiles before it in its window,
+//   E1 = tree of the WINDOWs of the windows before its own in its super-window,
+//   P' = the PREFIX of the previous super-window's last tile (the row's carry-in for the first),
+// and the tile's exclusive prefix is (P' op E1) op E0. "tree" is warp_reduce_ordered over the 32 lanes,
+// lane l holding the l-th value in order and missing lanes the identity: its shape is fixed, so E0, E1
+// are fixed functions of the values read. Each value read is published once and waited for until
+// published, so by induction over tiles every descriptor, and so every output, is a fixed function of
+// the input: the same bits on every run. Non-commutative operators are folded in element order.
+// Cost: the only chain is one PREFIX per 1024 tiles (~24 hops at 2^28 float32, each covering ~45 MB of
+// input, far more than an SM pipeline holds in flight); the free look-back also waits for the loads
+// of the tiles nearest to it, here those of up to two windows back.
+template <class Acc, class Op>
+__device__ Acc look_back_fixed(const LookbackState<Acc>& st, index_t tile, index_t row_first_tile,
+                               index_t tiles_per_row, Acc row_carry, Acc aggregate, Acc identity, Op op) {
+  const int lane = threadIdx.x % kWarp;
+  const index_t p = tile - row_first_tile;
+  const int in_window = static_cast<int>(p % kWarp);
+  const index_t window = p / kWarp;
+  const int in_super = static_cast<int>(window % kWarp);
+  const index_t super = window / kWarp;
+  const bool publishes = p + 1 < tiles_per_row;
+  const bool window_end = in_window == kWarp - 1, super_end = window_end && in_super == kWarp - 1;
+  if (!window_end && lane == 0 && publishes) st.publish(tile, aggregate, kStatusAggregate);
+
+  // level 0: lane l < in_window reads the l-th tile of this window
+  const index_t window_first = row_first_tile + window * kWarp;
+  // level 1: lane l < in_super reads the l-th window of this super-window (at its last tile); lane 31,
+  // never a window lane (in_super <= 31), reads the previous super-window's PREFIX
+  const bool need_window = lane < in_super;
+  const bool need_prefix = lane == kWarp - 1 && super > 0;
+  const index_t j1 = need_prefix ? row_first_tile + super * kWarp * kWarp - 1
+                                 : row_first_tile + (super * kWarp + lane) * kWarp + (kWarp - 1);
+  Acc e0, v1;
+  if (window_end) {  // its window's fold goes out before anything further back is waited for
+    e0 = warp_reduce_ordered(wait_published(st, lane < in_window, window_first + lane, identity), op);
+    e0 = shfl_idx(e0, 0);
+    if (!super_end && lane == 0 && publishes) st.publish(tile, op(e0, aggregate), kStatusWindow);
+    v1 = wait_published(st, need_window || need_prefix, j1, identity);
+  } else {  // both levels at once: one wait instead of two round trips
+    Acc v0 = identity;
+    v1 = identity;
+    bool wait0 = lane < in_window, wait1 = need_window || need_prefix;
+    if (wait0) wait0 = st.poll(window_first + lane, &v0) == kStatusNone;
+    if (wait1) wait1 = st.poll(j1, &v1) == kStatusNone;
+    for (unsigned backoff = 32; __any_sync(kFullMask, wait0 || wait1); backoff = backoff < 512 ? backoff * 2 : backoff) {
+      __nanosleep(backoff);
+      if (wait0) wait0 = st.poll(window_first + lane, &v0) == kStatusNone;
+      if (wait1) wait1 = st.poll(j1, &v1) == kStatusNone;
+    }
+    if (lane >= in_window) v0 = identity;
+    e0 = shfl_idx(warp_reduce_ordered(v0, op), 0);
+  }
+  const Acc before_super = super > 0 ? shfl_idx(v1, kWarp - 1) : row_carry;
+  if (!need_window) v1 = identity;
+  const Acc e1 = shfl_idx(warp_reduce_ordered(v1, op), 0);
+  if (super_end && lane == 0 && publishes) st.publish(tile, op(before_super, op(e1, op(e0, aggregate))), kStatusPrefix);
+  return op(op(before_super, e1), e0);
+}
+
 // ---- asynchronous global -> shared copies (sm_80+; a plain copy through registers before) ---------
 __device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
 #if __CUDA_ARCH__ >= 800
@@ -126,7 +214,7 @@ __device__ __forceinline__ void copies_wait_all() {
 // A tile is BLOCK x ITEMS elements in shared memory followed by REG_ROWS layers of one 16-byte vector
 // per thread held in registers: the register file then carries part of the tile, so that more bytes
 // are in flight per SM than shared memory alone can hold.
-template <class T, class Out, int BLOCK, int ITEMS, int REG_ROWS>
+template <class T, class Acc, class Out, int BLOCK, int ITEMS, int REG_ROWS>
 struct LookbackTile {
   static constexpr int kShared = BLOCK * ITEMS;          // elements staged in shared memory
   static constexpr int kVector = 16 / (int)sizeof(T);    // elements per 16-byte input vector
@@ -135,11 +223,21 @@ struct LookbackTile {
   static constexpr bool kInPlace = sizeof(Out) == sizeof(T);  // results overwrite the input tile
   static constexpr int kInBytes = kShared * (int)sizeof(T);
   static constexpr int kBytes = kInPlace ? kInBytes : kInBytes + kShared * (int)sizeof(Out);
-  static constexpr int kSharedPerSm = 227 * 1024;  // sm_90; on sm_80 fewer blocks fit than this says
+  // A compile-time hint for __launch_bounds__ (it shapes ptxas's register budget), per target: the
+  // launcher asks the driver for the real blocks per SM (cupy_backend.scan_occupancy).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870)
+  static constexpr int kSharedPerSm = 163 * 1024;
+#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+  static constexpr int kSharedPerSm = 99 * 1024;
+#else
+  static constexpr int kSharedPerSm = 227 * 1024;  // sm_90, sm_100
+#endif
   static constexpr int kByThreads = 2048 / BLOCK;
   static constexpr int kByShared = kSharedPerSm / (kBytes + 1024);
   // held vectors need registers: 4 per layer, plus a prefix per layer (an estimate ptxas then meets)
-  static constexpr int kRegisters = 32 + (REG_ROWS ? 4 * REG_ROWS + (REG_ROWS + 1) * ((int)sizeof(Out) / 4) + 4 : 0);
+  // (a float32 scan accumulated in float64 holds its prefixes in 8 bytes)
+  static constexpr int kPrefixWords = (sizeof(Acc) == 8 && sizeof(Out) < 8 ? 8 : (int)sizeof(Out)) / 4;
+  static constexpr int kRegisters = 32 + (REG_ROWS ? 4 * REG_ROWS + (REG_ROWS + 1) * kPrefixWords + 4 : 0);
   static constexpr int kByRegisters = 65536 / (BLOCK * kRegisters);
   static constexpr int kByStorage = kByShared < kByRegisters ? kByShared : kByRegisters;
   static constexpr int kBlocksPerSm = kByThreads < kByStorage ? kByThreads : (kByStorage > 0 ? kByStorage : 1);
@@ -148,11 +246,11 @@ struct LookbackTile {
                 "held layers are stored as whole output vectors");
 };
 
-template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS = 0>
-__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS = 0, bool DETERMINISTIC = false>
+__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
     scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity, const Acc* carry_in,
                   unsigned long long* words, int inclusive) {
-  using Shape = LookbackTile<T, Out, BLOCK, ITEMS, REG_ROWS>;
+  using Shape = LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>;
   constexpr int kTile = Shape::kTile, kShared = Shape::kShared, kVector = Shape::kVector;
   constexpr int kParts = 1 + REG_ROWS;
   __shared__ __align__(16) unsigned char raw[Shape::kBytes];
@@ -229,16 +327,22 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Out, BLOCK, ITEMS, REG
   if (t < kWarp) {
     const Acc row_carry = carry_in ? carry_in[row] : identity;
     Acc before;
-    if (tile_in_row == 0) {
-      before = row_carry;
+    if constexpr (DETERMINISTIC) {
+      before = look_back_fixed(st, tile, row * tiles_per_row, tiles_per_row, row_carry, aggregate, identity, op);
+      if (tile_in_row == 0) before = row_carry;  // the carry itself, no identity folded in (keeps -0.0)
+      if (t == 0) tile_exclusive = before;
     } else {
-      if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
-      before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
-    }
-    if (t == 0) {
-      Acc through = op(before, aggregate);
-      if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
-      tile_exclusive = before;
+      if (tile_in_row == 0) {
+        before = row_carry;
+      } else {
+        if (t == 0) st.publish(tile, aggregate, kStatusAggregate);
+        before = look_back(st, tile, row * tiles_per_row, row_carry, identity, op);
+      }
+      if (t == 0) {
+        Acc through = op(before, aggregate);
+        if (tile_in_row + 1 < tiles_per_row) st.publish(tile, through, kStatusPrefix);
+        tile_exclusive = before;
+      }
     }
   }
   __syncthreads();

@@ -73,7 +73,8 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     fan_in = v.fan_in(split_every, axes, caller)
     algorithm = _check_loads(v.check_algorithm(algorithm, "reduce", kind, op, caller), op, caller)
     out_dtype = _dt.result_dtype(family, dtype, requested)
-    acc_dtype = _dt.accumulator_dtype(out_dtype)
+    acc_dtype = _dt.accumulator_dtype(out_dtype, "auto" if op.builtin and op.name == "sum" else "input",
+                                      "gpu" if "cupy" in kind else "cpu")  # dtypes.WIDE_FLOAT32_ON_GPU
     if "cupy" in kind:
         _check_gpu(caller, op, dtype, acc_dtype, out_dtype)
     label = label or op.name
@@ -207,22 +208,33 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
     return value[()] if value.ndim == 0 else value
 
 
+def _check_accumulate(accumulate, caller: str) -> str:
+    if not isinstance(accumulate, str) or accumulate not in _dt.ACCUMULATE_CHOICES:
+        raise ValueError(f"{caller}: argument 'accumulate' must be one of "
+                         f"{', '.join(map(repr, _dt.ACCUMULATE_CHOICES))}; got {accumulate!r}")
+    return accumulate
+
+
 @_cached
-def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, split_every, label, caller):
+def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, split_every, label, caller,
+                  accumulate="auto"):
     v.check_dtype(dtype, op.kinds, caller)
     requested = v.requested_dtype(requested, op.kinds, caller)
     inclusive = v.check_flag(inclusive, "inclusive", caller)
     ax = 0 if axis is None else v.normalize_scan_axis(axis, ndim, caller)
     algorithm = _check_loads(v.check_algorithm(algorithm, "scan", kind, op, caller), op, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
+    accumulate = _check_accumulate(accumulate, caller)
     out_dtype = _dt.result_dtype(op.family, dtype, requested)
-    acc_dtype = _dt.accumulator_dtype(out_dtype)
+    if accumulate == "auto" and not (op.builtin and op.name == "sum"):
+        accumulate = "input"  # "auto" widens sums only (cumprod and user operators keep NumPy's accumulator)
+    acc_dtype = _dt.accumulator_dtype(out_dtype, accumulate, "gpu" if "cupy" in kind else "cpu", scan=True)
     if "cupy" in kind:
         _check_gpu(caller, op, dtype, acc_dtype, out_dtype)
     return ScanPlan(op, ax, acc_dtype, out_dtype, inclusive, algorithm, label or f"scan-{op.name}"), fan_in
 
 
-def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split_every=None):
+def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split_every=None, accumulate="auto"):
     x, kind = v.as_array(x, caller)
     op = get_operator(op, caller=caller)
     if split_every is None and kind.startswith("dask"):
@@ -230,7 +242,7 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
 
         split_every = dask.config.get("split_every", None)
     plan, fan_in = _resolve_scan(kind, op, x.dtype, x.ndim, axis, dtype, inclusive, algorithm, split_every, label,
-                                 caller)
+                                 caller, accumulate)
     if axis is None:
         if kind.startswith("dask") and x.ndim > 1 and builtins.any(np.isnan(c) for cs in x.chunks for c in cs):
             raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes, so it cannot be flattened for "
@@ -294,6 +306,13 @@ _PARAMETERS = {
     For a Dask array: False (default) returns a lazy Dask array; True returns the result now, on the
     client, as NumPy (a whole reduction of a persisted array then runs where its chunks are, without a
     task graph). Other input is computed now in any case.""",
+    "accumulate": """accumulate : {"auto", "wide", "input"}, optional
+    What float32 results are accumulated in. "auto" (default): float64 where it is free, rounded once per
+    element: cumsum of NumPy (and dask-NumPy) data, and on the GPU when
+    ``multireduce.dtypes.WIDE_FLOAT32_ON_GPU``; otherwise as "input". "wide": float64 always (at least as
+    accurate as ``np.cumsum(x, dtype=np.float64).astype(np.float32)``, bitwise that for NumPy input).
+    "input": in the result dtype, as NumPy does (``np.cumsum``'s bits for NumPy input). Other dtypes are
+    accumulated as NumPy does in any case (float16 in float32).""",
     "exact": """exact : bool, optional
     True: the correctly rounded result (the exact sum, rounded once, half to even), bitwise the same for
     NumPy, CuPy and Dask input with any chunking, fan-in, worker count or placement
@@ -373,20 +392,24 @@ def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorith
 # ------------------------------------------------------------------------------------------------
 @_doc("Inclusive (default) or exclusive scan of ``x`` with ``op``; ``op`` must be associative, not necessarily "
       "commutative (element order is kept everywhere).",
-      _SCAN[:1] + ("op",) + _SCAN[1:3] + ("inclusive",) + _SCAN[3:], _SCANNED)
-def scan(x, op: str | Operator, axis=None, dtype=None, *, inclusive=True, split_every=None, algorithm="auto"):
-    return _scan(x, op, axis, dtype, inclusive, algorithm, caller="multireduce.scan", split_every=split_every)
+      _SCAN[:1] + ("op",) + _SCAN[1:3] + ("inclusive",) + _SCAN[3:] + ("accumulate",), _SCANNED)
+def scan(x, op: str | Operator, axis=None, dtype=None, *, inclusive=True, split_every=None, algorithm="auto",
+         accumulate="auto"):
+    return _scan(x, op, axis, dtype, inclusive, algorithm, caller="multireduce.scan", split_every=split_every,
+                 accumulate=accumulate)
 
 
-@_doc("Cumulative sum, as ``numpy.cumsum``.", _SCAN + ("exact",), _SCANNED)
-def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", exact=False):
+@_doc("Cumulative sum, as ``numpy.cumsum``; float32 is accumulated in float64 where that is free "
+      "(``accumulate=``).", _SCAN + ("accumulate", "exact"), _SCANNED)
+def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto", exact=False):
+    _check_accumulate(accumulate, "multireduce.cumsum")
     if _wants_exact(x, dtype, exact, "multireduce.cumsum"):
         return _exact.cumsum(x, axis, dtype)
     return _scan(x, "sum", axis, dtype, True, algorithm, caller="multireduce.cumsum", label="cumsum",
-                 split_every=split_every)
+                 split_every=split_every, accumulate=accumulate)
 
 
-@_doc("Cumulative product, as ``numpy.cumprod``.", _SCAN, _SCANNED)
-def cumprod(x, axis=None, dtype=None, *, split_every=None, algorithm="auto"):
+@_doc("Cumulative product, as ``numpy.cumprod``.", _SCAN + ("accumulate",), _SCANNED)
+def cumprod(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto"):
     return _scan(x, "prod", axis, dtype, True, algorithm, caller="multireduce.cumprod", label="cumprod",
-                 split_every=split_every)
+                 split_every=split_every, accumulate=accumulate)

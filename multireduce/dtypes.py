@@ -62,8 +62,36 @@ def _promote_for_sum(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def accumulator_dtype(result: np.dtype) -> np.dtype:
-    """What partial results are held in: the result type, but float16 work happens in float32."""
+#: Accumulate float32 sums and scans (``sum``, ``mean``, ``cumsum``) in float64 on the GPU by default,
+#: rounding once to float32 at the end (the output dtype is unchanged). The one switch for it: False until
+#: the device run shows it costs nothing measurable (benchmarks/bench_reduce.py and bench_scan.py time
+#: both side by side; docs/numerics.md). ``accumulate="wide"`` on the scans asks for it per call.
+WIDE_FLOAT32_ON_GPU = False
+
+#: ``accumulate=`` values of the scans: "auto" (float32 sums in float64 where that is free: on the CPU
+#: for cumsum, on the GPU when WIDE_FLOAT32_ON_GPU), "wide" (float32 results accumulated in float64),
+#: "input" (in the result dtype: ``np.cumsum``'s bits for NumPy input).
+ACCUMULATE_CHOICES = ("auto", "wide", "input")
+
+
+def wide_accumulator(result: np.dtype) -> np.dtype | None:
+    """The wider accumulator of ``accumulate="wide"`` for ``result``: float64 for float32, else None."""
+    return np.dtype(np.float64) if np.dtype(result) == np.float32 else None
+
+
+def accumulator_dtype(result: np.dtype, accumulate: str = "input", where: str = "cpu", scan: bool = False) -> np.dtype:
+    """What partial results are held in: the result type, but float16 work happens in float32.
+
+    ``accumulate`` (ACCUMULATE_CHOICES; callers pass "auto" for the sum operator only) may widen float32
+    results to float64: "wide" always; "auto" for scans on the CPU (``where="cpu"``, ``scan=True``: the
+    NumPy backend's blocked float64 scan costs about what ``np.cumsum`` does and is at least as accurate as
+    ``np.cumsum(x, dtype=float64).astype(float32)``, where float32 accumulation stops growing at 2^24) and
+    for everything on the GPU when WIDE_FLOAT32_ON_GPU."""
+    result = np.dtype(result)
+    wide = wide_accumulator(result)
+    if wide is not None and (accumulate == "wide" or (accumulate == "auto" and (
+            (where == "cpu" and scan) or (where == "gpu" and WIDE_FLOAT32_ON_GPU)))):
+        return wide
     if result == np.float16:
         return np.dtype(np.float32)
     if result == np.complex64:

@@ -129,11 +129,13 @@ def reduce_catalogue_names(T: str, Acc: str, Op: str, p: Policy) -> Group:
 
 
 @functools.lru_cache(maxsize=None)
-def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, shape: ScanShape) -> Group:
+def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, shape: ScanShape, deterministic: bool = False) -> Group:
     """The production scans for element type T, accumulator Acc and output Out, by role; ``shape`` is the
-    look-back kernel's tile."""
+    look-back kernel's tile, ``deterministic`` its fixed (timing-independent) look-back."""
+    flag = "true" if deterministic else "false"
     return _group(ENTRY, {
-        "lookback": f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {shape.block}, {shape.items}, {shape.held}>",
+        "lookback": (f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {shape.block}, {shape.items}, {shape.held}, "
+                     f"{flag}>"),
         "columns": f"mr::scan_columns<{T}, {Acc}, {Out}, {Op}>",
     })
 
@@ -318,6 +320,13 @@ class Kernel:
 BUILTIN_OPERATORS = ("sum", "prod", "min", "max", "nansum", "nanprod", "nanmin", "nanmax")
 
 
+def fixed_lookback(op: Operator, acc) -> bool:
+    """Whether the look-back scan must fold in a fixed order for the same bits on every run: float
+    accumulators, except for min and max (order-free: any grouping gives the same value). Integer
+    combines wrap exactly, so any grouping gives the same bits."""
+    return np.dtype(acc).kind in "fc" and op.cuda_functor not in ("mr::Min", "mr::Max", "mr::NanMin", "mr::NanMax")
+
+
 def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[str, str, list[str]]]:
     """Every (operator name, entry, name expressions) group the dtype table produces, production and
     catalogue apart, for CI's nvcc check; ``candidates`` adds every look-back tile the sweep may pick
@@ -345,10 +354,21 @@ def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[st
                                                    (A, A, acc.itemsize, acc.itemsize),
                                                    (A, O, acc.itemsize, out.itemsize)]:
                 shape = policy.scan_shape(size_in, acc.itemsize, size_out)
-                prod.update(scan_names(t_in, A, t_out, F, policy, shape).names.values())
+                prod.update(scan_names(t_in, A, t_out, F, policy, shape, fixed_lookback(op, acc)).names.values())
             if opname == "sum" and candidates:  # every look-back tile the sweep may pick for these sizes
                 for candidate in SCAN_SHAPE_CANDIDATES[scan_size_class(dtype.itemsize, acc.itemsize, out.itemsize)]:
-                    prod.add(scan_names(T, A, O, F, policy, candidate).names["lookback"])
+                    for fixed in {False, fixed_lookback(op, acc)}:
+                        prod.add(scan_names(T, A, O, F, policy, candidate, fixed).names["lookback"])
+            wide = _dt.wide_accumulator(out)
+            if wide is not None and opname == "sum":  # float32 accumulated in float64 (dtypes.WIDE_FLOAT32)
+                W = ctype(wide)
+                prod.update(reduce_names(T, W, F, policy).names.values())
+                for t_in, t_out, size_in, size_out in [(T, O, dtype.itemsize, out.itemsize),
+                                                       (T, W, dtype.itemsize, wide.itemsize),
+                                                       (W, W, wide.itemsize, wide.itemsize),
+                                                       (W, O, wide.itemsize, out.itemsize)]:
+                    shape = policy.scan_shape(size_in, wide.itemsize, size_out)
+                    prod.update(scan_names(t_in, W, t_out, F, policy, shape, True).names.values())
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = ctype(_dt.accumulator_dtype(_dt.result_dtype("mean", dtype)))
                 prod.update(reduce_names(T, mean_acc, F, policy).names.values())

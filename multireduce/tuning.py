@@ -28,9 +28,12 @@ class ScanShape:
 
 def scan_size_class(in_size: int, acc_size: int, out_size: int) -> str:
     """The key of SCAN_SHAPE_CANDIDATES (and of the policy's ``scan_*`` shapes) for these element sizes:
-    4-byte and 8-byte scans, 4 -> 8-byte widening (int32 sums), and every other mix of sizes."""
+    4-byte and 8-byte scans, 4-byte scans with an 8-byte accumulator, 4 -> 8-byte widening (int32 sums),
+    and every other mix of sizes."""
     if in_size != out_size:
         return "widening" if (in_size, out_size) == (4, 8) else "mixed"
+    if (in_size, acc_size) == (4, 8):  # float32 accumulated in float64: 4-byte traffic, 8-byte registers
+        return "4byte_wide"
     return "8byte" if max(in_size, acc_size) > 4 else "4byte"
 
 
@@ -50,6 +53,9 @@ class Policy:
     scan_4byte: ScanShape = ScanShape(128, 61, 6)  # float32 0.853-0.859 (0.826) x copy; +4v 0.848, +8v 0.851
     scan_8byte: ScanShape = ScanShape(128, 27, 4)  # float64 0.903-0.905 (0.898); 128x31+5v 0.907, +6v 0.894
     scan_widening: ScanShape = ScanShape(64, 17, 6)  # int32 -> int64 0.784 (0.774); 96x17+4v 0.779
+    # float32 accumulated in float64 (dtypes.WIDE_FLOAT32_ON_GPU, accumulate="wide"): not measured yet; the
+    # 4-byte tile with 2 held layers is the largest that ptxas (sm_90) fits without spilling double prefixes
+    scan_4byte_wide: ScanShape = ScanShape(128, 61, 2)
     # other mixes (int8 -> int64, float16 -> float32 in the catalogue scans, float64 -> float32 with dtype=):
     # no held layers (a narrow input's vector widens into 16-32 registers of results; or the output is
     # narrower than the input), and in + out staged in shared memory
@@ -68,6 +74,7 @@ class Policy:
 SCAN_SHAPE_CANDIDATES = {
     "4byte": (ScanShape(128, 61, 6), ScanShape(128, 53, 4), ScanShape(128, 73, 8), ScanShape(256, 31)),
     "8byte": (ScanShape(128, 27, 4), ScanShape(128, 31, 5), ScanShape(128, 43, 8), ScanShape(256, 15)),
+    "4byte_wide": (ScanShape(128, 61, 2), ScanShape(128, 61, 4), ScanShape(256, 31)),
     "widening": (ScanShape(64, 17, 6), ScanShape(96, 17, 4), ScanShape(128, 17, 4), ScanShape(256, 9)),
     "mixed": (ScanShape(256, 9),),
 }

@@ -593,3 +593,89 @@ def test_nanmin_nanmax_finish_all_nan_slices_as_numpy():
             assert getattr(mr, name)(x[5]) == ref(x[5]) and getattr(mr, name)(x) == ref(x)
         with pytest.warns(RuntimeWarning, match="All-NaN slice"):
             assert np.isnan(getattr(mr, name)(np.full(5, np.nan, np.float32)))
+
+
+# ------------------------------------------------------------------------------------------------
+# accumulate=: float32 cumsum in float64 (issue 15 item 3)
+# ------------------------------------------------------------------------------------------------
+def _f32_bits(a):
+    return np.asarray(a, dtype=np.float32).view(np.uint32)
+
+
+def test_float32_cumsum_of_ten_million_uniforms_is_float32_rounding_of_the_exact_sum():
+    """The issue's example at 10^7: np.cumsum's float32 running sum stops growing near 2^24; ours is the
+    float64 running sum rounded once, within float32 rounding of the exact prefix sums."""
+    import math
+
+    x = np.random.default_rng(15).random(10**7, dtype=np.float32)
+    got = mr.cumsum(x)
+    assert got.dtype == np.float32
+    assert np.array_equal(_f32_bits(got), _f32_bits(np.cumsum(x, dtype=np.float64).astype(np.float32)))
+    for k in (1, 1 << 16, (1 << 16) + 1, 3_333_333, 10**7):
+        exact = math.fsum(x[:k].astype(np.float64))
+        ulp = float(np.spacing(np.float32(exact)))
+        assert abs(float(got[k - 1]) - exact) <= 0.5 * ulp + exact * 1e-12, k
+    plain = mr.cumsum(x, accumulate="input")
+    assert np.array_equal(_f32_bits(plain), _f32_bits(np.cumsum(x)))
+    assert abs(float(plain[-1]) - exact) > 10 * ulp  # float32 accumulation drifts (stalls entirely at 2^24)
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 33, 1023, 1025, (1 << 16) + 1])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_accumulate_options_on_numpy_data(n, axis):
+    rng = np.random.default_rng(n + axis)
+    x = (rng.standard_normal((3, n)) * 1e3).astype(np.float32)
+    if axis == 0:
+        x = np.ascontiguousarray(x.T)
+    before = x.copy()
+    wide = np.cumsum(x, axis=axis, dtype=np.float64).astype(np.float32)
+    for accumulate in ("auto", "wide"):
+        assert np.array_equal(_f32_bits(mr.cumsum(x, axis=axis, accumulate=accumulate)), _f32_bits(wide))
+        got = mr.scan(x, "sum", axis=axis, inclusive=False, accumulate=accumulate)
+        shifted = np.moveaxis(np.cumsum(x, axis=axis, dtype=np.float64), axis, 0)
+        shifted = np.concatenate([np.zeros_like(shifted[:1]), shifted[:-1]])[: x.shape[axis]]
+        assert np.array_equal(_f32_bits(got), _f32_bits(np.moveaxis(shifted, 0, axis).astype(np.float32)))
+    assert np.array_equal(_f32_bits(mr.cumsum(x, axis=axis, accumulate="input")), _f32_bits(np.cumsum(x, axis=axis)))
+    y = (1 + rng.standard_normal((3, n)) * 0.01).astype(np.float32)
+    assert np.array_equal(_f32_bits(mr.cumprod(y, axis=1)), _f32_bits(np.cumprod(y, axis=1)))  # "auto": sums only
+    assert np.array_equal(_f32_bits(mr.cumprod(y, axis=1, accumulate="wide")),
+                          _f32_bits(np.cumprod(y, axis=1, dtype=np.float64).astype(np.float32)))
+    assert np.array_equal(x, before)
+
+
+def test_accumulate_keeps_numpy_special_values_and_other_dtypes():
+    x = np.array([-0.0, 1.0, np.inf, -np.inf, 2.0, np.nan, 3.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got, ref = mr.cumsum(x), np.cumsum(x)
+    assert np.array_equal(_f32_bits(got[:1]), _f32_bits(ref[:1]))  # -0.0 stays -0.0
+    np.testing.assert_array_equal(got, ref)
+    big = np.full(3, np.finfo(np.float32).max, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        np.testing.assert_array_equal(mr.cumsum(big), np.cumsum(big))  # overflow to inf as float32 does
+    d = np.random.default_rng(1).standard_normal(1025)
+    assert np.array_equal(mr.cumsum(d, accumulate="wide"), np.cumsum(d))  # float64: already the widest
+    h = np.random.default_rng(2).standard_normal(1025).astype(np.float16)
+    assert mr.cumsum(h, accumulate="input").dtype == np.float16
+
+
+def test_accumulate_on_dask_data_matches_the_numpy_path():
+    da = pytest.importorskip("dask.array")
+    x = np.random.default_rng(3).random(200_003, dtype=np.float32)
+    ref = np.cumsum(x, dtype=np.float64)
+    for chunks in (1000, 65_537):
+        d = da.from_array(x, chunks=chunks)
+        got = mr.cumsum(d).compute()
+        assert got.dtype == np.float32
+        # float64 carries between chunks: a float64 association error, far below float32 rounding
+        assert np.max(np.abs(got - ref) / np.spacing(ref.astype(np.float32))) <= 0.5 + 1e-3
+        np.testing.assert_array_equal(mr.cumsum(d, accumulate="input").compute().dtype, np.float32)
+
+
+@pytest.mark.parametrize("bad", ["float64", "", None, 1, "Wide"])
+def test_bad_accumulate_names_itself(bad):
+    x = np.ones(3, dtype=np.float32)
+    for fn in (mr.cumsum, mr.cumprod, lambda x, **k: mr.scan(x, "sum", **k)):
+        with pytest.raises(ValueError, match=r"argument 'accumulate' must be one of 'auto', 'wide', 'input'; got"):
+            fn(x, accumulate=bad)

@@ -42,7 +42,7 @@ def _element_sizes():
     the table, the catalogue scans' accumulator passes, and a narrowing ``dtype=``."""
     from multireduce.operators import get_operator
 
-    sizes = {(8, 4, 4)}  # cumsum(float64 array, dtype=float32)
+    sizes = {(8, 4, 4), (4, 8, 4)}  # cumsum(float64 array, dtype=float32); float32 accumulated in float64
     for opname in ("sum", "prod", "min", "max"):
         op = get_operator(opname)
         for dtype in dtypes.GPU_DTYPES:
@@ -92,7 +92,8 @@ def test_policy_constants_reach_the_template_arguments():
     scans = kernels.scan_catalogue_names(f, a, a, "mr::Sum", other).names
     assert scans["blelloch"].endswith(", 128>") and scans["hillis_steele"].endswith(", 128>")
     shape = ScanShape(96, 17, 4)
-    assert kernels.scan_names(f, a, a, "mr::Sum", other, shape).names["lookback"].endswith(", 96, 17, 4>")
+    assert kernels.scan_names(f, a, a, "mr::Sum", other, shape).names["lookback"].endswith(", 96, 17, 4, false>")
+    assert kernels.scan_names(f, a, a, "mr::Sum", other, shape, True).names["lookback"].endswith(", 96, 17, 4, true>")
     # the kernels declare those template parameters (no constant of their own in the source)
     source = kernels.kernel_source() + kernels.kernel_source(kernels.CATALOGUE_ENTRY)
     assert "kCatalogueBlock" not in source

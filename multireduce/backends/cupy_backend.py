@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import cupy
 import numpy as np
@@ -282,32 +283,86 @@ def combine(op: Operator, values: list):
 # ------------------------------------------------------------------------------------------------
 # Scans
 # ------------------------------------------------------------------------------------------------
-def _scan_kernels(op, T, acc, out_dtype, shape=None):
-    """The production scan group for these types; ``shape`` the look-back kernel's tile, else the policy's."""
+def _scan_kernels(op, T, acc, out_dtype, shape=None, deterministic=False):
+    """The production scan group for these types; ``shape`` the look-back kernel's tile, else the policy's;
+    ``deterministic`` the look-back's fixed variant."""
     sms, p = _facts()
     shape = shape or p.scan_shape(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
-    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, shape)
+    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, shape, deterministic)
     return _k.get_kernels(op, names), sms, p, shape
 
 
-def _scan_catalogue_kernels(op, T, acc, out_dtype):
-    """The catalogue's scan group for these types, compiled on first use."""
-    sms, p = _facts()
-    names = _k.scan_catalogue_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p)
-    return _k.get_kernels(op, names), sms, p
+#: Environment override of the look-back variant, for benchmarks and bisecting: "fixed" (deterministic
+#: for every operator) or "free" (timing-dependent association for every operator); unset or "auto":
+#: ``kernels.fixed_lookback`` (fixed for float accumulators of sum, prod and user operators).
+LOOKBACK_ENV = "MULTIREDUCE_SCAN_LOOKBACK"
+_LOOKBACK_CHOICES = {"fixed": True, "free": False, "auto": None, "": None}
 
 
-def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, shape=None) -> None:
+def _deterministic(op, acc, deterministic) -> bool:
+    if deterministic is None:
+        choice = os.environ.get(LOOKBACK_ENV, "").strip().lower()
+        if choice not in _LOOKBACK_CHOICES:
+            raise ValueError(f"environment variable {LOOKBACK_ENV} is {choice!r}; expected 'fixed', 'free' or 'auto'")
+        deterministic = _LOOKBACK_CHOICES[choice]
+    return _k.fixed_lookback(op, acc) if deterministic is None else bool(deterministic)
+
+
+_occupancy: dict[tuple, int | None] = {}
+
+
+def _occupancy_from_attributes(fn, device: int, block: int) -> int:
+    """The driver's arithmetic from the kernel's attributes and the device's limits."""
+    attrs = fn.attributes
+    dev = cupy.cuda.Device(device).attributes
+    warps = -(-block // 32)
+    by_threads = dev["MaxThreadsPerMultiProcessor"] // (warps * 32)
+    regs = -(-max(attrs["num_regs"], 1) * 32 // 256) * 256 * warps  # granted per warp, 256 registers at a time
+    by_registers = dev["MaxRegistersPerMultiprocessor"] // regs
+    by_shared = dev["MaxSharedMemoryPerMultiprocessor"] // (attrs["shared_size_bytes"] + 1024)  # 1 KB reserved per block
+    return max(0, min(by_threads, by_registers, by_shared, dev.get("MaxBlocksPerMultiprocessor", 32)))
+
+
+def scan_occupancy(kernel, block: int) -> int | None:
+    """Resident blocks per SM of a look-back ``kernel`` (a ``kernels.Kernel``) at ``block`` threads, as the
+    driver reports it (cuOccupancyMaxActiveBlocksPerMultiprocessor through CuPy), else computed from the
+    kernel's attributes; None if neither can be had. The launch bounds' blocks-per-SM in kernels/scan.cuh
+    are only a register-budget hint for ptxas; this is the number that holds. Correctness does not depend
+    on it (tiles wait only for lower block indices, see kernels/scan.cuh); 0 means the tile cannot run."""
+    device = cupy.cuda.runtime.getDevice()
+    key = (device, kernel.expression, block)
+    if key in _occupancy:
+        return _occupancy[key]
+    fn = kernel.fn
+    try:
+        found = int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, 0))
+    except Exception:  # no such call in this CuPy, or a kernel object without a handle
+        try:
+            found = _occupancy_from_attributes(fn, device, block)
+        except Exception:
+            found = None
+    _occupancy[key] = found
+    return found
+
+
+def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, shape=None, deterministic=None) -> None:
     """One-pass decoupled look-back scan of the contiguous (R, K) ``rows`` into ``out_rows``, each row
-    seeded by ``carry[row]`` (None: the identity); ``shape`` (a tuning.ScanShape) overrides the policy's."""
+    seeded by ``carry[row]`` (None: the identity); ``shape`` (a tuning.ScanShape) overrides the policy's;
+    ``deterministic`` (private: benchmarks and tests) forces the fixed (True) or free (False) look-back,
+    None takes $MULTIREDUCE_SCAN_LOOKBACK, else ``kernels.fixed_lookback``."""
     R, K = rows.shape
-    ks, sms, p, shape = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, shape)
+    deterministic = _deterministic(op, acc, deterministic)
+    ks, sms, p, shape = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, shape, deterministic)
+    kernel = ks["lookback"]
+    if scan_occupancy(kernel, shape.block) == 0:
+        raise _k.KernelError(f"{kernel.expression}: the driver fits no block of {shape.block} threads on an SM of "
+                             f"this GPU (registers or shared memory); pick a smaller tuning.ScanShape")
     tiles_per_row = -(-K // shape.tile(rows.dtype.itemsize))
     grid = R * tiles_per_row  # one block per tile
     per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
     words = cupy.zeros(grid * per_tile, np.uint64)
-    ks["lookback"](grid, shape.block, (rows, out_rows, _i64(K), _i64(tiles_per_row), identity,
-                                       NULL if carry is None else carry, words, np.int32(inclusive)))
+    kernel(grid, shape.block, (rows, out_rows, _i64(K), _i64(tiles_per_row), identity,
+                               NULL if carry is None else carry, words, np.int32(inclusive)))
 
 
 def _inclusive_multilevel(rows, op, acc, identity, algorithm):
@@ -361,7 +416,7 @@ def scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive
         return out
     sms, p = _facts()
     if algorithm == "auto" and outer * inner >= p.column_min_threads:
-        ks, _, _, _ = _scan_kernels(op, x.dtype, acc, out_dtype)
+        ks, _, _, _ = _scan_kernels(op, x.dtype, acc, out_dtype, deterministic=_deterministic(op, acc, None))
         grid = max(1, min(-(-(outer * inner) // p.elementwise_block), sms * 32))
         ks["columns"](grid, p.elementwise_block, (x3, out, _i64(outer), _i64(K), _i64(inner), identity,
                                   NULL if carry is None else carry, np.int32(inclusive)))

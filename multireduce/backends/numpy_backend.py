@@ -118,6 +118,40 @@ def _inclusive_scan(x: np.ndarray, op: Operator, axis: int, acc_dtype) -> np.nda
     return np.moveaxis(y, 0, axis)
 
 
+#: elements per accumulator block of ``_scan_wide`` (all lanes together): 512 KB of float64 stays in L2,
+#: and 2^16 elements keep the per-block Python cost at a few percent (benchmarks/bench_scan.py --cpu)
+_WIDE_BLOCK = 1 << 16
+
+
+def _scan_wide(x, ufunc, axis: int, acc_dtype, out_dtype, carry, inclusive: bool):
+    """``ufunc``'s scan of ``x`` in ``acc_dtype``, wider than ``out_dtype``, block by block along the axis
+    without a full-size accumulator array: each block's buffer starts with the running value, so the
+    association is the sequential one. With no carry that is bitwise ``ufunc.accumulate(x, dtype=acc)``
+    cast to ``out_dtype`` (a float32 cumsum as ``np.cumsum(x, dtype=float64).astype(float32)``); a carry
+    enters on the left of the first element, as the first term of the sequence."""
+    src = np.moveaxis(x, axis, 0)
+    n = src.shape[0]
+    out = np.empty(src.shape, out_dtype)
+    lanes = max(1, src[0].size) if n else 1
+    step = max(1, _WIDE_BLOCK // lanes)
+    running = None if carry is None else np.moveaxis(np.asarray(carry, dtype=acc_dtype), axis, 0)[0]
+    for start in range(0, n, step):
+        block = src[start : start + step]
+        if running is None:  # no identity folded into the first element (keeps -0.0, as NumPy)
+            buf = block.astype(acc_dtype)
+            ufunc.accumulate(buf, axis=0, out=buf)
+            done = buf if inclusive else np.concatenate([np.full_like(buf[:1], ufunc.identity), buf[:-1]])
+        else:
+            buf = np.empty((block.shape[0] + 1,) + block.shape[1:], acc_dtype)
+            buf[0] = running
+            buf[1:] = block
+            ufunc.accumulate(buf, axis=0, out=buf)
+            done = buf[1:] if inclusive else buf[:-1]
+        out[start : start + step] = done
+        running = buf[-1].copy()
+    return np.moveaxis(out, 0, axis)
+
+
 def scan(
     x,
     op: Operator,
@@ -128,9 +162,15 @@ def scan(
     inclusive: bool = True,
     algorithm: str = "auto",
 ):
-    """Scan ``x`` along ``axis``; ``carry`` (keepdims shape) is combined in on the left of every element."""
-    acc_dtype = np.dtype(acc_dtype)
-    scanned = _inclusive_scan(op.load(_aligned(x)), op, axis, acc_dtype)
+    """Scan ``x`` along ``axis``; ``carry`` (keepdims shape) is combined in on the left of every element.
+
+    A float accumulator wider than the result (float32 accumulated in float64) runs ``_scan_wide``."""
+    acc_dtype, out_dtype = np.dtype(acc_dtype), np.dtype(out_dtype)
+    x = op.load(_aligned(x))
+    if (op.ufunc is not None and op.ufunc.identity is not None and acc_dtype.kind == "f" and out_dtype.kind == "f"
+            and acc_dtype.itemsize > out_dtype.itemsize and np.ndim(x) > 0):
+        return _scan_wide(np.asarray(x), op.ufunc, axis, acc_dtype, out_dtype, carry, inclusive)
+    scanned = _inclusive_scan(x, op, axis, acc_dtype)
     if carry is not None:
         scanned = np.asarray(op.combine(np.asarray(carry, dtype=acc_dtype), scanned)).astype(acc_dtype, copy=False)
     if not inclusive:
