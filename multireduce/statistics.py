@@ -214,10 +214,42 @@ def _run(x, kind, plan, split_every, caller):
     if kind == "cupy":
         import cupy
 
+        from .backends import cupy_stats
+
         with cupy.cuda.Device(x.data.device_id):
+            if cupy_stats.handles(x, plan.stat):
+                return _gpu_whole(plan, x, cupy_stats)
             return plan.whole(x)
     result = plan.whole(x)
     return result[()] if result.ndim == 0 else result
+
+
+def _gpu_whole(plan, x, cupy_stats):
+    """A CuPy array: the kernels' final values stay on the GPU; the host waits for them only where a
+    NumPy warning or error depends on the data (an all-NaN slice, a NaN-skipping count)."""
+    import cupy
+
+    stat, axes = plan.stat, plan.axes
+    floating = x.dtype.kind == "f"
+    counted = stat in _MOMENTS and stat.startswith("nan") and floating
+    states, result = cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
+    if stat in _ARG and stat.startswith("nan") and floating and bool((result < 0).any()):
+        raise ValueError("All-NaN slice encountered")
+    if stat in _MOMENTS:
+        if counted:
+            count = states.view(np.float64).reshape(-1, 4)[:, 0]
+            short = bool((count == 0).any() if stat == "nanmean" else (count - plan.ddof <= 0).any())
+        else:
+            count = math.prod(x.shape[a] for a in axes)
+            short = stat != "nanmean" and count - plan.ddof <= 0
+        if short:
+            warnings.warn("Mean of empty slice" if stat == "nanmean" else "Degrees of freedom <= 0 for slice.",
+                          RuntimeWarning, stacklevel=5)
+    if stat in ("nanmin", "nanmax") and floating and bool(cupy.isnan(result).any()):
+        warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=5)
+    kept = tuple(1 if d in axes else s for d, s in enumerate(x.shape)) if plan.keepdims else \
+        tuple(s for d, s in enumerate(x.shape) if d not in axes)
+    return result.reshape(kept).astype(plan.out_dtype, copy=False)
 
 
 def _prepare(x, caller, kinds):
