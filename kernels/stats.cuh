@@ -86,7 +86,7 @@ struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
 // (count, anchor, offset, M2): the mean is anchor + offset, the anchor an element of the row (an exact
 // double; for data whose mean is far above its spread, the differences from it are exact). Runs of G
 // elements are reduced two-pass in registers and enter the State with Chan's update: one division per
-// run instead of one per element (Welford). Merges are numpy_stats.moments_merge.
+// run of up to 16 instead of one per element (Welford). Merges are numpy_stats.moments_merge.
 template <class T, bool SkipNan>
 struct MomentsStat {
   typedef T Elem;
@@ -107,11 +107,19 @@ struct MomentsStat {
     s.mean += delta / s.n;
     s.m2 += delta * (d - s.mean);
   }
+  // runs of at most 16 elements keep the differences in registers (1- and 2-byte types load 64 and 32)
   template <int G>
   __device__ __forceinline__ static void visit_run(State& s, const T (&v)[G], const index_t (&)[G]) {
-    double d[G], sum = 0.0, count = 0.0;
+    constexpr int R = G < 16 ? G : 16;
+    static_assert(G % R == 0, "runs split evenly");
 #pragma unroll
-    for (int k = 0; k < G; ++k) {
+    for (int c = 0; c < G; c += R) visit_some<R>(s, v + c);
+  }
+  template <int R>
+  __device__ __forceinline__ static void visit_some(State& s, const T* v) {
+    double d[R], sum = 0.0, count = 0.0;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
       d[k] = convert<double>(v[k]) - s.anchor;
       if (SkipNan) {
         const bool ok = !is_nan(d[k]);
@@ -122,11 +130,11 @@ struct MomentsStat {
       }
     }
     if (SkipNan && count == 0.0) return;
-    const double n = SkipNan ? count : double(G);
-    const double mean = SkipNan ? sum / n : sum * (1.0 / G);  // 1/G is exact: G is a power of two
+    const double n = SkipNan ? count : double(R);
+    const double mean = SkipNan ? sum / n : sum * (1.0 / R);  // 1/R is exact: R is a power of two
     double q = 0.0;
 #pragma unroll
-    for (int k = 0; k < G; ++k) {
+    for (int k = 0; k < R; ++k) {
       const double e = d[k] - mean;
       q += (SkipNan && is_nan(e)) ? 0.0 : e * e;
     }
