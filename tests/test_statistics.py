@@ -449,3 +449,21 @@ def test_kernel_names_come_from_the_dtype_table():
         assert (f"mr::stats_fold<mr::MomentsStat<{T}, true>, 256>" in names) == (dt.kind == "f")
     for stat in cupy_stats.STATS:  # the State images the host reads are the C layouts' sizes
         assert cupy_stats.state_dtype(stat, np.float16).itemsize in (4, 8, 16, 32)
+
+
+def test_multigpu_stats_benchmark_cpu_smoke(tmp_path, monkeypatch):
+    """benchmarks/multigpu_stats.py --cpu: a real LocalCluster (loopback, ports 0), every row correct."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "multigpu_stats", raising=False)
+    import multigpu_stats
+
+    rows = multigpu_stats.main(["--cpu", "--gpus", "2", "--repeats", "1"])
+    assert {(r["op"], r["impl"]) for r in rows} == {("argmax", "dask.array.argmax"), ("argmax", "mr.argmax().compute()"),
+                                                   ("var", "dask.array.var"), ("var", "mr.var().compute()")}
+    assert all(r["ok"] and r["workers"] == 2 for r in rows), rows
+    assert (tmp_path / "bench_multigpu_stats.md").read_text().count("| 2 |") == 4
