@@ -157,7 +157,7 @@ struct MomentsStat {
     } else {
       const double dof = s.n - ddof;
       r = s.m2 / (dof > 0.0 ? dof : 0.0);
-      if (mode == 1) r = sqrt(r);
+      if (mode == 1) r = __dsqrt_rn(r);  // an intrinsic: NVRTC has no math headers
     }
     return convert<Out>(r);
   }

@@ -16,6 +16,18 @@ values:
 * nanmin/nanmax: (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
 
 nansum/nanprod/nancumsum/nancumprod replace NaN by the identity and run the ordinary sum/prod/scan.
+
+On the GPU every statistic here is one read of the data (``kernels/stats.cuh``, launched by
+``backends/cupy_stats``): whole arrays, trailing axes (rows) and leading or middle axes (columns) in
+place; reduced axes that are not one run, and views whose reduced part is not contiguous, are copied
+first (said in cupy_stats). For CuPy input the final values stay on the GPU; the host waits only where
+a NumPy warning or error depends on the data (nanarg* of an all-NaN slice, the NaN-skipping counts of
+nanvar/nanstd/nanmean, nanmin/nanmax of an all-NaN slice).
+
+``mean`` shares nothing with the moments: it is ``sum`` / count (the sum kernels, NumPy's dtype rules,
+``exact=`` possible), and a mean computed beside a var would need an API that returns both (out of
+scope). ``nanmean`` does share them: it needs the non-NaN count per slice, which the moments State
+carries, so it is the var kernel with the mean as its final value.
 """
 
 from __future__ import annotations
@@ -231,6 +243,8 @@ def _gpu_whole(plan, x, cupy_stats):
 
     stat, axes = plan.stat, plan.axes
     floating = x.dtype.kind == "f"
+    if np.dtype(plan.out_dtype) != cupy_stats.result_dtype(stat, x.dtype) and stat in _MOMENTS:
+        return plan.whole(x)  # var(x, dtype=...): the float64 moments (kernel States) finished on the host
     counted = stat in _MOMENTS and stat.startswith("nan") and floating
     states, result = cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
     if stat in _ARG and stat.startswith("nan") and floating and bool((result < 0).any()):
