@@ -19,6 +19,7 @@ Complex any/all/count_nonzero and empty chunks are CuPy compositions (``numpy_st
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -92,6 +93,7 @@ def module_text() -> str:
     return _kernels.kernel_source(ENTRY)
 
 
+@functools.lru_cache(maxsize=None)
 def state_dtype(stat: str, dtype) -> np.dtype:
     """The NumPy image of the kernel's State (C layout: ``align=True``)."""
     dtype = np.dtype(dtype)
@@ -107,6 +109,7 @@ def state_dtype(stat: str, dtype) -> np.dtype:
     return np.dtype([("value", np.int64)])
 
 
+@functools.lru_cache(maxsize=None)
 def result_dtype(stat: str, dtype) -> np.dtype:
     """The fold's result type (``Stat::Out``)."""
     dtype = np.dtype(dtype)
@@ -164,6 +167,7 @@ def _c_strides(shape):
     return tuple(reversed(strides))
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of small tuples, on every call's path
 def plan_layout(shape, strides, axes) -> Layout:
     """The layout for an array of ``shape`` and element ``strides`` reduced over ``axes``."""
     shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
@@ -235,7 +239,7 @@ _loaded: dict = {}
 
 
 def _kernels_for(stat: str, dtype, device: int) -> dict:
-    key = (device, stat_type(stat, dtype))
+    key = (device, stat, dtype)
     found = _loaded.get(key)
     if found is None:
         found = _loaded[key] = _kernels.get_standalone_kernels(ENTRY, stat_names(stat, dtype))
@@ -268,7 +272,7 @@ def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0
     strides = tuple(s // isz for s in block.strides) if all(s % isz == 0 for s in block.strides) else None
     if strides is None:
         block, strides = cupy.ascontiguousarray(block), _c_strides(block.shape)
-    layout = plan_layout(block.shape, strides, axes)
+    layout = plan_layout(tuple(block.shape), strides, tuple(axes))
     if layout.copy == "moveaxis":
         rest = [d for d in range(block.ndim) if d not in axes]
         block = cupy.ascontiguousarray(cupy.moveaxis(block, sorted(axes), list(range(len(rest), block.ndim))))

@@ -106,10 +106,12 @@ def test_every_axis_keepdims_and_views(shape, view, name):
         x, g = x[3:37, 5:290], g[3:37, 5:290]
     fn, ref_fn = getattr(mr, name), getattr(np, name)
     axes = [None] + list(range(x.ndim)) + ([(0, 2), (1, 2)] if x.ndim == 3 and name not in ARG else [])
-    for axis in axes:
-        for keepdims in (False, True):
-            ref = ref_fn(x, axis=axis, keepdims=keepdims)
-            _close(fn(g, axis=axis, keepdims=keepdims), ref, f"{name} axis={axis} keepdims={keepdims}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column now and then: both warn
+        for axis in axes:
+            for keepdims in (False, True):
+                ref = ref_fn(x, axis=axis, keepdims=keepdims)
+                _close(fn(g, axis=axis, keepdims=keepdims), ref, f"{name} axis={axis} keepdims={keepdims}")
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
