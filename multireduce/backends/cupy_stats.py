@@ -175,6 +175,9 @@ def plan_layout(shape, strides, axes) -> Layout:
     axes = tuple(sorted(axes))
     if nd == 0:
         return Layout("rows", None, whole=True)
+    if not axes:  # axis=(): every element is its own output, a column of one
+        flat = _collapse(shape, strides)
+        return Layout("columns", None if flat in (0, 1) else "contiguous", rows=math.prod(shape), stride=1)
     if axes != tuple(range(axes[0], axes[-1] + 1)):
         rest = [d for d in range(nd) if d not in axes]
         moved = tuple(shape[d] for d in rest + list(axes))

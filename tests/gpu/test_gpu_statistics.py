@@ -105,7 +105,7 @@ def test_every_axis_keepdims_and_views(shape, view, name):
     elif view == "slice":
         x, g = x[3:37, 5:290], g[3:37, 5:290]
     fn, ref_fn = getattr(mr, name), getattr(np, name)
-    axes = [None] + list(range(x.ndim)) + ([(0, 2), (1, 2)] if x.ndim == 3 and name not in ARG else [])
+    axes = [None] + list(range(x.ndim)) + ([(0, 2), (1, 2), ()] if x.ndim == 3 and name not in ARG else [])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column now and then: both warn
         for axis in axes:
