@@ -67,7 +67,7 @@ struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
     K key;
     index_t index;
   };
-  __device__ __forceinline__ static State start(const T&) { return State{K(), -1}; }
+  __device__ __forceinline__ static State start() { return State{K(), -1}; }
   // A thread visits its elements in increasing index order, so a later element replaces the best only
   // if strictly better (a NaN is "better" than any number, and nothing replaces a NaN).
   __device__ __forceinline__ static void visit(State& s, const T& v, index_t i) {
@@ -83,8 +83,9 @@ struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
 };
 
 // ---- moments ------------------------------------------------------------------------------------------
-// (count, anchor, offset, M2): the mean is anchor + offset, the anchor an element of the row (an exact
-// double; for data whose mean is far above its spread, the differences from it are exact). Runs of G
+// (count, anchor, offset, M2): the mean is anchor + offset, the anchor the first finite element the
+// State saw (an exact double; for data whose mean is far above its spread, the differences from it are
+// exact, and so are the differences of two States' anchors). Runs of G
 // elements are reduced two-pass in registers and enter the State with Chan's update: one division per
 // run of up to 16 instead of one per element (Welford). Merges are numpy_stats.moments_merge.
 template <class T, bool SkipNan>
@@ -94,12 +95,14 @@ struct MomentsStat {
   struct State {
     double n, anchor, mean, m2;
   };
-  __device__ __forceinline__ static State start(const T& first) {
-    double a = convert<double>(first);
-    if (!(a - a == 0.0)) a = 0.0;  // NaN or inf: no anchor (the data decide the result)
-    return State{0.0, a, 0.0, 0.0};
+  __device__ __forceinline__ static State start() { return State{0.0, 0.0, 0.0, 0.0}; }
+  // An empty State takes the first finite value it is offered as its anchor (NaN or inf: none, the
+  // data decide the result); States with different anchors merge exactly (numpy_stats.moments_merge).
+  __device__ __forceinline__ static void anchor(State& s, double w) {
+    if (s.n == 0.0) s.anchor = (w - w == 0.0) ? w : 0.0;
   }
   __device__ __forceinline__ static void visit(State& s, const T& v, index_t) {
+    anchor(s, convert<double>(v));
     const double d = convert<double>(v) - s.anchor;
     if (SkipNan && is_nan(d)) return;  // NaN masked at load time
     s.n += 1.0;
@@ -117,6 +120,18 @@ struct MomentsStat {
   }
   template <int R>
   __device__ __forceinline__ static void visit_some(State& s, const T* v) {
+    if (s.n == 0.0) {  // once per thread, or until a finite value comes: the run's first finite value
+      double a = 0.0;
+      bool found = false;
+#pragma unroll
+      for (int k = 0; k < R; ++k) {
+        const double w = convert<double>(v[k]);
+        const bool take = !found && (w - w == 0.0);
+        a = take ? w : a;
+        found = found || take;
+      }
+      s.anchor = a;
+    }
     double d[R], sum = 0.0, count = 0.0;
 #pragma unroll
     for (int k = 0; k < R; ++k) {
@@ -173,7 +188,7 @@ struct ExtremeStat : OneByOne<ExtremeStat<T, Largest>> {
     K value;
     int seen;
   };
-  __device__ __forceinline__ static State start(const T&) { return State{K(), 0}; }
+  __device__ __forceinline__ static State start() { return State{K(), 0}; }
   __device__ __forceinline__ static void visit(State& s, const T& v, index_t) {
     const K k = convert<K>(v);
     if (is_nan(k)) return;
@@ -201,7 +216,7 @@ struct TruthStat : OneByOne<TruthStat<T, Every>> {
   struct State {
     int value;
   };
-  __device__ __forceinline__ static State start(const T&) { return State{Every ? 1 : 0}; }
+  __device__ __forceinline__ static State start() { return State{Every ? 1 : 0}; }
   __device__ __forceinline__ static void visit(State& s, const T& v, index_t) {
     s.value = Every ? (s.value & int(nonzero(v))) : (s.value | int(nonzero(v)));
   }
@@ -219,7 +234,7 @@ struct CountStat : OneByOne<CountStat<T>> {
   struct State {
     long long value;
   };
-  __device__ __forceinline__ static State start(const T&) { return State{0}; }
+  __device__ __forceinline__ static State start() { return State{0}; }
   __device__ __forceinline__ static void visit(State& s, const T& v, index_t) { s.value += nonzero(v) ? 1 : 0; }
   __device__ __forceinline__ static State merge(const State& a, const State& b) { return State{a.value + b.value}; }
   __device__ __forceinline__ static Out result(const State& s, double, int) { return s.value; }
@@ -272,7 +287,7 @@ __global__ void __launch_bounds__(Block) stats_rows(const typename Stat::Elem* _
   const int split = blockIdx.x % splits;
   const T* __restrict__ xr = x + row * row_stride;
   const index_t base = row * row_index_step;
-  State s = Stat::start(len > 0 ? xr[0] : T());
+  State s = Stat::start();
   const index_t thread = static_cast<index_t>(split) * Block + threadIdx.x;
   const index_t threads = static_cast<index_t>(splits) * Block;
   const unsigned long long address = reinterpret_cast<unsigned long long>(xr);
@@ -339,7 +354,7 @@ __global__ void __launch_bounds__(Block) stats_columns(const typename Stat::Elem
        t += static_cast<index_t>(gridDim.x) * Block) {
     const index_t column = t % columns, split = t / columns;
     const T* __restrict__ xc = x + (column / inner) * outer_stride + column % inner;
-    State s = Stat::start(xc[0]);
+    State s = Stat::start();
     index_t j = split * piece;
     const index_t end = j + piece < len ? j + piece : len;
     for (; j + Unroll <= end; j += Unroll) {
