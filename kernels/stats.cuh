@@ -120,17 +120,10 @@ struct MomentsStat {
   }
   template <int R>
   __device__ __forceinline__ static void visit_some(State& s, const T* v) {
-    if (s.n == 0.0) {  // once per thread, or until a finite value comes: the run's first finite value
-      double a = 0.0;
-      bool found = false;
+    if (s.n == 0.0) {  // no anchor yet (once per thread, or while only NaN came): one by one
 #pragma unroll
-      for (int k = 0; k < R; ++k) {
-        const double w = convert<double>(v[k]);
-        const bool take = !found && (w - w == 0.0);
-        a = take ? w : a;
-        found = found || take;
-      }
-      s.anchor = a;
+      for (int k = 0; k < R; ++k) visit(s, v[k], 0);
+      return;
     }
     double d[R], sum = 0.0, count = 0.0;
 #pragma unroll
