@@ -1,12 +1,19 @@
-"""Statistics side by side on one GPU: argmax, var, nansum and segmented sums against CuPy and torch,
-at 2^28 float32 elements (1 GiB, far above L2), with the copy roof beside them. Every timed result is
-checked against a reference first. Under two minutes on an H200.
+"""Statistics side by side on one GPU, in one run: argmax/argmin against CuPy and torch, var/std
+(ill-conditioned: mean 1e4, spread 1) against CuPy and torch, nansum against cupy.nansum, torch and our
+own sum, nanmax against cupy.nanmax and torch, any/count_nonzero against CuPy and torch; float32 and
+float64 at 2^26 and 2^28 elements (far above L2), with the copy roof (bytes read / copy bandwidth)
+beside each row. Every timed result is checked against a reference first. Segmented reductions are
+benchmarks/bench_segments.py.
 
-    python benchmarks/bench_stats.py [--quick]
+    python benchmarks/bench_stats.py [--quick]     # --quick: 2^24 and 2^26 only
+
+The table printed last is one line per (statistic, dtype, n): our ratio to the copy roof and to the
+fastest of CuPy and torch (> 1: faster).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -19,95 +26,118 @@ import harness as h  # noqa: E402
 import multireduce as mr  # noqa: E402
 
 
-def main(argv=None) -> list:
-    cupy, torch, args, env = h.setup("statistics side by side", argv)
-    rows: list[h.Row] = []
-    n = 1 << (28 if not args.quick else 24)
-    nbytes = 4 * n
-    copy = h.copy_roof(nbytes)
-    rows.append(h.Row("copy", "cupy copy", "float32", n, 2 * nbytes / copy / 1e6, copy, 1.0, True))
-
-    def add(family, impl, fn, xs, ok, moved=nbytes, repeats=10):
-        ms = h.time_gpu(fn, xs, repeats=repeats)
-        gbps = moved / ms / 1e6
-        rows.append(h.Row(family, impl, "float32", n, ms, gbps, gbps / copy, ok))
-
-    def as_torch(x):
+def _families(cupy, torch):
+    """(family, data kind, {impl: fn}, check(fn, x, ref) -> ok, reference(x) -> value) per statistic."""
+    def t(x):
         return torch.as_tensor(x, device="cuda")
 
-    # argmax: a unique maximum placed at random, so a wrong index cannot pass
-    xs = h.buffers(lambda i: cupy.random.random(n, dtype=cupy.float32), nbytes, max_buffers=3)
-    spot = int(np.random.default_rng(0).integers(0, n))
-    xs[0][spot] = 2.0
-    impls = {"multireduce": mr.argmax, "cupy": cupy.argmax}
-    if torch is not None:
-        impls["torch"] = lambda x: as_torch(x).argmax()
-    for name, fn in impls.items():
-        add("argmax", name, fn, xs, int(fn(xs[0])) == spot)
+    def exact_index(fn, x, ref):
+        return int(fn(x)) == ref
 
-    # var of ill-conditioned data (mean 1e4, spread 1): accuracy against a float64 two-pass reference
-    xs = [x * 0 + cupy.float32(1e4) + cupy.random.standard_normal(n, dtype=cupy.float32) for x in xs]
-    d = xs[0].astype(cupy.float64)
-    ref = float(cupy.mean((d - d.mean()) ** 2))
-    del d
-    impls = {"multireduce": mr.var, "cupy": cupy.var}
-    if torch is not None:
-        impls["torch"] = lambda x: as_torch(x).var(correction=0)
-    for name, fn in impls.items():
-        err = abs(float(fn(xs[0])) - ref) / ref
-        add("var", name, fn, xs, err < 1e-3, repeats=5)
-        rows[-1].note = f"rel.err {err:.1e}"
+    def close(rtol):
+        return lambda fn, x, ref: abs(float(fn(x)) - ref) <= rtol * max(abs(ref), 1e-30)
 
-    # nansum with 1% NaNs
-    for x in xs:
-        x[cupy.random.random(n) < 0.01] = cupy.nan
-    want = float(cupy.nansum(xs[0].astype(cupy.float64)))
-    mass = float(cupy.nansum(cupy.abs(xs[0]).astype(cupy.float64)))
-    impls = {"multireduce": mr.nansum, "cupy": cupy.nansum}
-    if torch is not None:
-        impls["torch"] = lambda x: as_torch(x).nansum()
-    for name, fn in impls.items():
-        add("nansum", name, fn, xs, abs(float(fn(xs[0])) - want) <= 1e-5 * mass, repeats=5)
-    del xs
-    cupy.get_default_memory_pool().free_all_blocks()
+    fams = [
+        ("argmax", "unique", {"multireduce": mr.argmax, "cupy": cupy.argmax, "torch": lambda x: t(x).argmax()},
+         exact_index, lambda x: int(cupy.argmax(x))),
+        ("argmin", "unique", {"multireduce": mr.argmin, "cupy": cupy.argmin, "torch": lambda x: t(x).argmin()},
+         exact_index, lambda x: int(cupy.argmin(x))),
+        ("var", "ill", {"multireduce": mr.var, "cupy": cupy.var, "torch": lambda x: t(x).var(correction=0)},
+         close(1e-3), lambda x: _var64(cupy, x)),
+        ("std", "ill", {"multireduce": mr.std, "cupy": cupy.std, "torch": lambda x: t(x).std(correction=0)},
+         close(1e-3), lambda x: math.sqrt(_var64(cupy, x))),
+        ("nansum", "nan", {"multireduce": mr.nansum, "multireduce sum (no NaN)": None, "cupy": cupy.nansum,
+                           "torch": lambda x: t(x).nansum()},
+         close(1e-4), lambda x: float(cupy.nansum(x.astype(cupy.float64)))),
+        ("nanmax", "nan", {"multireduce": mr.nanmax, "cupy": cupy.nanmax,
+                           "torch": lambda x: t(x).nan_to_num(nan=-math.inf).max()},
+         close(0), lambda x: float(cupy.nanmax(x))),
+        ("any", "zeros1", {"multireduce": mr.any, "cupy": cupy.any, "torch": lambda x: t(x).any()},
+         lambda fn, x, ref: bool(fn(x)) == ref, lambda x: bool(cupy.any(x))),
+        ("count_nonzero", "sparse", {"multireduce": mr.count_nonzero, "cupy": cupy.count_nonzero,
+                                     "torch": lambda x: t(x).count_nonzero()},
+         lambda fn, x, ref: int(fn(x)) == ref, lambda x: int(cupy.count_nonzero(x))),
+    ]
+    if torch is None:
+        fams = [(f, k, {i: fn for i, fn in impls.items() if not i.startswith("torch")}, c, r)
+                for f, k, impls, c, r in fams]
+    return fams
 
-    # segmented sums: 10^3, 10^5, 10^7 segments of random lengths
-    x = cupy.random.random(n, dtype=cupy.float32)
-    for m in (10**3, 10**5, 10**7):
-        if m >= n:
-            continue
-        offsets = np.sort(np.random.default_rng(m).choice(n, m - 1, replace=False)).astype(np.int64)
-        offsets = np.concatenate([[0], offsets])
-        lengths = np.diff(np.append(offsets, n))
-        starts_g = cupy.asarray(offsets)
-        host = cupy.asnumpy(x).astype(np.float64)
-        want = np.add.reduceat(host, offsets)
-        scale = np.add.reduceat(np.abs(host), offsets) + 1
 
-        def check(got):
-            return bool(np.all(np.abs(cupy.asnumpy(cupy.asarray(got)).astype(np.float64) - want) <= 1e-4 * scale))
+def _var64(cupy, x):
+    d = x.astype(cupy.float64)
+    return float(cupy.mean((d - d.mean()) ** 2))
 
-        def cumsum_diff(v):  # CuPy has no segmented reduce: the usual inclusive-scan difference
-            c = cupy.concatenate([cupy.zeros(1, cupy.float64), cupy.cumsum(v, dtype=cupy.float64)])
-            ends = cupy.concatenate([starts_g[1:], cupy.asarray([n])])
-            return (c[ends] - c[starts_g]).astype(cupy.float32)
 
-        impls = {"multireduce": lambda v: mr.segment_reduce(v, offsets), "cupy cumsum-diff": cumsum_diff}
-        if torch is not None:
-            lengths_t = torch.as_tensor(lengths, device="cuda")
-            impls["torch"] = lambda v: torch.segment_reduce(as_torch(v), "sum", lengths=lengths_t)
-        for name, fn in impls.items():
-            try:
-                ok = check(fn(x))
-                add("segment_reduce", name, fn, [x], ok, repeats=3)
-            except Exception as exc:  # torch.segment_reduce is a prototype API: record, don't stop
-                rows.append(h.Row("segment_reduce", name, "float32", n, float("nan"), float("nan"), ok=False,
-                                  note=f"failed: {type(exc).__name__}"))
-            rows[-1].extra = {"segments": m}
-            rows[-1].family = f"segment_reduce m={m:.0e}"
+def _data(cupy, kind, n, dtype, seed):
+    """Inputs of one kind: 'unique' (a unique extreme at a random place), 'ill' (1e4 + N(0, 1)), 'nan'
+    (1% NaN), 'zeros1' (zeros but one non-zero near the end: any reads everything), 'sparse' (10%
+    non-zero)."""
+    rng = cupy.random.default_rng(seed)
+    if kind == "ill":
+        return (1e4 + rng.standard_normal(n, dtype=cupy.float64)).astype(dtype)
+    x = rng.random(n, dtype=dtype)
+    if kind == "unique":
+        spot = int(np.random.default_rng(seed).integers(0, n))
+        x[spot] = 2.0
+        x[(spot * 7 + 11) % n] = -1.0
+    elif kind == "nan":
+        x[rng.random(n) < 0.01] = cupy.nan
+    elif kind == "zeros1":
+        x[...] = 0
+        x[n - 5] = 1
+    elif kind == "sparse":
+        x[x < 0.9] = 0
+    return x
 
+
+def main(argv=None) -> list:
+    cupy, torch, args, env = h.setup("statistics side by side", argv)
+    sizes = [1 << 24, 1 << 26] if args.quick else [1 << 26, 1 << 28]
+    rows: list[h.Row] = []
+    summary = []
+    for dtype in (np.float32, np.float64):
+        for n in sizes:
+            nbytes = n * np.dtype(dtype).itemsize
+            # the roof: copy GB/s (bytes read + written) against a reduction's GB/s of bytes read
+            read_roof = copy = h.copy_roof(nbytes)
+            rows.append(h.Row("copy", "cupy copy", np.dtype(dtype).name, n, 2 * nbytes / copy / 1e6, copy, 1.0, True))
+            for family, kind, impls, check, reference in _families(cupy, torch):
+                xs = [_data(cupy, kind, n, dtype, seed) for seed in range(2)]  # 2 x >= 256 MiB: far above L2
+                ref = reference(xs[0])
+                ours, best_other = None, None
+                for impl, fn in impls.items():
+                    if fn is None:  # our plain sum of NaN-free data, the ceiling for nansum
+                        clean = [cupy.nan_to_num(x) for x in xs]
+                        ms = h.time_gpu(mr.sum, clean, repeats=10)
+                        ok = abs(float(mr.sum(clean[0])) - ref) <= 1e-4 * abs(ref)
+                        del clean
+                    else:
+                        try:
+                            ok = check(fn, xs[0], ref)
+                            ms = h.time_gpu(fn, xs, repeats=10)
+                        except Exception as exc:  # record, don't stop
+                            rows.append(h.Row(family, impl, np.dtype(dtype).name, n, math.nan, math.nan, ok=False,
+                                              note=f"failed: {type(exc).__name__}: {str(exc)[:60]}"))
+                            continue
+                    gbps = nbytes / ms / 1e6
+                    rows.append(h.Row(family, impl, np.dtype(dtype).name, n, ms, gbps, gbps / read_roof, ok))
+                    if impl == "multireduce":
+                        ours = ms
+                    elif fn is not None and (best_other is None or ms < best_other[1]):
+                        best_other = (impl, ms)
+                summary.append((family, np.dtype(dtype).name, n, ours, nbytes / ours / 1e6 / read_roof if ours else math.nan,
+                                best_other))
+                del xs
+                cupy.get_default_memory_pool().free_all_blocks()
     h.save(rows, "bench_stats", env)
-    print(h.markdown(rows, columns=("family", "impl", "n", "ms", "gbps", "ratio_copy", "ok", "note")))
+    print(h.markdown(rows, columns=("family", "impl", "dtype", "n", "ms", "gbps", "ratio_copy", "ok", "note")))
+    print("\nSummary (target: >= 0.9 x copy roof, and >= 1 x the fastest of CuPy/torch)\n")
+    print("| statistic | dtype | n | ms | x copy roof | fastest other | x fastest other |\n|---|---|---|---|---|---|---|")
+    for family, dt, n, ours, roof, other in summary:
+        speed = other[1] / ours if ours and other else math.nan
+        print(f"| {family} | {dt} | 2^{int(math.log2(n))} | {ours or math.nan:.4g} | {roof:.3f} | "
+              f"{other[0] if other else '-'} {other[1] if other else math.nan:.4g} | {speed:.3f} |")
     return rows
 
 

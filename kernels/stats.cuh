@@ -1,50 +1,53 @@
-// multireduce: one-pass statistics kernels (argmin/argmax with their NaN-skipping forms, and the
-// moments (count, mean, M2) behind var/std/nanvar/nanstd/nanmean).
+// multireduce: one-pass statistics kernels: argmin/argmax (and their NaN-skipping forms), the moments
+// (count, mean, M2) behind var/std/nanvar/nanstd/nanmean, nanmin/nanmax, any/all and count_nonzero.
 //
-// Each kernel reads its input once, with 16-byte vector loads, and writes one partial per block; the
-// host merges the few block partials with the same rules as the partials of Dask chunks
-// (backends/numpy_stats.py), so one merge rule serves every level above the block.
+// Every statistic is a small policy ("Stat": a State, how an element enters it, how two States merge,
+// and the final value), and three kernels serve them all:
+//   stats_rows     rows of contiguous elements (every axis, or trailing axes; rows may be strided):
+//                  16-byte vector loads, UNROLL packs in flight per thread, warp shuffles, one State per
+//                  (row, split) block;
+//   stats_columns  one reduced run of axes in the middle or in front (outer, len, inner): a thread per
+//                  (column, piece of the run), loads coalesced across columns;
+//   stats_fold     one warp per output merges its States and writes the State and/or the final value.
+// The host launches them (backends/cupy_stats.py); the States it copies back merge with the rules of
+// backends/numpy_stats.py, so one merge rule serves blocks, chunks and GPUs.
 #pragma once
 #include "common.cuh"
 
 namespace mr {
 
-// ---- element visiting: each thread sees its elements in increasing index order -------------------
-// (head elements before the first 16-byte boundary, then whole 16-byte packs grid-stride, then the
-// tail), which is what lets the argmin/argmax tie break (lowest index) stay a per-thread "strictly
-// better" test.
-template <class T>
-struct alignas(16) Pack {
-  static constexpr int kCount = 16 / sizeof(T);
-  T v[kCount];
-};
+template <class T> struct StatKey { typedef T type; };  // values compare as this type (float16 as float)
+template <> struct StatKey<half> { typedef float type; };
+template <class T> struct IsFloat { static constexpr bool value = false; };
+template <> struct IsFloat<half> { static constexpr bool value = true; };
+template <> struct IsFloat<float> { static constexpr bool value = true; };
+template <> struct IsFloat<double> { static constexpr bool value = true; };
 
-template <class T, class Visit>
-__device__ __forceinline__ void visit_elements(const T* __restrict__ x, index_t n, Visit visit) {
-  const index_t thread = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const index_t threads = static_cast<index_t>(gridDim.x) * blockDim.x;
-  constexpr int P = Pack<T>::kCount;
-  const unsigned long long address = reinterpret_cast<unsigned long long>(x);
-  index_t head = static_cast<index_t>(((16 - (address & 15)) & 15) / sizeof(T));
-  if ((address % sizeof(T)) != 0 || head > n) head = n;  // unaligned element type: scalar loads only
-  for (index_t i = thread; i < head; i += threads) visit(x[i], i);
-  const index_t packs = (n - head) / P;
-  const Pack<T>* body = reinterpret_cast<const Pack<T>*>(x + head);
-  for (index_t p = thread; p < packs; p += threads) {
-    const Pack<T> pack = body[p];
-#pragma unroll
-    for (int k = 0; k < P; ++k) visit(pack.v[k], head + p * P + k);
-  }
-  for (index_t i = head + packs * P + thread; i < n; i += threads) visit(x[i], i);
+template <class K>
+__device__ __forceinline__ K quiet_nan() {
+  return static_cast<K>(__longlong_as_double(0x7ff8000000000000LL));
 }
 
-// ---- argmin / argmax ------------------------------------------------------------------------------
-// Values are compared as their key type (float16 as float, exactly).
-template <class T> struct StatKey { typedef T type; };
-template <> struct StatKey<half> { typedef float type; };
+// NumPy's truth of an element: NaN is true, -0.0 is false
+template <class T>
+__device__ __forceinline__ bool nonzero(const T& v) { return v != T(0); }
+template <>
+__device__ __forceinline__ bool nonzero<half>(const half& v) { return (v.bits & 0x7fff) != 0; }
 
-// Whether candidate b replaces a: a candidate beats none (index -1); a NaN beats a number (NumPy:
-// the first NaN wins); otherwise the larger (smaller) value, and on equal values the lower index.
+// Elements that need nothing but one-by-one visits get visit_run from here.
+template <class Stat>
+struct OneByOne {
+  template <int G, class T, class State>
+  __device__ __forceinline__ static void visit_run(State& s, const T (&v)[G], const index_t (&at)[G]) {
+#pragma unroll
+    for (int k = 0; k < G; ++k) Stat::visit(s, v[k], at[k]);
+  }
+};
+
+// ---- argmin / argmax --------------------------------------------------------------------------------
+// Whether candidate (bk, bi) replaces (ak, ai): a candidate beats none (index -1); a NaN beats a number
+// (NumPy: the first NaN wins); otherwise the larger (smaller) value, and on equal values the lower index.
+// Order-free, so States merge in any grouping.
 template <bool Largest, class K>
 __device__ __forceinline__ bool arg_takes(K ak, index_t ai, K bk, index_t bi) {
   if (bi < 0) return false;
@@ -55,107 +58,332 @@ __device__ __forceinline__ bool arg_takes(K ak, index_t ai, K bk, index_t bi) {
   return beats || (bk == ak && bi < ai);
 }
 
-// One partial per block: out_key[b], out_index[b] (-1: the block saw no candidate).
-template <class T, bool Largest, bool SkipNan, int Block>
-__global__ void __launch_bounds__(Block) stats_arg_partials(const T* __restrict__ x, index_t n,
-                                                            typename StatKey<T>::type* __restrict__ out_key,
-                                                            index_t* __restrict__ out_index) {
+template <class T, bool Largest, bool SkipNan>
+struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
+  typedef T Elem;
   typedef typename StatKey<T>::type K;
-  K best = K();
-  index_t where = -1;
-  visit_elements(x, n, [&](const T& v, index_t i) {
+  typedef long long Out;
+  struct State {
+    K key;
+    index_t index;
+  };
+  __device__ __forceinline__ static State start() { return State{K(), -1}; }
+  // A thread visits its elements in increasing index order, so a later element replaces the best only
+  // if strictly better (a NaN is "better" than any number, and nothing replaces a NaN).
+  __device__ __forceinline__ static void visit(State& s, const T& v, index_t i) {
     const K k = convert<K>(v);
     if (SkipNan && is_nan(k)) return;  // NaN masked at load time
-    if (arg_takes<Largest>(best, where, k, i)) {
-      best = k;
-      where = i;
-    }
-  });
-#pragma unroll
-  for (int d = kWarp / 2; d > 0; d /= 2) {
-    const K k = shfl_down(best, d);
-    const index_t i = shfl_down(where, d);
-    if (arg_takes<Largest>(best, where, k, i)) {
-      best = k;
-      where = i;
-    }
+    const bool better = Largest ? !(k <= s.key) : !(k >= s.key);  // true for a NaN k
+    if (s.index < 0 || (!is_nan(s.key) && better)) s = State{k, i};
   }
-  __shared__ K keys[Block / kWarp];
-  __shared__ index_t indices[Block / kWarp];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  if (lane == 0) {
-    keys[warp] = best;
-    indices[warp] = where;
+  __device__ __forceinline__ static State merge(const State& a, const State& b) {
+    return arg_takes<Largest>(a.key, a.index, b.key, b.index) ? b : a;
   }
-  __syncthreads();
-  if (warp == 0) {
-    best = lane < Block / kWarp ? keys[lane] : K();
-    where = lane < Block / kWarp ? indices[lane] : index_t(-1);
-#pragma unroll
-    for (int d = kWarp / 2; d > 0; d /= 2) {
-      const K k = shfl_down(best, d);
-      const index_t i = shfl_down(where, d);
-      if (arg_takes<Largest>(best, where, k, i)) {
-        best = k;
-        where = i;
-      }
-    }
-    if (lane == 0) {
-      out_key[blockIdx.x] = best;
-      out_index[blockIdx.x] = where;
-    }
-  }
-}
-
-// ---- moments ---------------------------------------------------------------------------------------
-// Each thread runs Welford's update on x - anchor (the anchor is x[0], an exact double; for data whose
-// mean is far above its spread the differences are exact), and partials merge with Chan's formula
-// across the warp and the block. Block b writes out[4b..4b+3] = (count, anchor, mean - anchor, M2).
-struct Moments {
-  double n, mean, m2;
+  __device__ __forceinline__ static Out result(const State& s, double, int) { return s.index; }
 };
 
-__device__ __forceinline__ Moments merge_moments(const Moments& a, const Moments& b) {
-  const double n = a.n + b.n;
-  if (b.n == 0) return a;
-  if (a.n == 0) return b;
-  const double share = b.n / n, delta = b.mean - a.mean;
-  return Moments{n, a.mean + delta * share, a.m2 + b.m2 + delta * delta * a.n * share};
-}
-
-__device__ __forceinline__ Moments shfl_down_moments(const Moments& m, int d) {
-  return Moments{shfl_down(m.n, d), shfl_down(m.mean, d), shfl_down(m.m2, d)};
-}
-
-template <class T, bool SkipNan, int Block>
-__global__ void __launch_bounds__(Block) stats_moments_partials(const T* __restrict__ x, index_t n,
-                                                                double* __restrict__ out) {
-  double anchor = n > 0 ? convert<double>(x[0]) : 0.0;
-  if (!(anchor - anchor == 0.0)) anchor = 0.0;  // NaN or inf: no anchor (the data decide the result)
-  Moments m{0.0, 0.0, 0.0};
-  visit_elements(x, n, [&](const T& v, index_t) {
-    const double d = convert<double>(v) - anchor;
+// ---- moments ------------------------------------------------------------------------------------------
+// (count, anchor, offset, M2): the mean is anchor + offset, the anchor the first finite element the
+// State saw (an exact double; for data whose mean is far above its spread, the differences from it are
+// exact, and so are the differences of two States' anchors). Runs of G
+// elements are reduced two-pass in registers and enter the State with Chan's update: one division per
+// run of up to 16 instead of one per element (Welford). Merges are numpy_stats.moments_merge.
+template <class T, bool SkipNan>
+struct MomentsStat {
+  typedef T Elem;
+  typedef typename Select<IsFloat<T>::value, T, double>::type Out;
+  struct State {
+    double n, anchor, mean, m2;
+  };
+  __device__ __forceinline__ static State start() { return State{0.0, 0.0, 0.0, 0.0}; }
+  // An empty State takes the first finite value it is offered as its anchor (NaN or inf: none, the
+  // data decide the result); States with different anchors merge exactly (numpy_stats.moments_merge).
+  __device__ __forceinline__ static void anchor(State& s, double w) {
+    if (s.n == 0.0) s.anchor = (w - w == 0.0) ? w : 0.0;
+  }
+  __device__ __forceinline__ static void visit(State& s, const T& v, index_t) {
+    anchor(s, convert<double>(v));
+    const double d = convert<double>(v) - s.anchor;
     if (SkipNan && is_nan(d)) return;  // NaN masked at load time
-    m.n += 1.0;
-    const double delta = d - m.mean;
-    m.mean += delta / m.n;
-    m.m2 += delta * (d - m.mean);
-  });
+    s.n += 1.0;
+    const double delta = d - s.mean;
+    s.mean += delta / s.n;
+    s.m2 += delta * (d - s.mean);
+  }
+  // runs of at most 16 elements keep the differences in registers (1- and 2-byte types load 64 and 32)
+  template <int G>
+  __device__ __forceinline__ static void visit_run(State& s, const T (&v)[G], const index_t (&)[G]) {
+    constexpr int R = G < 16 ? G : 16;
+    static_assert(G % R == 0, "runs split evenly");
 #pragma unroll
-  for (int d = kWarp / 2; d > 0; d /= 2) m = merge_moments(m, shfl_down_moments(m, d));
-  __shared__ Moments warps[Block / kWarp];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  if (lane == 0) warps[warp] = m;
+    for (int c = 0; c < G; c += R) visit_some<R>(s, v + c);
+  }
+  template <int R>
+  __device__ __forceinline__ static void visit_some(State& s, const T* v) {
+    if (s.n == 0.0) {  // no anchor yet (once per thread, or while only NaN came): one by one
+#pragma unroll
+      for (int k = 0; k < R; ++k) visit(s, v[k], 0);
+      return;
+    }
+    double d[R], sum = 0.0, count = 0.0;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      d[k] = convert<double>(v[k]) - s.anchor;
+      if (SkipNan) {
+        const bool ok = !is_nan(d[k]);
+        sum += ok ? d[k] : 0.0;
+        count += ok ? 1.0 : 0.0;
+      } else {
+        sum += d[k];
+      }
+    }
+    if (SkipNan && count == 0.0) return;
+    const double n = SkipNan ? count : double(R);
+    const double mean = SkipNan ? sum / n : sum * (1.0 / R);  // 1/R is exact: R is a power of two
+    double q = 0.0;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const double e = d[k] - mean;
+      q += (SkipNan && is_nan(e)) ? 0.0 : e * e;
+    }
+    s = merge(s, State{n, s.anchor, mean, q});
+  }
+  __device__ __forceinline__ static State merge(const State& a, const State& b) {
+    if (b.n == 0.0) return a;
+    if (a.n == 0.0) return b;
+    const double n = a.n + b.n, share = b.n / n;
+    const double delta = (b.anchor - a.anchor) + (b.mean - a.mean);
+    return State{n, a.anchor, a.mean + delta * share, a.m2 + b.m2 + delta * delta * a.n * share};
+  }
+  // mode 0: variance, 1: standard deviation, 2: mean; dof <= 0 gives m2 / 0 (inf or NaN) as NumPy
+  __device__ __forceinline__ static Out result(const State& s, double ddof, int mode) {
+    double r;
+    if (s.n == 0.0) {
+      r = quiet_nan<double>();
+    } else if (mode == 2) {
+      r = s.anchor + s.mean;
+    } else {
+      const double dof = s.n - ddof;
+      r = s.m2 / (dof > 0.0 ? dof : 0.0);
+      if (mode == 1) r = __dsqrt_rn(r);  // an intrinsic: NVRTC has no math headers
+    }
+    return convert<Out>(r);
+  }
+};
+
+// ---- nanmin / nanmax (NaN skipped; an all-NaN slice gives NaN) -----------------------------------------
+template <class T, bool Largest>
+struct ExtremeStat : OneByOne<ExtremeStat<T, Largest>> {
+  typedef T Elem;
+  typedef typename StatKey<T>::type K;
+  typedef T Out;
+  struct State {
+    K value;
+    int seen;
+  };
+  __device__ __forceinline__ static State start() { return State{K(), 0}; }
+  __device__ __forceinline__ static void visit(State& s, const T& v, index_t) {
+    const K k = convert<K>(v);
+    if (is_nan(k)) return;
+    if (!s.seen || (Largest ? k > s.value : k < s.value)) s = State{k, 1};
+  }
+  __device__ __forceinline__ static State merge(const State& a, const State& b) {
+    if (!b.seen) return a;
+    if (!a.seen) return b;
+    return (Largest ? b.value > a.value : b.value < a.value) ? b : a;
+  }
+  __device__ __forceinline__ static Out result(const State& s, double, int) {
+    if constexpr (IsFloat<T>::value) {
+      return convert<T>(s.seen ? s.value : quiet_nan<K>());
+    } else {
+      return convert<T>(s.value);
+    }
+  }
+};
+
+// ---- any / all ------------------------------------------------------------------------------------------
+template <class T, bool Every>
+struct TruthStat : OneByOne<TruthStat<T, Every>> {
+  typedef T Elem;
+  typedef bool Out;
+  struct State {
+    int value;
+  };
+  __device__ __forceinline__ static State start() { return State{Every ? 1 : 0}; }
+  __device__ __forceinline__ static void visit(State& s, const T& v, index_t) {
+    s.value = Every ? (s.value & int(nonzero(v))) : (s.value | int(nonzero(v)));
+  }
+  __device__ __forceinline__ static State merge(const State& a, const State& b) {
+    return State{Every ? (a.value & b.value) : (a.value | b.value)};
+  }
+  __device__ __forceinline__ static Out result(const State& s, double, int) { return s.value != 0; }
+};
+
+// ---- count_nonzero --------------------------------------------------------------------------------------
+template <class T>
+struct CountStat : OneByOne<CountStat<T>> {
+  typedef T Elem;
+  typedef long long Out;
+  struct State {
+    long long value;
+  };
+  __device__ __forceinline__ static State start() { return State{0}; }
+  __device__ __forceinline__ static void visit(State& s, const T& v, index_t) { s.value += nonzero(v) ? 1 : 0; }
+  __device__ __forceinline__ static State merge(const State& a, const State& b) { return State{a.value + b.value}; }
+  __device__ __forceinline__ static Out result(const State& s, double, int) { return s.value; }
+};
+
+// ---- the kernels ------------------------------------------------------------------------------------------
+template <class S>
+__device__ __forceinline__ S shfl_down_state(const S& s, int d) {
+  constexpr int kWords = (sizeof(S) + 3) / 4;
+  union {
+    S state;
+    int words[kWords];
+  } u;
+  u.state = s;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) u.words[w] = __shfl_down_sync(kFullMask, u.words[w], d);
+  return u.state;
+}
+
+// Merges the States of lanes [0, valid) into lane 0 (lanes at or past ``valid`` are never read).
+template <class Stat>
+__device__ __forceinline__ typename Stat::State warp_merge(typename Stat::State s, int valid) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int d = kWarp / 2; d > 0; d /= 2) {
+    const typename Stat::State other = shfl_down_state(s, d);
+    if (lane + d < valid) s = Stat::merge(s, other);
+  }
+  return s;
+}
+
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kCount = 16 / sizeof(T);
+  T v[kCount];
+};
+
+// Block b = row * splits + split reduces its share of row ``row`` (``len`` contiguous elements starting
+// at x + row * row_stride): elements before the first 16-byte boundary, then 16-byte packs (UNROLL in
+// flight per thread, grid-stride over the row's blocks), then the tail, each thread in increasing index
+// order. Element j of the row has index row * row_index_step + j. out[b] = the block's State.
+template <class Stat, int Block, int Unroll>
+__global__ void __launch_bounds__(Block) stats_rows(const typename Stat::Elem* __restrict__ x, index_t len,
+                                                    index_t row_stride, index_t row_index_step, int splits,
+                                                    typename Stat::State* __restrict__ out) {
+  typedef typename Stat::Elem T;
+  typedef typename Stat::State State;
+  constexpr int P = Pack<T>::kCount;
+  const index_t row = blockIdx.x / splits;
+  const int split = blockIdx.x % splits;
+  const T* __restrict__ xr = x + row * row_stride;
+  const index_t base = row * row_index_step;
+  State s = Stat::start();
+  const index_t thread = static_cast<index_t>(split) * Block + threadIdx.x;
+  const index_t threads = static_cast<index_t>(splits) * Block;
+  const unsigned long long address = reinterpret_cast<unsigned long long>(xr);
+  index_t head = static_cast<index_t>(((16 - (address & 15)) & 15) / sizeof(T));
+  if ((address % sizeof(T)) != 0 || head > len) head = len;  // unaligned element type: scalar loads only
+  for (index_t i = thread; i < head; i += threads) Stat::visit(s, xr[i], base + i);
+  const index_t packs = (len - head) / P;
+  const Pack<T>* __restrict__ body = reinterpret_cast<const Pack<T>*>(xr + head);
+  index_t p = thread;
+  for (; p + (Unroll - 1) * threads < packs; p += Unroll * threads) {
+    Pack<T> r[Unroll];  // every load issued before the first visit waits on one
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) r[u] = body[p + u * threads];
+    T v[Unroll * P];
+    index_t at[Unroll * P];
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) {
+#pragma unroll
+      for (int k = 0; k < P; ++k) {
+        v[u * P + k] = r[u].v[k];
+        at[u * P + k] = base + head + (p + u * threads) * P + k;
+      }
+    }
+    Stat::template visit_run<Unroll * P>(s, v, at);
+  }
+  for (; p < packs; p += threads) {
+    const Pack<T> r = body[p];
+    T v[P];
+    index_t at[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      v[k] = r.v[k];
+      at[k] = base + head + p * P + k;
+    }
+    Stat::template visit_run<P>(s, v, at);
+  }
+  for (index_t i = head + packs * P + thread; i < len; i += threads) Stat::visit(s, xr[i], base + i);
+
+  __shared__ State warps[Block / kWarp];
+  s = warp_merge<Stat>(s, kWarp);
+  if (threadIdx.x % kWarp == 0) warps[threadIdx.x / kWarp] = s;
   __syncthreads();
-  if (warp == 0) {
-    m = lane < Block / kWarp ? warps[lane] : Moments{0.0, 0.0, 0.0};
+  if (threadIdx.x < kWarp) {
+    s = warps[threadIdx.x < Block / kWarp ? threadIdx.x : 0];
+    s = warp_merge<Stat>(s, Block / kWarp);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+  }
+}
+
+// Columns: the array is (outer, len, inner) with (len, inner) contiguous and outer blocks ``outer_stride``
+// elements apart; column c = o * inner + i reduces x[o * outer_stride + j * inner + i] over j. Thread t
+// (grid-stride) takes column t % columns and piece t / columns of ``piece`` consecutive j (index j), UNROLL
+// loads in flight; out[t] = its State (so out is (splits, columns)).
+template <class Stat, int Block, int Unroll>
+__global__ void __launch_bounds__(Block) stats_columns(const typename Stat::Elem* __restrict__ x, index_t outer,
+                                                       index_t outer_stride, index_t len, index_t inner,
+                                                       index_t piece, index_t splits,
+                                                       typename Stat::State* __restrict__ out) {
+  typedef typename Stat::Elem T;
+  typedef typename Stat::State State;
+  const index_t columns = outer * inner;
+  const index_t total = columns * splits;
+  for (index_t t = static_cast<index_t>(blockIdx.x) * Block + threadIdx.x; t < total;
+       t += static_cast<index_t>(gridDim.x) * Block) {
+    const index_t column = t % columns, split = t / columns;
+    const T* __restrict__ xc = x + (column / inner) * outer_stride + column % inner;
+    State s = Stat::start();
+    index_t j = split * piece;
+    const index_t end = j + piece < len ? j + piece : len;
+    for (; j + Unroll <= end; j += Unroll) {
+      T v[Unroll];
+      index_t at[Unroll];
 #pragma unroll
-    for (int d = kWarp / 2; d > 0; d /= 2) m = merge_moments(m, shfl_down_moments(m, d));
+      for (int u = 0; u < Unroll; ++u) {
+        v[u] = xc[(j + u) * inner];
+        at[u] = j + u;
+      }
+      Stat::template visit_run<Unroll>(s, v, at);
+    }
+    for (; j < end; ++j) Stat::visit(s, xc[j * inner], j);
+    out[t] = s;
+  }
+}
+
+// One warp per output o merges parts[o * output_stride + k * split_stride] for k < splits (splits >= 1)
+// and writes states[o] and/or result[o] (either may be null).
+template <class Stat, int Block>
+__global__ void __launch_bounds__(Block) stats_fold(const typename Stat::State* __restrict__ parts, index_t outputs,
+                                                    index_t splits, index_t split_stride, index_t output_stride,
+                                                    typename Stat::State* __restrict__ states,
+                                                    typename Stat::Out* __restrict__ result, double ddof, int mode) {
+  typedef typename Stat::State State;
+  const int lane = threadIdx.x % kWarp;
+  const index_t warps = static_cast<index_t>(gridDim.x) * (Block / kWarp);
+  for (index_t o = static_cast<index_t>(blockIdx.x) * (Block / kWarp) + threadIdx.x / kWarp; o < outputs;
+       o += warps) {
+    const State* p = parts + o * output_stride;
+    State s = p[(lane < splits ? lane : 0) * split_stride];
+    for (index_t k = lane + kWarp; k < splits; k += kWarp) s = Stat::merge(s, p[k * split_stride]);
+    s = warp_merge<Stat>(s, splits < kWarp ? static_cast<int>(splits) : kWarp);
     if (lane == 0) {
-      out[4 * blockIdx.x + 0] = m.n;
-      out[4 * blockIdx.x + 1] = anchor;
-      out[4 * blockIdx.x + 2] = m.mean;
-      out[4 * blockIdx.x + 3] = m.m2;
+      if (states) states[o] = s;
+      if (result) result[o] = Stat::result(s, ddof, mode);
     }
   }
 }

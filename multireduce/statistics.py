@@ -18,6 +18,18 @@ values:
 nansum/nanprod/nancumsum/nancumprod run the built-in operators of the same names (``operators.py``), whose
 kernels read NaN as the identity as they load each element (one pass; NumPy input: ``Operator.load``);
 so do nanmin/nanmax on NumPy and CuPy input (Dask input: the (extreme, count) partials above).
+
+On the GPU every statistic here is one read of the data (``kernels/stats.cuh``, launched by
+``backends/cupy_stats``): whole arrays, trailing axes (rows) and leading or middle axes (columns) in
+place; reduced axes that are not one run, and views whose reduced part is not contiguous, are copied
+first (said in cupy_stats). For CuPy input the final values stay on the GPU; the host waits only where
+a NumPy warning or error depends on the data (nanarg* of an all-NaN slice, the NaN-skipping counts of
+nanvar/nanstd/nanmean, nanmin/nanmax of an all-NaN slice).
+
+``mean`` shares nothing with the moments: it is ``sum`` / count (the sum kernels, NumPy's dtype rules,
+``exact=`` possible), and a mean computed beside a var would need an API that returns both (out of
+scope). ``nanmean`` does share them: it needs the non-NaN count per slice, which the moments State
+carries, so it is the var kernel with the mean as its final value.
 """
 
 from __future__ import annotations
@@ -217,10 +229,44 @@ def _run(x, kind, plan, split_every, caller):
     if kind == "cupy":
         import cupy
 
+        from .backends import cupy_stats
+
         with cupy.cuda.Device(x.data.device_id):
+            if cupy_stats.handles(x, plan.stat):
+                return _gpu_whole(plan, x, cupy_stats)
             return plan.whole(x)
     result = plan.whole(x)
     return result[()] if result.ndim == 0 else result
+
+
+def _gpu_whole(plan, x, cupy_stats):
+    """A CuPy array: the kernels' final values stay on the GPU; the host waits for them only where a
+    NumPy warning or error depends on the data (an all-NaN slice, a NaN-skipping count)."""
+    import cupy
+
+    stat, axes = plan.stat, plan.axes
+    floating = x.dtype.kind == "f"
+    if np.dtype(plan.out_dtype) != cupy_stats.result_dtype(stat, x.dtype) and stat in _MOMENTS:
+        return plan.whole(x)  # var(x, dtype=...): the float64 moments (kernel States) finished on the host
+    counted = stat in _MOMENTS and stat.startswith("nan") and floating
+    states, result = cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
+    if stat in _ARG and stat.startswith("nan") and floating and bool((result < 0).any()):
+        raise ValueError("All-NaN slice encountered")
+    if stat in _MOMENTS:
+        if counted:
+            count = states.view(np.float64).reshape(-1, 4)[:, 0]
+            short = bool((count == 0).any() if stat == "nanmean" else (count - plan.ddof <= 0).any())
+        else:
+            count = math.prod(x.shape[a] for a in axes)
+            short = stat != "nanmean" and count - plan.ddof <= 0
+        if short:
+            warnings.warn("Mean of empty slice" if stat == "nanmean" else "Degrees of freedom <= 0 for slice.",
+                          RuntimeWarning, stacklevel=5)
+    if stat in ("nanmin", "nanmax") and floating and bool(cupy.isnan(result).any()):
+        warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=5)
+    kept = tuple(1 if d in axes else s for d, s in enumerate(x.shape)) if plan.keepdims else \
+        tuple(s for d, s in enumerate(x.shape) if d not in axes)
+    return result.reshape(kept).astype(plan.out_dtype, copy=False)
 
 
 def _prepare(x, caller, kinds):

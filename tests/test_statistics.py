@@ -345,34 +345,120 @@ def test_statistics_on_a_distributed_cluster(cpu_client):
 
 
 # ------------------------------------------------------------------------------------------------
-# the host side of the GPU kernels: block partials (strided, as the kernels' grid-stride loops
-# assign them) folded by cupy_stats._fold_host give NumPy's answer
+# the host side of the GPU kernels: cupy_stats.plan_layout's numbers, read back with as_strided the
+# way the kernels address memory, reduce to NumPy's answer (views, moved axes, copies)
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("grid", [1, 2, 7, 64])
-def test_block_partials_fold_like_the_kernels(grid):
-    from multireduce.backends import cupy_stats, numpy_stats
+def _kernel_view(a, axes):
+    """What the kernels would read for ``a`` reduced over ``axes``: (values as (outputs, elements), the
+    index the kernel gives each element)."""
+    from numpy.lib.stride_tricks import as_strided
 
-    rng = np.random.default_rng(grid)
-    x = rng.integers(0, 4, 4099).astype(np.float32)
-    x[rng.random(x.size) < 0.05] = np.nan
-    owner = (np.arange(x.size) // 4) % grid  # 16-byte packs dealt round-robin to blocks
-    for largest in (False, True):
-        for skipnan in (False, True):
-            keys, where = np.zeros(grid, np.float32), np.full(grid, -1, np.int64)
-            for b in range(grid):
-                idx = np.flatnonzero(owner == b)
-                vals = x[idx]
-                if skipnan:
-                    idx, vals = idx[~np.isnan(vals)], vals[~np.isnan(vals)]
-                if idx.size:
-                    v, i = numpy_stats.arg_chunk(vals, (0,), largest, False, (0,), vals.shape)
-                    keys[b], where[b] = v[0], idx[i[0]]
-            _, got = cupy_stats._fold_host((keys, where), lambda a, b: numpy_stats.arg_merge(a, b, largest))
-            ref = {(False, False): np.argmin, (True, False): np.argmax,
-                   (False, True): np.nanargmin, (True, True): np.nanargmax}[largest, skipnan](x)
-            assert got == ref, (largest, skipnan)
-    y = 1e8 + rng.normal(0, 1, 4099)
-    parts = [numpy_stats.moments_chunk(y[owner == b], (0,), False) for b in range(grid)]
-    columns = tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
-    n, anchor, offset, m2 = cupy_stats._fold_host(columns, numpy_stats.moments_merge)
-    assert n == y.size and abs(m2 / n - _exact_var(y)) <= VAR_BOUND * _exact_var(y)
+    from multireduce.backends import cupy_stats
+
+    strides = tuple(s // a.itemsize for s in a.strides)
+    layout = cupy_stats.plan_layout(a.shape, strides, axes)
+    if layout.copy == "moveaxis":
+        rest = [d for d in range(a.ndim) if d not in axes]
+        a = np.ascontiguousarray(np.moveaxis(a, sorted(axes), list(range(len(rest), a.ndim))))
+    elif layout.copy == "contiguous":
+        a = np.ascontiguousarray(a)
+    else:
+        assert layout.copy is None
+    isz = a.itemsize
+    if layout.kind == "rows":
+        rows = as_strided(a, (layout.rows, layout.length), (layout.stride * isz, isz))
+        index = np.arange(layout.rows)[:, None] * layout.index_step + np.arange(layout.length)
+        if layout.whole:
+            return rows.reshape(1, -1), index.reshape(1, -1), layout
+        return rows, index, layout
+    assert layout.kind == "columns" and not layout.whole
+    cols = as_strided(a, (layout.rows, layout.length, layout.inner), (layout.stride * isz, layout.inner * isz, isz))
+    values = cols.transpose(0, 2, 1).reshape(layout.rows * layout.inner, layout.length)
+    return values, np.broadcast_to(np.arange(layout.length), values.shape), layout
+
+
+VIEWS = [
+    ((1000,), lambda b: b, [(0,)]),
+    ((1000,), lambda b: b[3:997:1], [(0,)]),
+    ((1000,), lambda b: b[::2], [(0,)]),
+    ((65, 129), lambda b: b, [(0, 1), (0,), (1,), ()]),
+    ((65, 129), lambda b: b[5:40, 7:100], [(0, 1), (0,), (1,)]),  # a Dask chunk of a C array
+    ((65, 129), lambda b: b.T, [(0, 1), (0,), (1,), ()]),
+    ((3, 5000), lambda b: b[:, 10:4990], [(0, 1), (1,), (0,)]),  # long strided rows: read in place
+    ((6, 10, 9), lambda b: b, [(0, 1, 2), (0,), (1,), (2,), (0, 1), (1, 2), (0, 2)]),
+    ((6, 10, 9), lambda b: b[:, ::2, 1:], [(0, 1, 2), (1,), (2,), (0, 2)]),
+    ((2, 3, 4, 2100), lambda b: b, [(0, 1, 2, 3), (3,), (2, 3), (1, 2), (0,)]),
+    ((1, 1, 31), lambda b: b, [(0, 1, 2), (0,), (2,)]),
+    ((), lambda b: b, [()]),
+]
+
+
+@pytest.mark.parametrize("shape,view,axes_list", VIEWS)
+def test_kernel_layouts_read_what_numpy_reduces(shape, view, axes_list):
+    from multireduce.backends import cupy_stats
+
+    rng = np.random.default_rng(len(shape))
+    a = view(rng.integers(0, 7, size=shape).astype(np.float32))
+    for axes in axes_list:
+        values, index, layout = _kernel_view(a, axes if a.ndim else ())
+        kept = tuple(s for d, s in enumerate(a.shape) if d not in axes)
+        assert values.shape[0] == layout.outputs == math.prod(kept)
+        np.testing.assert_array_equal(values.sum(axis=1).reshape(kept), a.sum(axis=axes if a.ndim else None))
+        np.testing.assert_allclose(np.var(values.astype(np.float64), axis=1).reshape(kept),
+                                   np.var(a.astype(np.float64), axis=axes if a.ndim else None), rtol=1e-12)
+        if len(axes) == 1 or len(axes) == a.ndim:  # argmax: the kernel's index of the first maximum
+            got = np.take_along_axis(index, values.argmax(axis=1)[:, None], axis=1).reshape(kept)
+            ref = np.argmax(a, axis=None if len(axes) == a.ndim else axes[0])
+            np.testing.assert_array_equal(got, ref, err_msg=f"{axes} {layout}")
+        if layout.kind == "rows":
+            splits = cupy_stats.row_splits(layout, a.itemsize, sms=132)
+            assert 1 <= splits and layout.rows * splits < 2**31
+        else:
+            piece, splits = cupy_stats.column_pieces(layout, sms=132)
+            assert (splits - 1) * piece < layout.length <= splits * piece
+
+
+def test_kernel_layouts_copy_only_where_needed():
+    from multireduce.backends.cupy_stats import plan_layout
+
+    assert plan_layout((4096,), (1,), (0,)).copy is None
+    assert plan_layout((4096,), (2,), (0,)).copy == "contiguous"
+    assert plan_layout((16, 50), (129, 1), (0, 1)).copy == "contiguous"  # short strided rows
+    got = plan_layout((16, 5000), (5129, 1), (0, 1))
+    assert (got.copy, got.kind, got.rows, got.length, got.stride, got.whole) == (None, "rows", 16, 5000, 5129, True)
+    got = plan_layout((16, 50), (129, 1), (0,))
+    assert (got.copy, got.kind, got.rows, got.length, got.inner) == ("contiguous", "columns", 1, 16, 50)
+    got = plan_layout((16, 50), (129, 1), (1,))
+    assert (got.copy, got.kind, got.rows, got.length, got.stride) == (None, "columns", 16, 50, 129)
+    assert plan_layout((6, 10, 9), (90, 9, 1), (0, 2)).copy == "moveaxis"
+
+
+def test_kernel_names_come_from_the_dtype_table():
+    from multireduce import dtypes
+    from multireduce.backends import cupy_stats
+
+    names = cupy_stats.all_stats_instantiations()
+    for dt in dtypes.GPU_DTYPES:
+        T = dtypes.CUDA_TYPE_NAMES[dt]
+        assert f"mr::stats_rows<mr::ArgStat<{T}, true, false>, 256, 4>" in names
+        assert (f"mr::stats_fold<mr::MomentsStat<{T}, true>, 256>" in names) == (dt.kind == "f")
+    for stat in cupy_stats.STATS:  # the State images the host reads are the C layouts' sizes
+        assert cupy_stats.state_dtype(stat, np.float16).itemsize in (4, 8, 16, 32)
+
+
+def test_multigpu_stats_benchmark_cpu_smoke(tmp_path, monkeypatch):
+    """benchmarks/multigpu_stats.py --cpu: a real LocalCluster (loopback, ports 0), every row correct."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "multigpu_stats", raising=False)
+    import multigpu_stats
+
+    rows = multigpu_stats.main(["--cpu", "--gpus", "2", "--repeats", "1"])
+    assert {(r["op"], r["impl"]) for r in rows} == {("argmax", "dask.array.argmax"), ("argmax", "mr.argmax().compute()"),
+                                                   ("var", "dask.array.var"), ("var", "mr.var().compute()")}
+    assert all(r["ok"] and r["workers"] == 2 for r in rows), rows
+    assert (tmp_path / "bench_multigpu_stats.md").read_text().count("| 2 |") == 4

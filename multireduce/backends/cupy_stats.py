@@ -1,24 +1,33 @@
-"""Statistics on one CuPy chunk: the NumPy backend's chunk code run with ``xp=cupy`` on the GPU that
-holds the chunk, then the (small) partial copied to the host, so partials cross workers cheaply and
-merge on the host. Merges are the NumPy backend's.
+"""Statistics on one CuPy array or chunk, with the one-pass kernels of ``kernels/stats.cuh``.
 
-Whole-chunk argmin/argmax (every axis) and moments of a C-contiguous chunk of a GPU dtype run the
-one-pass kernels of ``kernels/stats.cuh`` (one read of the data, one partial per block, the block
-partials merged on the host with the chunk-partial rules); the other cases (one axis of an n-d chunk,
-nanmin/nanmax, any/all/count_nonzero) are still composed of CuPy calls, several passes each.
+Every statistic (argmin/argmax and their NaN-skipping forms, the moments behind var/std/nanvar/nanstd/
+nanmean, nanmin/nanmax, any/all, count_nonzero) runs as one read of the data and a small fold:
+
+* every axis, or trailing axes, of rows with contiguous elements: ``stats_rows`` (16-byte loads);
+  rows may be strided (a Dask chunk of a C-contiguous 2-D array reads in place);
+* a run of leading or middle axes of a C-contiguous array (outer, len, inner): ``stats_columns``;
+* then ``stats_fold``: one warp per output merges the blocks' States into the State (partials for
+  Dask, copied to the host) or the final value (CuPy input: it stays on the GPU, no synchronisation
+  unless a NumPy warning or error depends on the data).
+
+Copies, said here because they cost a pass: reduced axes that are not one run (``var(x, axis=(0, 2))``
+of a 3-d array) are moved to the end in a contiguous copy; a view whose reduced part is not contiguous
+(or, for every axis, whose rows are shorter than ``SHORT_ROW`` elements) is copied to C order first.
+Complex any/all/count_nonzero and empty chunks are CuPy compositions (``numpy_stats`` with
+``xp=cupy``).
 """
 
 from __future__ import annotations
 
 import functools
-import threading
-from pathlib import Path
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
 try:
     import cupy
-except ImportError:  # the kernel names and the nvcc check (CI, no GPU) need no CuPy
+except ImportError:  # the kernel names, the layout logic and the nvcc check (CI, no GPU) need no CuPy
     cupy = None
 
 from .. import dtypes as _dt
@@ -26,8 +35,288 @@ from .. import kernels as _kernels
 from . import numpy_stats as _host
 
 name = "cupy"
+ENTRY = "stats.cuh"
+
+BLOCK = 256
+ROW_UNROLL = 4  # 16-byte packs in flight per thread in stats_rows
+COLUMN_UNROLL = 8  # elements in flight per thread in stats_columns
+BLOCKS_PER_SM = 4  # stats_rows blocks per SM for one long row: one wave at up to 64 registers
+THREADS_PER_SM = 2048  # stats_columns threads per SM
+SHORT_ROW = 2048  # rows shorter than this go to stats_columns (a thread per row and piece)
+MIN_PIECE = 32  # stats_columns: elements per thread at least
+
+_ARG = ("argmax", "argmin", "nanargmax", "nanargmin")
+_MOMENTS = {"var": 0, "std": 1, "nanvar": 0, "nanstd": 1, "nanmean": 2}  # the fold's result mode
 
 
+# ------------------------------------------------------------------------------------------------
+# the Stat types and kernel names, from the dtype table
+# ------------------------------------------------------------------------------------------------
+def _b(flag) -> str:
+    return "true" if flag else "false"
+
+
+def stat_type(stat: str, dtype) -> str:
+    """The C++ Stat policy of ``stat`` on ``dtype``; the NaN-skipping forms only where there is NaN."""
+    dtype = np.dtype(dtype)
+    T = _kernels.ctype(dtype)
+    nan = stat.startswith("nan") and dtype.kind == "f"
+    if stat in _ARG:
+        return f"mr::ArgStat<{T}, {_b(stat.endswith('max'))}, {_b(nan)}>"
+    if stat in _MOMENTS:
+        return f"mr::MomentsStat<{T}, {_b(nan)}>"
+    if stat in ("nanmin", "nanmax"):
+        return f"mr::ExtremeStat<{T}, {_b(stat == 'nanmax')}>"
+    if stat in ("any", "all"):
+        return f"mr::TruthStat<{T}, {_b(stat == 'all')}>"
+    if stat == "count_nonzero":
+        return f"mr::CountStat<{T}>"
+    raise KeyError(stat)
+
+
+def stat_names(stat: str, dtype) -> dict:
+    S = stat_type(stat, dtype)
+    return {"rows": f"mr::stats_rows<{S}, {BLOCK}, {ROW_UNROLL}>",
+            "columns": f"mr::stats_columns<{S}, {BLOCK}, {COLUMN_UNROLL}>",
+            "fold": f"mr::stats_fold<{S}, {BLOCK}>"}
+
+
+STATS = _ARG + tuple(_MOMENTS) + ("nanmin", "nanmax", "any", "all", "count_nonzero")
+
+
+def all_stats_instantiations() -> list[str]:
+    return sorted({e for dt in _dt.GPU_DTYPES for stat in STATS for e in stat_names(stat, dt).values()})
+
+
+def module_text() -> str:
+    """stats.cuh with its includes inlined (what NVRTC and nvcc compile)."""
+    return _kernels.kernel_source(ENTRY)
+
+
+@functools.lru_cache(maxsize=None)
+def state_dtype(stat: str, dtype) -> np.dtype:
+    """The NumPy image of the kernel's State (C layout: ``align=True``)."""
+    dtype = np.dtype(dtype)
+    key = np.dtype(np.float32) if dtype == np.float16 else dtype
+    if stat in _ARG:
+        return np.dtype([("key", key), ("index", np.int64)], align=True)
+    if stat in _MOMENTS:
+        return np.dtype([("n", np.float64), ("anchor", np.float64), ("offset", np.float64), ("m2", np.float64)])
+    if stat in ("nanmin", "nanmax"):
+        return np.dtype([("value", key), ("seen", np.int32)], align=True)
+    if stat in ("any", "all"):
+        return np.dtype([("value", np.int32)])
+    return np.dtype([("value", np.int64)])
+
+
+@functools.lru_cache(maxsize=None)
+def result_dtype(stat: str, dtype) -> np.dtype:
+    """The fold's result type (``Stat::Out``)."""
+    dtype = np.dtype(dtype)
+    if stat in _ARG or stat == "count_nonzero":
+        return np.dtype(np.int64)
+    if stat in _MOMENTS:
+        return dtype if dtype.kind == "f" else np.dtype(np.float64)
+    if stat in ("any", "all"):
+        return np.dtype(np.bool_)
+    return dtype
+
+
+# ------------------------------------------------------------------------------------------------
+# layouts: which kernel reads an array, and with which numbers (host logic only)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """How the kernels see an array reduced over some axes.
+
+    ``copy``: None (read in place), "contiguous" (C-order copy first) or "moveaxis" (reduced axes moved
+    to the end, C-order copy). ``kind`` "rows": ``rows`` rows of ``length`` contiguous elements,
+    ``stride`` apart; element j of row r has index r * ``index_step`` + j; ``whole``: every row folds
+    into one output. ``kind`` "columns": (outer, length, inner) with (length, inner) contiguous and
+    outer blocks ``stride`` apart; one output per (outer, inner). Strides are in elements."""
+
+    kind: str
+    copy: str | None
+    rows: int = 1
+    length: int = 1
+    stride: int = 0
+    index_step: int = 0
+    inner: int = 1
+    whole: bool = False
+
+    @property
+    def outputs(self) -> int:
+        return 1 if self.whole else self.rows * self.inner
+
+
+def _collapse(shape, strides):
+    """The single stride of dims that collapse into one (C order, size-1 dims ignored), 0 if none is
+    left, None if they do not collapse."""
+    kept = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    for (_, a), (nb, b) in zip(kept, kept[1:]):
+        if a != b * nb:
+            return None
+    return kept[-1][1] if kept else 0
+
+
+def _c_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of small tuples, on every call's path
+def plan_layout(shape, strides, axes) -> Layout:
+    """The layout for an array of ``shape`` and element ``strides`` reduced over ``axes``."""
+    shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+    nd = len(shape)
+    axes = tuple(sorted(axes))
+    if nd == 0:
+        return Layout("rows", None, whole=True)
+    if not axes:  # axis=(): every element is its own output, a column of one
+        flat = _collapse(shape, strides)
+        return Layout("columns", None if flat in (0, 1) else "contiguous", rows=math.prod(shape), stride=1)
+    if axes != tuple(range(axes[0], axes[-1] + 1)):
+        rest = [d for d in range(nd) if d not in axes]
+        moved = tuple(shape[d] for d in rest + list(axes))
+        return _replace_copy(_layout_in(moved, _c_strides(moved), tuple(range(len(rest), nd))), "moveaxis")
+    got = _layout_in(shape, strides, axes)
+    if got is None:
+        return _replace_copy(_layout_in(shape, _c_strides(shape), axes), "contiguous")
+    return got
+
+
+def _replace_copy(layout: Layout, copy: str) -> Layout:
+    return Layout(layout.kind, copy, layout.rows, layout.length, layout.stride, layout.index_step, layout.inner,
+                  layout.whole)
+
+
+def _layout_in(shape, strides, axes) -> Layout | None:
+    """In place, or None (a copy is needed)."""
+    nd = len(shape)
+    k0, k1 = axes[0], axes[-1] + 1
+    if k0 == 0 and k1 == nd:  # every axis: the longest contiguous trailing run makes the rows
+        c = nd
+        while c > 0 and _collapse(shape[c - 1:], strides[c - 1:]) in (0, 1):
+            c -= 1
+        outer = _collapse(shape[:c], strides[:c])
+        rows, length = math.prod(shape[:c]), math.prod(shape[c:])
+        if outer is None or (rows > 1 and length < SHORT_ROW):
+            return None
+        return Layout("rows", None, rows=rows, length=length, stride=outer, index_step=length, whole=True)
+    if _collapse(shape[k0:], strides[k0:]) not in (0, 1):  # the reduced run and what follows: contiguous
+        return None
+    outer = _collapse(shape[:k0], strides[:k0])
+    if outer is None:
+        return None
+    rows, length, inner = math.prod(shape[:k0]), math.prod(shape[k0:k1]), math.prod(shape[k1:])
+    if inner == 1 and length >= SHORT_ROW:
+        return Layout("rows", None, rows=rows, length=length, stride=outer)
+    return Layout("columns", None, rows=rows, length=length, stride=outer, inner=inner)
+
+
+def row_splits(layout: Layout, itemsize: int, sms: int) -> int:
+    """Blocks per row: enough blocks for the GPU, each with at least one unrolled pass of packs."""
+    per_block = BLOCK * (16 // itemsize) * ROW_UNROLL
+    most = max(1, -(-layout.length // per_block))
+    want = max(1, -(-sms * BLOCKS_PER_SM // layout.rows))
+    return int(min(most, want, (2**31 - 1) // max(layout.rows, 1)))
+
+
+def column_pieces(layout: Layout, sms: int) -> tuple[int, int]:
+    """(piece, splits): the reduced run cut into pieces of at least MIN_PIECE elements, enough of them
+    for the GPU's threads."""
+    columns = layout.rows * layout.inner
+    want = max(1, sms * THREADS_PER_SM // max(columns, 1))
+    splits = max(1, min(want, -(-layout.length // MIN_PIECE)))
+    piece = -(-layout.length // splits)
+    return int(piece), int(-(-layout.length // piece))
+
+
+# ------------------------------------------------------------------------------------------------
+# launching
+# ------------------------------------------------------------------------------------------------
+_loaded: dict = {}
+
+
+def _kernels_for(stat: str, dtype, device: int) -> dict:
+    key = (device, stat, dtype)
+    found = _loaded.get(key)
+    if found is None:
+        found = _loaded[key] = _kernels.get_standalone_kernels(ENTRY, stat_names(stat, dtype))
+    return found
+
+
+_sms: dict = {}
+
+
+def _sm_count(device: int) -> int:
+    found = _sms.get(device)
+    if found is None:
+        found = _sms[device] = int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+    return found
+
+
+def handles(block, stat: str) -> bool:
+    return block.size > 0 and block.dtype in _dt.CUDA_TYPE_NAMES
+
+
+_NULL = np.uint64(0)
+
+
+def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0):
+    """(states, result) of ``stat`` over ``axes`` of ``block`` (on its GPU): ``states`` a device byte
+    buffer of one State per output (view it with ``state_dtype``), ``result`` the final values
+    (``result_dtype``), each only if asked for; outputs in C order of the kept axes."""
+    device = block.data.device_id
+    isz = block.itemsize
+    strides = tuple(s // isz for s in block.strides) if all(s % isz == 0 for s in block.strides) else None
+    if strides is None:
+        block, strides = cupy.ascontiguousarray(block), _c_strides(block.shape)
+    layout = plan_layout(tuple(block.shape), strides, tuple(axes))
+    if layout.copy == "moveaxis":
+        rest = [d for d in range(block.ndim) if d not in axes]
+        block = cupy.ascontiguousarray(cupy.moveaxis(block, sorted(axes), list(range(len(rest), block.ndim))))
+    elif layout.copy == "contiguous":
+        block = cupy.ascontiguousarray(block)
+    ks = _kernels_for(stat, block.dtype, device)
+    sms = _sm_count(device)
+    sdt = state_dtype(stat, block.dtype)
+    if layout.kind == "rows":
+        splits = row_splits(layout, isz, sms)
+        parts = cupy.empty(layout.rows * splits * sdt.itemsize, dtype=np.uint8)
+        ks["rows"](layout.rows * splits, BLOCK, (block, np.int64(layout.length), np.int64(layout.stride),
+                                                 np.int64(layout.index_step), np.int32(splits), parts))
+        fold_splits, split_stride, output_stride = (layout.rows * splits, 1, 0) if layout.whole else (splits, 1, splits)
+    else:
+        piece, splits = column_pieces(layout, sms)
+        columns = layout.rows * layout.inner
+        parts = cupy.empty(columns * splits * sdt.itemsize, dtype=np.uint8)
+        grid = int(min(-(-columns * splits // BLOCK), sms * 64))
+        ks["columns"](grid, BLOCK, (block, np.int64(layout.rows), np.int64(layout.stride), np.int64(layout.length),
+                                    np.int64(layout.inner), np.int64(piece), np.int64(splits), parts))
+        fold_splits, split_stride, output_stride = splits, columns, 1
+    outputs = layout.outputs
+    got_states = cupy.empty(outputs * sdt.itemsize, dtype=np.uint8) if states else None
+    got_result = cupy.empty(outputs, dtype=result_dtype(stat, block.dtype)) if result else None
+    mode = _MOMENTS.get(stat, 0)
+    grid = int(min(-(-outputs // (BLOCK // 32)), sms * 32))
+    ks["fold"](grid, BLOCK, (parts, np.int64(outputs), np.int64(fold_splits), np.int64(split_stride),
+                             np.int64(output_stride), _NULL if got_states is None else got_states,
+                             _NULL if got_result is None else got_result, np.float64(ddof), np.int32(mode)))
+    return got_states, got_result
+
+
+def host_states(states, stat, dtype, kept):
+    """The States copied to the host, as a structured array of the kept shape."""
+    return states.get().view(state_dtype(stat, dtype)).reshape(kept)
+
+
+# ------------------------------------------------------------------------------------------------
+# chunk partials for StatPlan (numpy_stats' partial formats, on the host)
+# ------------------------------------------------------------------------------------------------
 def to_host(partial):
     return tuple(cupy.asnumpy(p) for p in partial)
 
@@ -36,134 +325,64 @@ def _on_holder(block):
     return cupy.cuda.Device(block.data.device_id)
 
 
+def _kept(block, axes):
+    return tuple(1 if d in axes else s for d, s in enumerate(block.shape))
+
+
+def _states(block, stat, axes):
+    states, _ = run(block, stat, axes, states=True, result=False)
+    return host_states(states, stat, block.dtype, _kept(block, axes))
+
+
 def arg_chunk(block, axes, largest, skipnan, offsets, shape):
     with _on_holder(block):
-        if _whole_kernel_fits(block, axes):
-            return _arg_kernel(block, largest, skipnan, offsets, shape)
-        return to_host(_host.arg_chunk(block, axes, largest, skipnan, offsets, shape, xp=cupy))
+        if not handles(block, "argmax"):
+            return to_host(_host.arg_chunk(block, axes, largest, skipnan, offsets, shape, xp=cupy))
+        stat = ("nanarg" if skipnan else "arg") + ("max" if largest else "min")
+        st = _states(block, stat, axes)
+        value = st["key"].astype(block.dtype)
+        local = st["index"].astype(np.int64)
+        if len(axes) == block.ndim:  # one flat index: the chunk's position in the whole array
+            if block.ndim and local.ravel()[0] >= 0:
+                at = np.unravel_index(int(local.ravel()[0]), block.shape)
+                local = np.full_like(local, np.ravel_multi_index(tuple(w + o for w, o in zip(at, offsets)), shape))
+            return value, local
+        (axis,) = axes
+        return value, np.where(local >= 0, local + offsets[axis], -1)
 
 
 def moments_chunk(block, axes, skipnan):
     with _on_holder(block):
-        if _whole_kernel_fits(block, axes):
-            return _moments_kernel(block, skipnan)
-        return to_host(_host.moments_chunk(block, axes, skipnan, xp=cupy))
+        if not handles(block, "var"):
+            return to_host(_host.moments_chunk(block, axes, skipnan, xp=cupy))
+        st = _states(block, "nanvar" if skipnan else "var", axes)
+        return tuple(np.ascontiguousarray(st[f]) for f in ("n", "anchor", "offset", "m2"))
 
 
-# ------------------------------------------------------------------------------------------------
-# the one-pass kernels (kernels/stats.cuh)
-# ------------------------------------------------------------------------------------------------
-BLOCK = 256
-BLOCKS_PER_SM = 8  # enough resident warps to keep the loads in flight; partials stay a few thousand
+def extreme_chunk(block, axes, largest):
+    with _on_holder(block):
+        if not handles(block, "nanmax"):
+            return to_host(_host.extreme_chunk(block, axes, largest, xp=cupy))
+        kept = _kept(block, axes)
+        st = _states(block, "nanmax" if largest else "nanmin", axes)
+        value = st["value"].astype(block.dtype)
+        if block.dtype.kind == "f":
+            value = np.where(st["seen"] != 0, value, np.nan).astype(block.dtype)
+        return value, np.full(kept, math.prod(block.shape[a] for a in axes), dtype=np.int64)
 
 
-def stats_names(dtype) -> dict:
-    """Every stats kernel for ``dtype``, by role (largest, skipnan) / "moments"+skipnan, from the dtype
-    table: NaN-skipping forms only where the dtype has NaN."""
-    dtype = np.dtype(dtype)
-    T = _kernels.ctype(dtype)
-    skips = (False, True) if dtype.kind == "f" else (False,)
-    names = {}
-    for skip in skips:
-        s = str(skip).lower()
-        for largest in (False, True):
-            names[("arg", largest, skip)] = f"mr::stats_arg_partials<{T}, {str(largest).lower()}, {s}, {BLOCK}>"
-        names[("moments", skip)] = f"mr::stats_moments_partials<{T}, {s}, {BLOCK}>"
-    return names
+def truth_chunk(block, axes, every):
+    with _on_holder(block):
+        if not handles(block, "any"):
+            return to_host(_host.truth_chunk(block, axes, every, xp=cupy))
+        return (_states(block, "all" if every else "any", axes)["value"] != 0,)
 
 
-def all_stats_instantiations() -> list[str]:
-    return sorted({e for dt in _dt.GPU_DTYPES for e in stats_names(dt).values()})
-
-
-def module_text() -> str:
-    """The common device headers (kernels.kernel_source) and stats.cuh, includes inlined once."""
-    beside = Path(__file__).resolve().parents[2] / "kernels" / "stats.cuh"  # a source checkout
-    text = (beside if beside.exists() else _kernels.source_dir() / "stats.cuh").read_text()
-    text = text.replace("#pragma once", "").replace('#include "common.cuh"', "")
-    return _kernels.kernel_source() + "\n" + text
-
-
-_modules: dict = {}
-_lock = threading.Lock()
-
-
-def _kernel(dtype, role):
-    key = (cupy.cuda.runtime.getDevice(), np.dtype(dtype))
-    found = _modules.get(key)
-    if found is None:
-        with _lock:
-            if key not in _modules:
-                names = stats_names(dtype)
-                try:
-                    module = cupy.RawModule(code=module_text(), options=_kernels.COMPILE_OPTIONS,
-                                            name_expressions=sorted(names.values()))
-                    module.compile()
-                except Exception as exc:
-                    raise _kernels.KernelError(f"compiling the stats kernels for {np.dtype(dtype)} failed: {exc}") from exc
-                _modules[key] = {role: module.get_function(expr) for role, expr in names.items()}
-            found = _modules[key]
-    return found[role]
-
-
-def _whole_kernel_fits(block, axes) -> bool:
-    return (len(axes) == block.ndim and block.size > 0 and block.dtype in _dt.CUDA_TYPE_NAMES
-            and block.flags.c_contiguous)
-
-
-@functools.lru_cache(maxsize=None)  # one entry per device; the grid itself is not memoized: one per size
-def _sms(device: int) -> int:
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-
-
-def _grid(device: int, n: int) -> int:
-    per_block = BLOCK * 16  # one 16-byte pack per thread at least
-    return int(max(1, min(_sms(device) * BLOCKS_PER_SM, -(-n // per_block))))
-
-
-def _arg_kernel(block, largest, skipnan, offsets, shape):
-    n = block.size
-    grid = _grid(block.data.device_id, n)
-    key_dtype = np.float32 if block.dtype == np.float16 else block.dtype
-    keys = cupy.empty(grid, dtype=key_dtype)
-    where = cupy.empty(grid, dtype=np.int64)
-    skip = skipnan and block.dtype.kind == "f"
-    _kernel(block.dtype, ("arg", largest, skip))((grid,), (BLOCK,), (block, np.int64(n), keys, where))
-    value, local = _fold_host((keys.get(), where.get()), lambda a, b: _host.arg_merge(a, b, largest))
-    kept = (1,) * block.ndim
-    local = int(local)
-    if local < 0:
-        return np.zeros(kept, dtype=block.dtype), np.full(kept, -1, dtype=np.int64)
-    at = np.unravel_index(local, block.shape) if block.ndim else ()
-    index = int(np.ravel_multi_index(tuple(w + o for w, o in zip(at, offsets)), shape)) if block.ndim else 0
-    return np.asarray(value, dtype=block.dtype).reshape(kept), np.full(kept, index, dtype=np.int64)
-
-
-def _moments_kernel(block, skipnan):
-    n = block.size
-    grid = _grid(block.data.device_id, n)
-    out = cupy.empty(4 * grid, dtype=np.float64)
-    skip = skipnan and block.dtype.kind == "f"
-    _kernel(block.dtype, ("moments", skip))((grid,), (BLOCK,), (block, np.int64(n), out))
-    parts = out.get().reshape(grid, 4)
-    merged = _fold_host(tuple(parts[:, k] for k in range(4)), _host.moments_merge)
-    kept = (1,) * block.ndim
-    return tuple(np.asarray(m, dtype=np.float64).reshape(kept) for m in merged)
-
-
-def _fold_host(columns, merge):
-    """Merge the block partials (arrays of equal length, one entry per block) pairwise, vectorized:
-    log2(blocks) NumPy steps."""
-    while len(columns[0]) > 1:
-        m = len(columns[0])
-        half = m // 2
-        left = tuple(c[:half] for c in columns)
-        right = tuple(c[half:2 * half] for c in columns)
-        merged = merge(left, right)
-        if m % 2:
-            merged = tuple(np.concatenate([a, c[-1:]]) for a, c in zip(merged, columns))
-        columns = merged
-    return tuple(c[0] for c in columns)
+def count_chunk(block, axes):
+    with _on_holder(block):
+        if not handles(block, "count_nonzero"):
+            return to_host(_host.count_chunk(block, axes, xp=cupy))
+        return (np.ascontiguousarray(_states(block, "count_nonzero", axes)["value"]),)
 
 
 def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
@@ -188,18 +407,3 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(compile_all(*(sys.argv[1:2] or ["sm_90"])))
-
-
-def extreme_chunk(block, axes, largest):
-    with _on_holder(block):
-        return to_host(_host.extreme_chunk(block, axes, largest, xp=cupy))
-
-
-def truth_chunk(block, axes, every):
-    with _on_holder(block):
-        return to_host(_host.truth_chunk(block, axes, every, xp=cupy))
-
-
-def count_chunk(block, axes):
-    with _on_holder(block):
-        return to_host(_host.count_chunk(block, axes, xp=cupy))
