@@ -200,7 +200,9 @@ __global__ void __launch_bounds__(BLOCK)
 
 // ---- 3. the cut segments ---------------------------------------------------------------------------
 // One block walks the tiles in order, ITEMS per thread per round: the carry into tile j is the
-// segmented fold of tiles [0, j); tile j's head segment gets op(carry, head_value[j]).
+// segmented fold of tiles [0, j); tile j's head segment gets op(carry, head_value[j]). The pairs are
+// read twice (fold, then walk) rather than held: at 1024 threads registers are short, and the second
+// read hits L2.
 template <class Acc, class Op, int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK)
     segment_fixup(index_t tiles, const int* tile_flag, const Acc* tile_value, const index_t* head_seg,
@@ -211,30 +213,34 @@ __global__ void __launch_bounds__(BLOCK)
   Seg<Acc> running{0, identity};  // the fold of the tiles of earlier rounds (same in every thread)
   for (index_t base = 0; base < tiles; base += (index_t)BLOCK * ITEMS) {
     const index_t j0 = base + (index_t)threadIdx.x * ITEMS;
-    int f[ITEMS];
-    Acc val[ITEMS];
     Seg<Acc> mine{0, identity};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const bool inside = j0 + k < tiles;
-      f[k] = inside ? tile_flag[j0 + k] : 0;
-      val[k] = inside ? tile_value[j0 + k] : identity;
+      if (j0 + k < tiles) mine = seg_combine(mine, Seg<Acc>{tile_flag[j0 + k], tile_value[j0 + k]}, op);
     }
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) mine = seg_combine(mine, Seg<Acc>{f[k], val[k]}, op);
     Seg<Acc> total;
     const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
     Seg<Acc> carry = seg_combine(running, before, op);
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (j0 + k < tiles) {
-        const index_t seg = head_seg[j0 + k];
-        if (seg >= 0) out[seg] = op(carry.value, head_value[j0 + k]);
-      }
-      carry = seg_combine(carry, Seg<Acc>{f[k], val[k]}, op);
+    for (int k = 0; k < ITEMS && j0 + k < tiles; ++k) {
+      const index_t seg = head_seg[j0 + k];
+      if (seg >= 0) out[seg] = op(carry.value, head_value[j0 + k]);
+      carry = seg_combine(carry, Seg<Acc>{tile_flag[j0 + k], tile_value[j0 + k]}, op);
     }
     running = seg_combine(running, total, op);
   }
+}
+
+// ---- the offsets, checked on the GPU before any work ------------------------------------------------
+// bit 0 of *bad: a start outside [0, n]; bit 1: a start below the one before it. *bad is zero on entry.
+__global__ void segment_check_offsets(const index_t* offsets, index_t m, index_t n, int* bad) {
+  int found = 0;
+  for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < m; i += (index_t)gridDim.x * blockDim.x) {
+    const index_t o = __ldg(offsets + i);
+    if (o < 0 || o > n) found |= 1;
+    if (i > 0 && o < __ldg(offsets + i - 1)) found |= 2;
+  }
+  found = __reduce_or_sync(kFullMask, found);
+  if (found && threadIdx.x % kWarp == 0) atomicOr(bad, found);
 }
 
 }  // namespace mr

@@ -417,37 +417,42 @@ def _segment_args(x, offsets, op, dtype, caller):
     out = _dt.result_dtype(op.family, x.dtype, requested)
     if is_cupy_array(offsets) and kind == "cupy" and _gpu_segments(x, _dt.accumulator_dtype(out)):
         # 10^7 offsets stay on the GPU: one fused check there, no host round trip of the array
-        return x, kind, _device_offsets(offsets, n, caller), op, _dt.accumulator_dtype(out), out
+        acc = _dt.accumulator_dtype(out)
+        return x, kind, _device_offsets(offsets, n, caller, op, x.dtype, acc), op, acc, out
     if is_cupy_array(offsets):
         offsets = offsets.get()
     elif v.is_dask_array(offsets):
         raise TypeError(f"{caller}: argument 'offsets' must be a NumPy array or a list; got a dask array "
                         "(the segment layout shapes the graph: compute it first)")
-    offsets = np.asarray(offsets)
-    if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
-        raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
-                        f"{offsets.dtype}, shape {offsets.shape}")
-    offsets = offsets.astype(np.int64)
+    offsets = _integer_offsets(np.asarray(offsets), caller)
     if offsets.size and (offsets[0] < 0 or offsets[-1] > n or (np.diff(offsets) < 0).any()):
-        raise ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
-                         f"values from {offsets.min()} to {offsets.max()}"
-                         + ("" if (np.diff(offsets) >= 0).all() else ", not ascending"))
+        raise _offsets_range_error(offsets, n, bool((np.diff(offsets) >= 0).all()), caller)
     return x, kind, offsets, op, _dt.accumulator_dtype(out), out
 
 
-def _device_offsets(offsets, n, caller):
-    """CuPy offsets checked on the GPU (the same rules and messages as NumPy ones), as int64."""
-    import cupy
-
+def _integer_offsets(offsets, caller):
+    """NumPy or CuPy offsets as int64, after checking they are a 1-D array of integers."""
     if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
         raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
                         f"{offsets.dtype}, shape {offsets.shape}")
-    offsets = offsets.astype(np.int64, copy=False)
-    if offsets.size and bool((offsets[0] < 0) | (offsets[-1] > n) | cupy.any(offsets[1:] < offsets[:-1])):
-        ascending = not bool(cupy.any(offsets[1:] < offsets[:-1]))
-        raise ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
-                         f"values from {int(offsets.min())} to {int(offsets.max())}"
-                         + ("" if ascending else ", not ascending"))
+    return offsets.astype(np.int64, copy=False)
+
+
+def _offsets_range_error(offsets, n, ascending, caller):
+    return ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
+                      f"values from {int(offsets.min())} to {int(offsets.max())}"
+                      + ("" if ascending else ", not ascending"))
+
+
+def _device_offsets(offsets, n, caller, op, dtype, acc):
+    """CuPy offsets checked on the GPU (the same rules and messages as NumPy ones), as int64, by a kernel
+    of the module that reduces ``dtype`` into ``acc`` with ``op`` next."""
+    from .backends import cupy_segment
+
+    offsets = _integer_offsets(offsets, caller)
+    inside, ascending = cupy_segment.check_offsets(offsets, n, op, dtype, acc)
+    if not (inside and ascending):
+        raise _offsets_range_error(offsets, n, ascending, caller)
     return offsets
 
 

@@ -24,8 +24,8 @@ from .. import kernels as _kernels
 from ..operators import Operator
 
 BLOCK = 256  # threads per tile
-FIX_BLOCK = 512  # the fix-up's one block
-FIX_ITEMS = 16  # tiles per fix-up thread per round: 8192 tiles (2^28 float32 elements) in one round
+FIX_BLOCK = 1024  # the fix-up's one block
+FIX_ITEMS = 32  # tiles per fix-up thread per round: 32768 tiles (2^28 float32 elements) in one round
 SEARCH_BLOCK = 256
 
 
@@ -49,6 +49,7 @@ def segment_names(dtype, acc, op: Operator) -> dict[str, str]:
     T, A, F = _kernels.ctype(dtype), _kernels.ctype(acc), op.cuda_functor
     return {
         "starts": "mr::segment_tile_starts",
+        "check": "mr::segment_check_offsets",
         "tiles": f"mr::segment_reduce_tiles<{T}, {A}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}>",
         "fixup": f"mr::segment_fixup<{A}, {F}, {FIX_BLOCK}, {FIX_ITEMS}>",
     }
@@ -142,6 +143,22 @@ def segment_reduce(x, offsets, op: Operator, acc):
         if tiles > 1:
             ks["fixup"](1, FIX_BLOCK, (i64(tiles), tile_flag, tile_value, head_seg, head_value, identity, out))
         return out
+
+
+def check_offsets(offsets, n: int, op: Operator, dtype, acc) -> tuple[bool, bool]:
+    """(all in [0, n], ascending) for int64 CuPy ``offsets``: one kernel (from the module the reduction
+    of ``dtype`` into ``acc`` by ``op`` uses next) and one 4-byte copy back, the only wait before the
+    work (bad input raises before any)."""
+    m = int(offsets.shape[0])
+    if m == 0:
+        return True, True
+    offsets = cupy.ascontiguousarray(offsets)
+    with cupy.cuda.Device(offsets.data.device_id):
+        bad = cupy.zeros(1, dtype=np.int32)
+        grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(offsets.data.device_id))
+        _kernels_for(op, dtype, acc)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), bad))
+        found = int(bad.get()[0])
+    return not found & 1, not found & 2
 
 
 def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
