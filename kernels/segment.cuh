@@ -68,6 +68,16 @@ __device__ __forceinline__ Seg<Acc> block_segmented_exclusive_scan(Seg<Acc> x, O
   return seg_combine(before, exc, op);
 }
 
+// Read-only load of data a previous launch wrote (__ldg has no bool overload).
+template <class T>
+__device__ __forceinline__ T load_readonly(const T* p) {
+  if constexpr (sizeof(T) == 1 && T(2) == T(1)) {  // bool
+    return __ldg(reinterpret_cast<const unsigned char*>(p)) != 0;
+  } else {
+    return __ldg(p);
+  }
+}
+
 // ---- 1. where each tile's offsets begin --------------------------------------------------------------
 // tile_first[b] (b in [0, tiles]) = lower_bound(offsets, b * tile).
 __global__ void segment_tile_starts(const index_t* offsets, index_t m, index_t tile, index_t tiles,
@@ -202,7 +212,8 @@ __global__ void __launch_bounds__(BLOCK)
 // One block walks the tiles in order, ITEMS per thread per round: the carry into tile j is the
 // segmented fold of tiles [0, j); tile j's head segment gets op(carry, head_value[j]). The pairs are
 // read twice (fold, then walk) rather than held: at 1024 threads registers are short, and the second
-// read hits L2.
+// read hits L2. Read-only loads (written by the previous launch) and unrolled walks, so the compiler
+// issues a thread's loads together instead of one L2 round trip per tile behind each store to out.
 template <class Acc, class Op, int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK)
     segment_fixup(index_t tiles, const int* tile_flag, const Acc* tile_value, const index_t* head_seg,
@@ -216,15 +227,20 @@ __global__ void __launch_bounds__(BLOCK)
     Seg<Acc> mine{0, identity};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      if (j0 + k < tiles) mine = seg_combine(mine, Seg<Acc>{tile_flag[j0 + k], tile_value[j0 + k]}, op);
+      if (j0 + k < tiles) {
+        mine = seg_combine(mine, Seg<Acc>{__ldg(tile_flag + j0 + k), load_readonly(tile_value + j0 + k)}, op);
+      }
     }
     Seg<Acc> total;
     const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
     Seg<Acc> carry = seg_combine(running, before, op);
-    for (int k = 0; k < ITEMS && j0 + k < tiles; ++k) {
-      const index_t seg = head_seg[j0 + k];
-      if (seg >= 0) out[seg] = op(carry.value, head_value[j0 + k]);
-      carry = seg_combine(carry, Seg<Acc>{tile_flag[j0 + k], tile_value[j0 + k]}, op);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (j0 + k < tiles) {
+        const index_t seg = __ldg(head_seg + j0 + k);
+        if (seg >= 0) out[seg] = op(carry.value, load_readonly(head_value + j0 + k));
+        carry = seg_combine(carry, Seg<Acc>{__ldg(tile_flag + j0 + k), load_readonly(tile_value + j0 + k)}, op);
+      }
     }
     running = seg_combine(running, total, op);
   }

@@ -24,8 +24,8 @@ from .. import kernels as _kernels
 from ..operators import Operator
 
 BLOCK = 256  # threads per tile
-FIX_BLOCK = 1024  # the fix-up's one block
-FIX_ITEMS = 32  # tiles per fix-up thread per round: 32768 tiles (2^28 float32 elements) in one round
+FIX_BLOCK = 512  # the fix-up's one block (at 1024 threads, 64 registers: the unrolled walk spills)
+FIX_ITEMS = 32  # tiles per fix-up thread per round: 16384 tiles (2^27 float32 elements) per round
 SEARCH_BLOCK = 256
 
 

@@ -117,7 +117,8 @@ def test_float32_sum_at_2_24_plus_7_with_device_offsets():
 
 def test_many_tiles_and_fixup_rounds_exact():
     """uint8 sums (uint64, exact) over 2^28 + 5 elements: 32769 tiles of 8192, so the fix-up block runs
-    two rounds; one segment spanning every tile, one starting late, and a million short ones."""
+    three rounds (16384 tiles each); one segment spanning every tile, one starting late, and a million
+    short ones."""
     n = (1 << 28) + 5
     rng = np.random.default_rng(28)
     x = cupy.random.randint(0, 256, n, dtype=cupy.uint8)
@@ -195,7 +196,7 @@ def test_segment_sum_past_2_31():
     free, _ = cupy.cuda.runtime.memGetInfo()
     if free < 12 * 2**30:
         pytest.skip(f"needs ~12 GiB of free GPU memory; {free / 2**30:.1f} GiB free")
-    n = (1 << 31) + 7  # uint8: 262145 tiles, 9 fix-up rounds; offsets and indices past 2^31
+    n = (1 << 31) + 7  # uint8: 262145 tiles, 17 fix-up rounds; offsets and indices past 2^31
     x = cupy.random.randint(0, 256, size=n, dtype=cupy.uint8)
     host = cupy.asnumpy(x)
     rng = np.random.default_rng(31)
