@@ -514,23 +514,65 @@ def _segment_args(x, offsets, op, dtype, caller):
         raise ValueError(f"{caller}: argument 'x' must be 1-D; got {x.ndim} dimensions (shape {x.shape})")
     if kind.startswith("dask"):
         _known_chunks(x, caller)
+    n = int(x.shape[0])
+    out = _dt.result_dtype(op.family, x.dtype, requested)
+    if is_cupy_array(offsets) and kind == "cupy" and _gpu_segments(x, _dt.accumulator_dtype(out)):
+        # 10^7 offsets stay on the GPU: one fused check there, no host round trip of the array
+        acc = _dt.accumulator_dtype(out)
+        return x, kind, _device_offsets(offsets, n, caller, op, x.dtype, acc), op, acc, out
     if is_cupy_array(offsets):
         offsets = offsets.get()
     elif v.is_dask_array(offsets):
         raise TypeError(f"{caller}: argument 'offsets' must be a NumPy array or a list; got a dask array "
                         "(the segment layout shapes the graph: compute it first)")
-    offsets = np.asarray(offsets)
+    offsets = _integer_offsets(np.asarray(offsets), caller)
+    if offsets.size and (offsets[0] < 0 or offsets[-1] > n or (np.diff(offsets) < 0).any()):
+        raise _offsets_range_error(offsets, n, bool((np.diff(offsets) >= 0).all()), caller)
+    return x, kind, offsets, op, _dt.accumulator_dtype(out), out
+
+
+def _integer_offsets(offsets, caller):
+    """NumPy or CuPy offsets as int64, after checking they are a 1-D array of integers."""
     if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
         raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
                         f"{offsets.dtype}, shape {offsets.shape}")
-    offsets = offsets.astype(np.int64)
-    n = int(x.shape[0])
-    if offsets.size and (offsets[0] < 0 or offsets[-1] > n or (np.diff(offsets) < 0).any()):
-        raise ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
-                         f"values from {offsets.min()} to {offsets.max()}"
-                         + ("" if (np.diff(offsets) >= 0).all() else ", not ascending"))
-    out = _dt.result_dtype(op.family, x.dtype, requested)
-    return x, kind, offsets, op, _dt.accumulator_dtype(out), out
+    return offsets.astype(np.int64, copy=False)
+
+
+def _offsets_range_error(offsets, n, ascending, caller):
+    return ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
+                      f"values from {int(offsets.min())} to {int(offsets.max())}"
+                      + ("" if ascending else ", not ascending"))
+
+
+def _device_offsets(offsets, n, caller, op, dtype, acc):
+    """CuPy offsets checked on the GPU (the same rules and messages as NumPy ones), as int64, by a kernel
+    of the module that reduces ``dtype`` into ``acc`` with ``op`` next."""
+    from .backends import cupy_segment
+
+    offsets = _integer_offsets(offsets, caller)
+    inside, ascending = cupy_segment.check_offsets(offsets, n, op, dtype, acc)
+    if not (inside and ascending):
+        raise _offsets_range_error(offsets, n, ascending, caller)
+    return offsets
+
+
+def _gpu_segments(block, acc):
+    """Whether the segment kernels (backends/cupy_segment) take this block."""
+    if not is_cupy_array(block):
+        return False
+    from .backends import cupy_segment
+
+    return cupy_segment.supported(block, acc)
+
+
+def _segment_reduce_block(block, offsets, op, acc):
+    """One NumPy or CuPy array's segment reductions in ``acc``: the GPU kernels where they apply."""
+    if _gpu_segments(block, acc):
+        from .backends import cupy_segment
+
+        return cupy_segment.segment_reduce(block, offsets, op, acc)
+    return numpy_stats.segment_reduce(block, _host(offsets), op, acc, _xp(block))
 
 
 def _xp(x):
@@ -553,7 +595,7 @@ def segment_reduce(x, offsets, op="sum", dtype=None):
     x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
     if kind.startswith("dask"):
         return _dask_segment_reduce(x, offsets, op, acc, out)
-    return numpy_stats.segment_reduce(x, offsets, op, acc, _xp(x)).astype(out, copy=False)
+    return _segment_reduce_block(x, offsets, op, acc).astype(out, copy=False)
 
 
 def segment_scan(x, offsets, op="sum", dtype=None):
@@ -562,6 +604,7 @@ def segment_scan(x, offsets, op="sum", dtype=None):
     first run is seeded with the running value carried from the chunks before it."""
     caller = "multireduce.segment_scan"
     x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
+    offsets = _host(offsets)
     heads = np.unique(offsets[offsets < x.shape[0]])
     if kind.startswith("dask"):
         return _dask_segment_scan(x, heads, op, acc, out)
@@ -612,7 +655,7 @@ def _dask_segment_reduce(x, offsets, op, acc, out):
 def _segment_pieces_task(block, local_offsets, op, acc):
     """(head, reductions): ``head`` reduces the elements before the chunk's first start (the tail of a
     segment that began in an earlier chunk), the rest are the segments starting in this chunk."""
-    values = numpy_stats.segment_reduce(block, np.concatenate([[0], local_offsets]), op, acc, _xp(block))
+    values = _segment_reduce_block(block, np.concatenate([[0], local_offsets]), op, acc)
     values = _host(values)
     return values[0], values[1:]
 
@@ -635,9 +678,8 @@ def _segment_finish_task(pieces, op, out, gpu, *following):
 def _scan_tail(block, local_heads, op, acc):
     """What a chunk hands on: the reduction of its elements after its last head (all of them if it has
     none), and whether it has a head (then nothing earlier reaches past it)."""
-    xp = _xp(block)
     start = int(local_heads[-1]) if len(local_heads) else 0
-    tail = numpy_stats.segment_reduce(block, np.asarray([start]), op, acc, xp)
+    tail = _segment_reduce_block(block, np.asarray([start]), op, acc)
     return _host(tail)[0], bool(len(local_heads))
 
 

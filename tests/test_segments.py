@@ -112,3 +112,107 @@ def test_segment_arguments_are_checked():
     offsets = np.array([0, 4])
     mr.segment_reduce(x, offsets)
     np.testing.assert_array_equal(offsets, [0, 4])
+
+
+# ------------------------------------------------------------------------------------------------
+# The GPU kernels' decomposition (kernels/segment.cuh), replayed on the CPU: tiles of block * items
+# elements, each thread walking the heads among its items, the block's segmented exclusive scan, each
+# tile's head finished by the fix-up's scan over tiles. Small tiles so that segments cross threads and
+# tiles in every way; the GPU tests run the kernels themselves.
+# ------------------------------------------------------------------------------------------------
+def _seg_combine(a, b, op):
+    return (a[0] or b[0], b[1] if b[0] else op(a[1], b[1]))
+
+
+def _exclusive_seg_scan(pairs, op, identity):
+    out, run = [], (False, identity)
+    for p in pairs:
+        out.append(run)
+        run = _seg_combine(run, p, op)
+    return out, run
+
+
+def _replay_segment_kernels(x, offsets, op, identity, block, items):
+    n, m = len(x), len(offsets)
+    out = [None] * m
+    if m == 0 or n == 0:
+        return [identity] * m
+    tile = block * items
+    tiles = -(-n // tile)
+    tile_first = [int(np.searchsorted(offsets, b * tile, side="left")) for b in range(tiles + 1)]
+    assert tile_first == [int(np.sum(offsets < b * tile)) for b in range(tiles + 1)]
+    tile_pairs, heads = [], []
+    for b in range(tiles):
+        threads = []
+        for t in range(block):
+            a = b * tile + t * items
+            lo, hi = tile_first[b], tile_first[b + 1]
+            s = lo + int(np.searchsorted(offsets[lo:hi], a, side="left")) - 1
+            nxt = offsets[s + 1] if s + 1 < m else n
+            acc, closed, first = identity, False, None
+
+            def close(seg, v, state):
+                if not state["closed"]:
+                    state["closed"], state["first"] = True, (seg, v)
+                elif seg >= 0:
+                    assert out[seg] is None, "a segment written twice"
+                    out[seg] = v
+
+            state = {"closed": closed, "first": first}
+            for i in range(a, min(a + items, n)):
+                if nxt <= i:
+                    close(s, acc, state)
+                    acc = identity
+                    s += 1
+                    nxt = offsets[s + 1] if s + 1 < m else n
+                    while nxt <= i:
+                        out[s] = identity
+                        s += 1
+                        nxt = offsets[s + 1] if s + 1 < m else n
+                acc = op(acc, x[i])
+            if a < n <= a + items:
+                close(s, acc, state)
+                acc = identity
+                for k in range(s + 1, m):
+                    out[k] = identity
+            threads.append((state["closed"], acc, state["first"]))
+        before, total = _exclusive_seg_scan([(c, v) for c, v, _ in threads], op, identity)
+        head = (-1, identity)
+        for (c, _, first), (flag, carry) in zip(threads, before):
+            if c:
+                seg, v = first[0], op(carry, first[1])
+                if flag or tiles == 1:
+                    if seg >= 0:
+                        assert out[seg] is None, "a segment written twice"
+                        out[seg] = v
+                else:
+                    assert head == (-1, identity), "two heads in one tile"
+                    head = (seg, v)
+        tile_pairs.append(total)
+        heads.append(head)
+    if tiles > 1:
+        carries, _ = _exclusive_seg_scan(tile_pairs, op, identity)
+        for (seg, v), (_, carry) in zip(heads, carries):
+            if seg >= 0:
+                assert out[seg] is None, "a segment written twice"
+                out[seg] = op(carry, v)
+    assert all(o is not None for o in out), "a segment never written"
+    return out
+
+
+@pytest.mark.parametrize("block,items", [(1, 1), (2, 3), (4, 2), (8, 4)])
+@pytest.mark.parametrize("n,m", [(1, 1), (1, 4), (31, 5), (33, 40), (97, 12), (200, 3), (257, 257)])
+def test_kernel_decomposition_replayed_on_cpu(n, m, block, items):
+    rng = np.random.default_rng(n * 31 + m + block)
+    op = matmul_operator()  # non-commutative: any reordering shows
+    x = random_matrices(rng, n)
+    for offsets in (_offsets(rng, n, m), np.sort(rng.integers(n // 2, n + 1, m)), np.full(m, n // 3),
+                    np.arange(min(m, n + 1))):
+        offsets = offsets.astype(np.int64)
+
+        def mul(left, right):
+            return int(op.combine(np.asarray([left], np.uint64), np.asarray([right], np.uint64))[0])
+
+        got = _replay_segment_kernels(x, offsets, mul, int(op.identity(np.dtype(np.uint64))), block, items)
+        ends = np.append(offsets[1:], n)
+        assert got == [sequential_fold(x[s:e]) for s, e in zip(offsets, ends)]

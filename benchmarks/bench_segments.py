@@ -1,0 +1,101 @@
+"""Segmented sums on one GPU: 2^28 float32 elements cut into 10^3, 10^5 and 10^7 segments of random
+lengths; multireduce's element-balanced kernels against CuPy (``cupy.add.reduceat`` where CuPy has it,
+else an inclusive float64 scan and a difference at the segment ends) and ``torch.segment_reduce``
+(lengths form), with the copy roof beside them. CUDA events, median of repeats, every timed result
+checked against a float64 reference first. Offsets live on the GPU for every implementation.
+
+Rows: "multireduce" is the public call (the offsets are checked on the GPU first: one small kernel and
+one 4-byte copy back, a wait the kernels themselves do not need); "multireduce kernels" is the backend
+call without that check. ``ratio_copy`` counts the data read (n * 4 bytes) against the copy roof, as
+the other reduction tables do; the note adds the ratio counting offsets and results too.
+
+    python benchmarks/bench_segments.py [--quick]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+import harness as h  # noqa: E402
+
+import multireduce as mr  # noqa: E402
+from multireduce.backends import cupy_segment  # noqa: E402
+from multireduce.operators import get_operator  # noqa: E402
+
+SEGMENTS = (10**3, 10**5, 10**7)
+TARGET = {10**3: 0.8, 10**5: 0.8, 10**7: 0.5}  # issue 14, item 8: fraction of copy bandwidth
+
+
+def main(argv=None) -> list:
+    cupy, torch, args, env = h.setup("segmented sums side by side", argv)
+    rows: list[h.Row] = []
+    n = 1 << (28 if not args.quick else 24)
+    nbytes = 4 * n
+    copy = h.copy_roof(nbytes)
+    rows.append(h.Row("copy", "cupy copy", "float32", n, 2 * nbytes / copy / 1e6, copy, 1.0, True))
+    xs = h.buffers(lambda i: cupy.random.random(n, dtype=cupy.float32), nbytes, max_buffers=2)
+    total = cupy.concatenate([cupy.zeros(1, cupy.float64), cupy.cumsum(xs[0], dtype=cupy.float64)])
+    add_op = get_operator("sum")
+    reduceat = getattr(cupy.add, "reduceat", None)
+
+    for m in SEGMENTS:
+        if m >= n:
+            continue
+        rng = np.random.default_rng(m)
+        pool = np.unique(rng.integers(1, n, 2 * m))  # distinct cuts without a 2^28-entry permutation
+        cuts = np.sort(pool[rng.choice(pool.size, m - 1, replace=False)])
+        offsets = np.concatenate([[0], cuts]).astype(np.int64)
+        lengths = np.diff(np.append(offsets, n))
+        starts = cupy.asarray(offsets)
+        ends = cupy.asarray(np.append(offsets[1:], n))
+        want = cupy.asnumpy(total[ends] - total[starts])  # data in [0, 1): the sum is the mass too
+        moved = nbytes + 12 * m  # data, int64 offsets, float32 results
+
+        def check(got):
+            got = cupy.asnumpy(cupy.asarray(got)).astype(np.float64)
+            return got.shape == want.shape and bool(np.all(np.abs(got - want) <= 1e-4 * (want + 1)))
+
+        def cumsum_diff(v):
+            c = cupy.concatenate([cupy.zeros(1, cupy.float64), cupy.cumsum(v, dtype=cupy.float64)])
+            return (c[ends] - c[starts]).astype(cupy.float32)
+
+        impls = {
+            "multireduce": lambda v: mr.segment_reduce(v, starts),
+            "multireduce kernels": lambda v: cupy_segment.segment_reduce(v, starts, add_op, np.float32),
+        }
+        if reduceat is not None:
+            impls["cupy add.reduceat"] = lambda v: reduceat(v, starts)
+        impls["cupy cumsum-diff"] = cumsum_diff
+        if torch is not None:
+            lengths_t = torch.as_tensor(lengths, device="cuda")
+            impls["torch segment_reduce"] = lambda v: torch.segment_reduce(torch.as_tensor(v, device="cuda"), "sum",
+                                                                           lengths=lengths_t)
+        for name, fn in impls.items():
+            family = f"segments m=10^{int(np.log10(m))}"
+            try:
+                ok = check(fn(xs[0]))
+                ms = h.time_gpu(fn, xs, repeats=7, warmup=2)
+            except Exception as exc:  # a prototype API (torch) or a CuPy without reduceat: record, go on
+                rows.append(h.Row(family, name, "float32", n, float("nan"), float("nan"), ok=False,
+                                  note=f"failed: {type(exc).__name__}: {str(exc)[:60]}"))
+                continue
+            gbps = nbytes / ms / 1e6
+            row = h.Row(family, name, "float32", n, ms, gbps, gbps / copy, ok,
+                        note=f"all bytes {moved / ms / 1e6 / copy:.3f} x copy")
+            row.extra = {"segments": m, "target": TARGET[m]}
+            if name.startswith("multireduce"):
+                row.note += f"; target {TARGET[m]} x: {'met' if gbps / copy >= TARGET[m] else 'NOT met'}"
+            rows.append(row)
+        del starts, ends
+    h.save(rows, "bench_segments", env)
+    print(h.markdown(rows, columns=("family", "impl", "n", "ms", "gbps", "ratio_copy", "ok", "note")))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Segmented reduction of one 1-D CuPy array on its GPU: the element-balanced kernels of
+``kernels/segment.cuh`` (tile starts, tiles, one fix-up block), one module per operator (user operators
+too) and element / accumulator type, as ``kernels.get_kernels`` does for the reductions.
+
+The launcher keeps everything on the device: offsets may be a CuPy array (no host round trip for 10^7
+segments); NumPy offsets are copied over once.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import cupy
+except ImportError:  # the kernel names and the nvcc check (CI, no GPU) need no CuPy
+    cupy = None
+
+from .. import dtypes as _dt
+from .. import kernels as _kernels
+from ..operators import Operator
+
+BLOCK = 256  # threads per tile
+FIX_BLOCK = 512  # the fix-up's one block (at 1024 threads, 64 registers: the unrolled walk spills)
+FIX_ITEMS = 32  # tiles per fix-up thread per round: 16384 tiles (2^27 float32 elements) per round
+SEARCH_BLOCK = 256
+
+
+def items_per_thread(itemsize: int) -> int:
+    """Elements per thread: 128 bytes (eight 16-byte loads in flight) for 4- and 8-byte types; 32 for the
+    narrow ones, whose per-element head checks, not loads, would otherwise dominate the unrolled code."""
+    return min(32, 128 // itemsize)
+
+
+def tile_elements(itemsize: int) -> int:
+    return BLOCK * items_per_thread(itemsize)
+
+
+def tile_count(n: int, itemsize: int) -> int:
+    return -(-n // tile_elements(itemsize))
+
+
+def segment_names(dtype, acc, op: Operator) -> dict[str, str]:
+    """The three kernels for element dtype ``dtype`` and accumulator ``acc``, by role."""
+    dtype, acc = np.dtype(dtype), np.dtype(acc)
+    T, A, F = _kernels.ctype(dtype), _kernels.ctype(acc), op.cuda_functor
+    return {
+        "starts": "mr::segment_tile_starts",
+        "check": "mr::segment_check_offsets",
+        "tiles": f"mr::segment_reduce_tiles<{T}, {A}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}>",
+        "fixup": f"mr::segment_fixup<{A}, {F}, {FIX_BLOCK}, {FIX_ITEMS}>",
+    }
+
+
+def all_segment_instantiations() -> list[tuple[str, list[str]]]:
+    """(operator name, name expressions) for every built-in operator over the dtype table."""
+    from ..operators import get_operator
+
+    groups = []
+    for opname in ("sum", "prod", "min", "max"):
+        op = get_operator(opname)
+        exprs: set[str] = set()
+        for dtype in _dt.GPU_DTYPES:
+            if dtype.kind in op.kinds:
+                acc = _dt.accumulator_dtype(_dt.result_dtype(op.family, dtype))
+                exprs.update(segment_names(dtype, acc, op).values())
+        groups.append((opname, sorted(exprs)))
+    return groups
+
+
+def module_text(op: Operator) -> str:
+    """The common device headers (kernels.kernel_source), segment.cuh and ``op``'s functor."""
+    beside = Path(__file__).resolve().parents[2] / "kernels" / "segment.cuh"  # a source checkout
+    text = (beside if beside.exists() else _kernels.source_dir() / "segment.cuh").read_text()
+    text = text.replace("#pragma once", "").replace('#include "block.cuh"', "")
+    return _kernels.kernel_source() + "\n" + text + "\n" + op.cuda_source()
+
+
+_modules: dict = {}
+_lock = threading.Lock()
+
+
+def _kernels_for(op: Operator, dtype, acc) -> dict:
+    key = (cupy.cuda.runtime.getDevice(), op.cuda_functor, op.cuda_source(), np.dtype(dtype), np.dtype(acc))
+    found = _modules.get(key)
+    if found is None:
+        with _lock:
+            if key not in _modules:
+                names = segment_names(dtype, acc, op)
+                try:
+                    module = cupy.RawModule(code=module_text(op), options=_kernels.COMPILE_OPTIONS,
+                                            name_expressions=sorted(set(names.values())))
+                    module.compile()
+                except Exception as exc:
+                    raise _kernels.KernelError(
+                        f"compiling the segment kernels for operator {op.name!r}, {np.dtype(dtype)} -> "
+                        f"{np.dtype(acc)} failed: {exc}") from exc
+                _modules[key] = {role: _kernels.Kernel(module.get_function(e), e) for role, e in names.items()}
+            found = _modules[key]
+    return found
+
+
+def supported(x, acc) -> bool:
+    """Whether the kernels take this input: a 1-D CuPy array of a GPU dtype, accumulated in one."""
+    return (cupy is not None and isinstance(x, cupy.ndarray) and x.ndim == 1 and _dt.gpu_supported(x.dtype)
+            and _dt.gpu_supported(acc))
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(device: int) -> int:
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+def segment_reduce(x, offsets, op: Operator, acc):
+    """``op`` over x[offsets[i]:offsets[i+1]] (the last to the end) for each i, in ``acc``, on x's GPU:
+    a CuPy array of len(offsets). ``offsets``: ascending int64 in [0, len(x)] (checked by the caller),
+    NumPy or CuPy."""
+    acc = np.dtype(acc)
+    identity = op.identity(acc)
+    with cupy.cuda.Device(x.data.device_id):
+        m, n = int(offsets.shape[0]), int(x.shape[0])
+        if m == 0 or n == 0:
+            return cupy.full(m, identity, dtype=acc)
+        x = cupy.ascontiguousarray(x)
+        offsets = cupy.ascontiguousarray(cupy.asarray(offsets, dtype=np.int64))
+        ks = _kernels_for(op, x.dtype, acc)
+        tile = tile_elements(x.dtype.itemsize)
+        tiles = tile_count(n, x.dtype.itemsize)
+        i64 = np.int64
+        tile_first = cupy.empty(tiles + 1, dtype=np.int64)
+        grid = min(-(-(tiles + 1) // SEARCH_BLOCK), 16 * _sms(x.data.device_id))
+        ks["starts"](grid, SEARCH_BLOCK, (offsets, i64(m), i64(tile), i64(tiles), tile_first))
+        out = cupy.empty(m, dtype=acc)
+        tile_flag = cupy.empty(tiles, dtype=np.int32)
+        tile_value = cupy.empty(tiles, dtype=acc)
+        head_seg = cupy.empty(tiles, dtype=np.int64)
+        head_value = cupy.empty(tiles, dtype=acc)
+        ks["tiles"](tiles, BLOCK, (x, i64(n), offsets, i64(m), tile_first, identity, out, tile_flag, tile_value,
+                                   head_seg, head_value))
+        if tiles > 1:
+            ks["fixup"](1, FIX_BLOCK, (i64(tiles), tile_flag, tile_value, head_seg, head_value, identity, out))
+        return out
+
+
+def check_offsets(offsets, n: int, op: Operator, dtype, acc) -> tuple[bool, bool]:
+    """(all in [0, n], ascending) for int64 CuPy ``offsets``: one kernel (from the module the reduction
+    of ``dtype`` into ``acc`` by ``op`` uses next) and one 4-byte copy back, the only wait before the
+    work (bad input raises before any)."""
+    m = int(offsets.shape[0])
+    if m == 0:
+        return True, True
+    offsets = cupy.ascontiguousarray(offsets)
+    with cupy.cuda.Device(offsets.data.device_id):
+        bad = cupy.zeros(1, dtype=np.int32)
+        grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(offsets.data.device_id))
+        _kernels_for(op, dtype, acc)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), bad))
+        found = int(bad.get()[0])
+    return not found & 1, not found & 2
+
+
+def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
+    """Compile every built-in instantiation of segment.cuh with nvcc (CI has nvcc but no GPU); one
+    translation unit per operator; returns nvcc's status (the first failure's)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from ..operators import get_operator
+
+    status = 0
+    with tempfile.TemporaryDirectory() as work:
+        for opname, exprs in all_segment_instantiations():
+            body = ",\n  ".join(f"(void*)&{e}" for e in exprs)
+            path = os.path.join(work, f"segment_{opname}.cu")
+            with open(path, "w") as f:
+                f.write(module_text(get_operator(opname))
+                        + f"\nvoid* const multireduce_segment_instantiations[] = {{\n  {body}\n}};\n")
+            proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", path + ".o"],
+                                  capture_output=True, text=True)
+            print(f"{'ok' if proc.returncode == 0 else 'FAILED'} segment {opname}: {len(exprs)} instantiations")
+            if proc.returncode:
+                print(proc.stderr[-20000:])
+                status = status or proc.returncode
+    return status
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(compile_all(*(sys.argv[1:2] or ["sm_90"])))
