@@ -112,8 +112,7 @@ def main(argv=None):
                     n = int(gib * n_workers * 2**30 // 4) // chunk * chunk
                     if n == 0:
                         continue
-                    lazy = da.map_blocks(make, 11, chunks=((chunk,) * (n // chunk),), dtype=np.float32, meta=meta)
-                    x = persist_placed(client, lazy, contiguous=False)
+                    x, _runs = persist_placed(client, make, n // chunk, chunk, meta, "dask")
                     for row in _measure(client, x, args):
                         row.update(workers=n_workers, gib_per_worker=gib, chunk_log2=log2)
                         rows.append(row)
