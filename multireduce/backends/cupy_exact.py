@@ -126,12 +126,27 @@ def fold_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return totals, (flags & FLAG_NAN) != 0, (flags & FLAG_PINF) != 0, (flags & FLAG_NINF) != 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=4096)
 def _grid_x(device: int, n: int, rows: int) -> int:
     sms = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
     per_block = BLOCK * 16  # at least one 16-byte pack per thread
     want = max(1, -(-n // per_block))
     return int(max(1, min(want, max(1, sms * BLOCKS_PER_SM // min(rows, _ROWS_PER_LAUNCH)))))
+
+
+def device_words(x):
+    """The (rows, KWORDS + 1) int64 words of a C-contiguous 2-d CuPy array's row sums, on its GPU (the
+    kernel alone: what benchmarks time against a plain sum)."""
+    rows, n = x.shape
+    words = cupy.zeros((rows, KWORDS + 1), dtype=np.int64)
+    kernel = _kernel(x.dtype)
+    gx = _grid_x(x.data.device_id, n, rows)
+    step = gx * _PER_BLOCK_LIMIT
+    for start in range(0, n, step):  # the words add across launches as across blocks
+        part = x[:, start:start + step]
+        gy = min(rows, _ROWS_PER_LAUNCH)
+        kernel((gx, gy), (BLOCK,), (part, np.int64(rows), np.int64(part.shape[1]), np.int64(n), words))
+    return words
 
 
 def state_of(block, axes: tuple[int, ...]):
@@ -150,15 +165,7 @@ def state_of(block, axes: tuple[int, ...]):
         return ExactState(total, false, false.copy(), false.copy(), n)
     with _on_holder(block):
         x = cupy.ascontiguousarray(cupy.transpose(block, kept + list(axes))).reshape(rows, n)
-        words = cupy.zeros((rows, KWORDS + 1), dtype=np.int64)
-        kernel = _kernel(block.dtype)
-        gx = _grid_x(block.data.device_id, n, rows)
-        step = gx * _PER_BLOCK_LIMIT
-        for start in range(0, n, step):  # the words add across launches as across blocks
-            part = x[:, start:start + step]
-            gy = min(rows, _ROWS_PER_LAUNCH)
-            kernel((gx, gy), (BLOCK,), (part, np.int64(rows), np.int64(part.shape[1]), np.int64(n), words))
-        host = words.get()
+        host = device_words(x).get()
     totals, nan, pinf, ninf = fold_words(host)
     return ExactState(totals.reshape(kept_shape), nan.reshape(kept_shape), pinf.reshape(kept_shape),
                       ninf.reshape(kept_shape), n)
