@@ -1,6 +1,13 @@
 """Exact sum/cumsum against the plain kernels (NumPy on the CPU; CuPy/torch and multireduce on a GPU).
 
     python benchmarks/bench_exact.py [--quick] [--gpu]
+    python benchmarks/bench_exact.py --gpu-exact [--quick]
+
+--gpu-exact: the exact GPU sum (kernels/exact.cuh) against our plain sum, cupy.sum and torch.sum on the
+same device array, float32/float64, 2^20..2^30 elements, uniform / normal / ill-conditioned (condition
+number ~1e16) / 90-orders-of-magnitude data; median of repeats timed with CUDA events; bandwidth and the
+ratio to the plain sum's; "exact kernel" is the kernel alone (device words), "exact" the whole call
+(words to the host, fold, rounding). A table is printed last.
 
 Data: uniform, normal, and ill-conditioned (condition number ~1e16: large terms that cancel, leaving
 small ones). Prints one line per (device, dtype, data, n, function): best-of-3 seconds and the ratio
@@ -41,11 +48,109 @@ def best(f, repeat=3, sync=lambda: None):
     return t
 
 
+def make_gpu(kind: str, n: int, dtype):
+    """Device data, generated on the GPU (2^30 float64 stays off the host)."""
+    import cupy
+
+    rs = cupy.random.RandomState(1)
+    if kind == "uniform":
+        x = rs.random_sample(n)
+    elif kind == "normal":
+        x = rs.standard_normal(n)
+    elif kind == "ill":  # large terms that cancel, small survivors: sum |x| / |sum x| ~ 1e16
+        half = rs.standard_normal(n // 2) * 1e8
+        x = cupy.concatenate([half, -half, rs.standard_normal(n - 2 * (n // 2)) + 1e-8])
+        x[0] += 1e-8
+        x = x[rs.permutation(n)]
+    else:  # range90: |x| from 1e-45 to 1e45, both signs (float32: clipped to its range)
+        lo = -45 if dtype == np.float64 else -37
+        hi = 45 if dtype == np.float64 else 37
+        x = cupy.where(rs.random_sample(n) < 0.5, -1.0, 1.0) * 10.0 ** rs.uniform(lo, hi, n)
+    return x.astype(dtype)
+
+
+def median_ms(f, repeat: int) -> float:
+    import cupy
+
+    f()  # warm: compile, pools
+    times = []
+    for _ in range(repeat):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        f()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def gpu_exact(quick: bool):
+    import cupy
+
+    import multireduce as mr
+    from multireduce.backends import cupy_exact
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    logs = [20, 22, 24] if quick else [20, 22, 24, 26, 28, 30]
+    rows = []
+    for dtype in (np.float32, np.float64):
+        for kind in ("uniform", "normal", "ill", "range90"):
+            for lg in logs:
+                n = 1 << lg
+                try:
+                    g = make_gpu(kind, n, dtype)
+                except cupy.cuda.memory.OutOfMemoryError:
+                    print(f"gpu {np.dtype(dtype)} {kind} 2^{lg}: skipped (device memory)")
+                    continue
+                repeat = 21 if lg <= 26 else 7
+                nbytes = g.nbytes
+                t = {
+                    "plain": median_ms(lambda: mr.sum(g), repeat),
+                    "cupy": median_ms(lambda: cupy.sum(g), repeat),
+                    "exact kernel": median_ms(lambda: cupy_exact.device_words(g.reshape(1, n)), repeat),
+                    "exact": median_ms(lambda: mr.sum(g, exact=True), repeat),
+                }
+                if torch is not None:
+                    tg = torch.as_tensor(g, device="cuda")
+                    t["torch"] = median_ms(lambda: torch.sum(tg), repeat)
+                    del tg
+                # the exact result is the correctly rounded one: check it against the CPU path at small n
+                if lg <= 22:
+                    assert np.asarray(mr.sum(g, exact=True)).tobytes() == np.asarray(
+                        exact.sum(cupy.asnumpy(g))).tobytes(), (dtype, kind, lg)
+                for name, ms in t.items():
+                    gbs = nbytes / (ms * 1e-3) / 1e9
+                    rows.append((np.dtype(dtype).name, kind, lg, name, ms, gbs, t["plain"] / ms))
+                    print(f"gpu {np.dtype(dtype)} {kind:8s} 2^{lg}: {name:12s} {ms:9.4f} ms {gbs:8.1f} GB/s "
+                          f"{t['plain'] / ms:5.2f} x plain", flush=True)
+                del g
+                cupy.get_default_memory_pool().free_all_blocks()
+    print("\n| dtype | data | n | exact kernel GB/s | exact GB/s | plain GB/s | cupy GB/s | torch GB/s "
+          "| exact kernel / plain | exact / plain |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    by = {}
+    for dt, kind, lg, name, ms, gbs, ratio in rows:
+        by.setdefault((dt, kind, lg), {})[name] = (gbs, ratio)
+    for (dt, kind, lg), r in by.items():
+        def cell(name, k=0):
+            return f"{r[name][k]:.0f}" if name in r else "-"
+        print(f"| {dt} | {kind} | 2^{lg} | {cell('exact kernel')} | {cell('exact')} | {cell('plain')} | {cell('cupy')} "
+              f"| {cell('torch')} | {r['exact kernel'][1]:.2f} | {r['exact'][1]:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2^20..2^24 elements, cumsum at 2^18 (<= 90 s)")
     ap.add_argument("--gpu", action="store_true", help="also time CuPy input (cupy.sum, torch.sum, mr.sum)")
+    ap.add_argument("--gpu-exact", action="store_true",
+                    help="exact GPU sum vs plain/cupy/torch sums, CUDA-event medians, table last")
     args = ap.parse_args()
+    if args.gpu_exact:
+        gpu_exact(args.quick)
+        return
     rng = np.random.default_rng(0)
     sizes = [1 << 20, 1 << 24] if args.quick else [1 << 20, 1 << 24, 1 << 27, 1 << 30]
     for dtype in (np.float32, np.float64):

@@ -7,9 +7,10 @@ tree fan-in, worker count or placement yields the same integer, and the result i
 (round-half-even) to the output dtype. Inf/NaN follow NumPy: NaN if any NaN or both infinities, else the
 infinity; a finite sum beyond the dtype's range rounds to inf.
 
-The per-chunk pass is vectorized: elements are binned by exponent with ``np.bincount``; each element
+On the CPU the per-chunk pass is vectorized: elements are binned by exponent with ``np.bincount``; each element
 contributes two pieces of at most 27 bits (float64 weights), so a bin's float sum stays an exact
-integer for up to ``_BATCH`` elements per call; bins are folded into the Python integer afterwards.
+integer for up to ``_BATCH`` elements per call; bins are folded into the Python integer afterwards. CuPy chunks get the same integer from the GPU
+kernel of kernels/exact.cuh (backends/cupy_exact.py); only exact cumsums still copy them to the host.
 """
 
 from __future__ import annotations
@@ -132,8 +133,13 @@ def _fold(pieces: list[tuple[np.ndarray, int]]) -> np.ndarray:
 
 
 def state_of(block, axes: tuple[int, ...]) -> ExactState:
-    """The exact state of ``block`` reduced over ``axes`` (reduced axes dropped from the state's shape)."""
-    x = _to_host(block)
+    """The exact state of ``block`` reduced over ``axes`` (reduced axes dropped from the state's shape).
+    A CuPy block's state is computed on its GPU (backends/cupy_exact.py: the same integer)."""
+    if type(block).__module__.startswith("cupy"):
+        from .backends import cupy_exact
+
+        return cupy_exact.state_of(block, axes)
+    x = np.asarray(block)
     kept = [d for d in range(x.ndim) if d not in axes]
     xt = np.transpose(x, kept + list(axes))
     kept_shape = tuple(x.shape[d] for d in kept)
@@ -293,7 +299,7 @@ def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype) -
 
 def _cumsum_block(block, axis: int, dt: np.dtype, carry: np.ndarray | None = None):
     """Exact cumsum of a NumPy block along ``axis``; ``carry``: object array of per-lane ExactStates."""
-    x = np.moveaxis(np.asarray(block), axis, -1)
+    x = np.moveaxis(_to_host(block), axis, -1)
     out = np.empty(x.shape, dtype=dt)
     lanes = x.reshape(-1, x.shape[-1]) if x.shape[-1] else x.reshape(-1, 0)
     res = out.reshape(lanes.shape)

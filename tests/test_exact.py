@@ -259,3 +259,183 @@ def test_exact_keyword_of_the_api_matches_the_exact_module_and_is_chunking_indep
     assert mr.sum(np.arange(10, dtype=np.int32), exact=True) == 45
     with pytest.raises(TypeError, match="argument 'exact'"):
         mr.sum(x, exact=1)
+
+
+# -- the GPU kernel's arithmetic, modelled in NumPy (backends/cupy_exact.py; runs without a GPU) ----------
+
+from multireduce.backends import cupy_exact  # noqa: E402
+
+
+def _words_value(words) -> Fraction:
+    totals, nan, pinf, ninf = cupy_exact.fold_words(np.asarray(words, dtype=np.int64).reshape(1, -1))
+    return Fraction(int(totals[0])) * Fraction(2) ** exact.EBASE
+
+
+def _adversarial(kind: str, n: int, rng) -> np.ndarray:
+    if kind == "cancel":  # x and -x, shuffled, plus a few small survivors
+        half = rng.standard_normal(n // 2) * 1e12
+        x = np.concatenate([half, -half, rng.standard_normal(n - 2 * (n // 2)) * 1e-9])
+        x[: min(3, n)] += 1e-20
+    elif kind == "range90":  # 90 orders of magnitude, both signs
+        x = rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-45, 45, n)
+    elif kind == "subnormal":
+        x = rng.standard_normal(n) * 5e-324 * rng.integers(1, 1 << 40, n)
+        x[::3] = rng.standard_normal(x[::3].size) * 1e-310
+    elif kind == "huge":  # near the float64 limit: beyond 2**960 the kernel deposits directly
+        x = rng.choice([-1.0, 1.0], n) * rng.uniform(0.1, 1.7, n) * 1e308
+        x[::2] = rng.standard_normal(x[::2].size)
+    else:
+        x = rng.random(n)
+    rng.shuffle(x)
+    return x
+
+
+@pytest.mark.parametrize("kind", ["uniform", "cancel", "range90", "subnormal", "huge"])
+@pytest.mark.parametrize("n", [1, 31, 33, 1025])
+def test_kernel_model_is_exact(kind, n):
+    rng = np.random.default_rng(n * 7 + len(kind))
+    x = _adversarial(kind, n, rng)
+    words = cupy_exact.model_words(x, threads=32)
+    assert words[-1] == 0
+    assert _words_value(words) == exact_sum(x)
+    # same integer as the CPU path, for any thread count and expansion length
+    for threads, terms in ((1, 1), (7, 2), (64, 8)):
+        again = cupy_exact.model_words(x, threads=threads, terms=terms)
+        assert _words_value(again) == _words_value(words)
+    assert int(cupy_exact.fold_words(words.reshape(1, -1))[0][0]) == int(exact.state_of(x, (0,)).total[()])
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+def test_kernel_model_narrow_dtypes(dt):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(1023) * 10.0 ** rng.integers(-3, 4, 1023)).astype(dt)
+    x = x[np.isfinite(x)]
+    words = cupy_exact.model_words(x, threads=16)
+    assert _words_value(words) == exact_sum(x)
+    assert float(exact.finish(exact.ExactState(cupy_exact.fold_words(words.reshape(1, -1))[0].reshape(()),
+                                               np.array(False), np.array(False), np.array(False), x.size),
+                              np.dtype(dt))) == ref_round(exact_sum(x), dt)
+
+
+@pytest.mark.parametrize("specials", [[np.nan], [np.inf], [-np.inf], [np.inf, -np.inf], [np.nan, np.inf]])
+def test_kernel_model_flags(specials):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(100)
+    x[rng.choice(100, len(specials), replace=False)] = specials
+    words = cupy_exact.model_words(x, threads=8)
+    _, nan, pinf, ninf = cupy_exact.fold_words(words.reshape(1, -1))
+    st = exact.state_of(x, (0,))
+    assert (bool(nan[0]), bool(pinf[0]), bool(ninf[0])) == (bool(st.nan), bool(st.pinf), bool(st.ninf))
+    finite = np.where(np.isfinite(x), x, 0.0)
+    assert _words_value(words) == exact_sum(finite)
+
+
+def test_fold_words_carries_and_signs():
+    rng = np.random.default_rng(2)
+    words = rng.integers(-(1 << 40), 1 << 40, size=(3, cupy_exact.KWORDS + 1))
+    words[:, -1] = [0, 1, 6]
+    totals, nan, pinf, ninf = cupy_exact.fold_words(words)
+    for r in range(3):
+        expected = sum(int(w) << (32 * j) for j, w in enumerate(words[r, :-1]))
+        assert Fraction(int(totals[r])) * Fraction(2) ** exact.EBASE == Fraction(expected) * Fraction(2) ** cupy_exact.WORD_BASE
+    assert nan.tolist() == [False, True, False] and pinf.tolist() == [False, False, True]
+    assert ninf.tolist() == [False, False, True]
+
+
+def test_kernel_constants_match_python():
+    import re
+    from pathlib import Path
+
+    text = (Path(cupy_exact.__file__).resolve().parents[2] / "kernels" / "exact.cuh").read_text()
+    assert int(re.search(r"kWords = (\d+)", text).group(1)) == cupy_exact.KWORDS
+    assert int(re.search(r"kBig = (\d+)", text).group(1)) == cupy_exact.BIG
+    # the top of the words holds the largest sum the launch limits allow: 2**40 values below 2**1024
+    assert 32 * cupy_exact.KWORDS + cupy_exact.WORD_BASE > 1024 + 40 + 32
+
+
+# -- the kernel's own source, compiled for the host (g++) with one thread per block, blocks run in turn -----
+
+_HOST_SHIM = r"""
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __shared__ static
+#define __launch_bounds__(x)
+struct Dim { long long x, y, z; };
+static Dim blockIdx, gridDim, blockDim, threadIdx;
+inline void __syncthreads() {}
+inline long long __double_as_longlong(double d) { long long v; std::memcpy(&v, &d, 8); return v; }
+inline double __dadd_rn(double a, double b) { volatile double r = a + b; return r; }
+inline double __dsub_rn(double a, double b) { volatile double r = a - b; return r; }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
+inline unsigned long long atomicOr(unsigned long long* p, unsigned long long v) { auto o = *p; *p |= v; return o; }
+namespace mr { typedef long long index_t; struct half { unsigned short bits; };
+inline float half_to_float(unsigned short) { return 0.f; } }
+"""
+
+_HOST_MAIN = r"""
+using namespace mr::exact;
+template <class T> void run(const char* path, long long rows, long long n, long long offset, int grid) {
+  FILE* f = fopen(path, "rb");
+  std::vector<T> buf(rows * n + offset + 8);
+  if (fread(buf.data() + offset, sizeof(T), rows * n, f) != (size_t)(rows * n)) exit(2);
+  fclose(f);
+  std::vector<long long> out(rows * kOut, 0);
+  gridDim = {grid, 2, 1}; blockDim = {1, 1, 1}; threadIdx = {0, 0, 0};
+  for (long long by = 0; by < 2; ++by)
+    for (long long b = 0; b < grid; ++b) {
+      blockIdx = {b, by, 0};
+      exact_sum_rows<T, 4, 1>(buf.data() + offset, rows, n, n, out.data());
+    }
+  for (long long i = 0; i < rows * kOut; ++i) printf("%lld\n", out[i]);
+}
+int main(int argc, char** argv) {
+  long long rows = atoll(argv[3]), n = atoll(argv[4]), off = atoll(argv[5]);
+  int grid = atoi(argv[6]);
+  if (argv[2][0] == 'd') run<double>(argv[1], rows, n, off, grid); else run<float>(argv[1], rows, n, off, grid);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_kernel(tmp_path_factory):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    work = tmp_path_factory.mktemp("exact_host")
+    source = (Path(cupy_exact.__file__).resolve().parents[2] / "kernels" / "exact.cuh").read_text()
+    source = source.replace('#include "common.cuh"', _HOST_SHIM)
+    (work / "h.cpp").write_text(source + _HOST_MAIN)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(work / "h"), str(work / "h.cpp")], check=True)
+    return work
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["uniform", "cancel", "range90", "subnormal", "huge"])
+def test_kernel_source_on_host(host_kernel, dt, kind):
+    """exact.cuh's own arithmetic (grid-stride visit with misaligned heads, TwoSum cascade, deposits,
+    carries, flags), one thread per block, blocks in turn: the same integer as the CPU state."""
+    import subprocess
+
+    rng = np.random.default_rng(len(kind))
+    for rows, n, offset, grid in ((1, 1, 1, 1), (1, 1025, 1, 3), (3, 33, 3, 2), (2, 4099, 0, 5)):
+        with np.errstate(over="ignore"):
+            x = _adversarial(kind, rows * n, rng).astype(dt).reshape(rows, n)
+        if kind == "uniform":
+            x.reshape(-1)[rng.integers(0, x.size)] = [np.inf, -np.inf, np.nan][rng.integers(0, 3)]
+        path = host_kernel / "in.bin"
+        x.tofile(path)
+        args = [str(host_kernel / "h"), str(path), "d" if dt == np.float64 else "f", str(rows), str(n), str(offset), str(grid)]
+        words = np.array(subprocess.run(args, capture_output=True, text=True, check=True).stdout.split(), dtype=np.int64)
+        totals, nan, pinf, ninf = cupy_exact.fold_words(words.reshape(rows, cupy_exact.KWORDS + 1))
+        st = exact.state_of(x, (1,))
+        assert [int(t) for t in totals] == [int(t) for t in st.total]
+        assert nan.tolist() == st.nan.tolist() and pinf.tolist() == st.pinf.tolist() and ninf.tolist() == st.ninf.tolist()

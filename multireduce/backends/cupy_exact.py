@@ -1,26 +1,250 @@
-"""CuPy input to the exact functions. No exact GPU kernel yet: chunks are copied to the host and go
-through the CPU path, so results are bitwise the CPU's (and slow: a device-to-host copy per chunk)."""
+"""CuPy input to the exact functions: the exact sum kernel of ``kernels/exact.cuh``.
+
+A chunk's exact state (``exact.ExactState``) is computed on the GPU that holds it: each block keeps
+per-thread floating-point expansions (TwoSum cascades) and a superaccumulator of integer words in
+shared memory, and adds its carried digits into the row's ``KWORDS`` global words with integer atomics.
+Only those words (8 * 73 bytes per output) come to the host, where they are folded into exact.py's
+Python integer, so GPU, CPU and any chunking give the same bits.
+
+Served by the kernel: sum/mean/nansum with ``exact=True`` of float16/32/64 CuPy arrays and of the CuPy
+chunks of Dask arrays, any axes, any strides (reduced axes are moved last with one device copy when
+the rows are not already contiguous). Still copied to the host: ``exact=True`` cumsum/nancumsum (no
+exact GPU scan yet).
+"""
 
 from __future__ import annotations
 
+import functools
+import threading
+from pathlib import Path
+
 import numpy as np
+
+try:
+    import cupy
+except ImportError:  # the kernel names, the NumPy model and the nvcc check (CI, no GPU) need no CuPy
+    cupy = None
+
+from .. import kernels as _kernels
+
+BLOCK = 256
+TERMS = 4  # expansion length per thread: ExBLAS measured 3-8 as the fast range; more terms, fewer flushes
+BLOCKS_PER_SM = 8
+KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
+BIG = 960  # kernels/exact.cuh kBig: |x| >= 2**BIG goes straight to the superaccumulator
+WORD_BASE = -1074  # bit 0 of the words: the smallest float64 subnormal
+FLAG_NAN, FLAG_PINF, FLAG_NINF = 1, 2, 4
+_ROWS_PER_LAUNCH = 65535  # gridDim.y; the kernel loops over rows past it
+_PER_BLOCK_LIMIT = 1 << 28  # elements per block per launch: shared words stay far below 2**63
 
 
 def to_host(block) -> np.ndarray:
-    import cupy
-
     return cupy.asnumpy(block)
 
 
-def reduce(x, plan):
-    import cupy
+def _on_holder(block):
+    return cupy.cuda.Device(block.data.device_id)
 
-    return cupy.asarray(plan.whole(to_host(x)))
+
+# ------------------------------------------------------------------------------------------------
+# kernel names, module text, compile check, loader (the shape of cupy_stats)
+# ------------------------------------------------------------------------------------------------
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def exact_name(dtype) -> str:
+    return f"mr::exact::exact_sum_rows<{_kernels.ctype(dtype)}, {TERMS}, {BLOCK}>"
+
+
+def all_exact_instantiations() -> list[str]:
+    return sorted(exact_name(dt) for dt in FLOAT_DTYPES)
+
+
+def module_text() -> str:
+    """The common device headers (kernels.kernel_source) and exact.cuh, includes inlined once."""
+    beside = Path(__file__).resolve().parents[2] / "kernels" / "exact.cuh"  # a source checkout
+    text = (beside if beside.exists() else _kernels.source_dir() / "exact.cuh").read_text()
+    text = text.replace("#pragma once", "").replace('#include "common.cuh"', "")
+    return _kernels.kernel_source() + "\n" + text
+
+
+_modules: dict = {}
+_lock = threading.Lock()
+
+
+def _kernel(dtype):
+    key = cupy.cuda.runtime.getDevice()
+    found = _modules.get(key)
+    if found is None:
+        with _lock:
+            if key not in _modules:
+                names = all_exact_instantiations()
+                try:
+                    module = cupy.RawModule(code=module_text(), options=_kernels.COMPILE_OPTIONS,
+                                            name_expressions=names)
+                    module.compile()
+                except Exception as exc:
+                    raise _kernels.KernelError(f"compiling the exact sum kernels failed: {exc}") from exc
+                _modules[key] = {dt: module.get_function(exact_name(dt)) for dt in FLOAT_DTYPES}
+            found = _modules[key]
+    return found[np.dtype(dtype)]
+
+
+def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
+    """Compile every instantiation of exact.cuh with nvcc (CI has nvcc but no GPU); returns nvcc's status."""
+    import os
+    import subprocess
+    import tempfile
+
+    body = ",\n  ".join(f"(void*)&{e}" for e in all_exact_instantiations())
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "exact.cu")
+        with open(path, "w") as f:
+            f.write(module_text() + f"\nvoid* const multireduce_exact_instantiations[] = {{\n  {body}\n}};\n")
+        proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", path + ".o"],
+                              capture_output=True, text=True)
+    if proc.returncode:
+        print(proc.stderr[-20000:])
+    return proc.returncode
+
+
+# ------------------------------------------------------------------------------------------------
+# host side: words -> exact.py's state
+# ------------------------------------------------------------------------------------------------
+def fold_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, KWORDS + 1) int64 words -> (totals, nan, pinf, ninf): totals an object array of Python ints
+    in exact.py's units (value total * 2**exact.EBASE), flags bool arrays, all of shape (rows,)."""
+    from ..exact import EBASE
+
+    shift = WORD_BASE - EBASE  # exact.py's unit is 2**53 times finer than the words' bit 0
+    rows = words.shape[0]
+    totals = np.empty(rows, dtype=object)
+    digits = words[:, :KWORDS].tolist()
+    for r in range(rows):
+        totals[r] = functools.reduce(lambda acc, jv: acc + (jv[1] << (32 * jv[0])), enumerate(digits[r]), 0) << shift
+    flags = words[:, KWORDS]
+    return totals, (flags & FLAG_NAN) != 0, (flags & FLAG_PINF) != 0, (flags & FLAG_NINF) != 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _grid_x(device: int, n: int, rows: int) -> int:
+    sms = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    per_block = BLOCK * 16  # at least one 16-byte pack per thread
+    want = max(1, -(-n // per_block))
+    return int(max(1, min(want, max(1, sms * BLOCKS_PER_SM // min(rows, _ROWS_PER_LAUNCH)))))
+
+
+def device_words(x):
+    """The (rows, KWORDS + 1) int64 words of a C-contiguous 2-d CuPy array's row sums, on its GPU (the
+    kernel alone: what benchmarks time against a plain sum)."""
+    rows, n = x.shape
+    words = cupy.zeros((rows, KWORDS + 1), dtype=np.int64)
+    kernel = _kernel(x.dtype)
+    gx = _grid_x(x.data.device_id, n, rows)
+    step = gx * _PER_BLOCK_LIMIT
+    for start in range(0, n, step):  # the words add across launches as across blocks
+        part = x[:, start:start + step]
+        gy = min(rows, _ROWS_PER_LAUNCH)
+        kernel((gx, gy), (BLOCK,), (part, np.int64(rows), np.int64(part.shape[1]), np.int64(n), words))
+    return words
+
+
+def state_of(block, axes: tuple[int, ...]):
+    """The exact state of a CuPy ``block`` reduced over ``axes``, computed on its GPU (exact.state_of's
+    contract: reduced axes dropped from the state's shape)."""
+    from ..exact import ExactState
+
+    kept = [d for d in range(block.ndim) if d not in axes]
+    kept_shape = tuple(block.shape[d] for d in kept)
+    rows = int(np.prod(kept_shape, dtype=np.int64))
+    n = int(np.prod([block.shape[a] for a in axes], dtype=np.int64))
+    false = np.zeros(kept_shape, dtype=bool)
+    if rows == 0 or n == 0:
+        total = np.empty(kept_shape, dtype=object)
+        total.fill(0)
+        return ExactState(total, false, false.copy(), false.copy(), n)
+    with _on_holder(block):
+        x = cupy.ascontiguousarray(cupy.transpose(block, kept + list(axes))).reshape(rows, n)
+        host = device_words(x).get()
+    totals, nan, pinf, ninf = fold_words(host)
+    return ExactState(totals.reshape(kept_shape), nan.reshape(kept_shape), pinf.reshape(kept_shape),
+                      ninf.reshape(kept_shape), n)
+
+
+def reduce(x, plan):
+    return cupy.asarray(plan.whole(x))
 
 
 def cumsum(x, axis: int, dt):
-    import cupy
-
     from ..exact import _cumsum_block
 
     return cupy.asarray(_cumsum_block(to_host(x), axis, dt))
+
+
+# ------------------------------------------------------------------------------------------------
+# a NumPy model of one block of the kernel (CPU tests of the split/flush arithmetic)
+# ------------------------------------------------------------------------------------------------
+def _deposit_model(acc: np.ndarray, d: np.ndarray) -> None:
+    """exact.cuh's deposit for finite float64 values ``d`` into int64 words ``acc`` (wrapping adds)."""
+    bits = d.view(np.uint64)
+    field = ((bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64)
+    mant = bits & np.uint64((1 << 52) - 1)
+    mant = np.where(field > 0, mant | np.uint64(1 << 52), mant)
+    pos = np.where(field > 0, field - 1, 0)
+    word, shift = pos >> 5, (pos & 31).astype(np.uint64)
+    low = mant << shift
+    high = np.where(shift > 0, mant >> (np.uint64(64) - np.where(shift > 0, shift, np.uint64(1))), np.uint64(0))
+    sign = np.where((bits >> np.uint64(63)) != 0, -1, 1).astype(np.int64)
+    for k, piece in enumerate((low & np.uint64(0xFFFFFFFF), low >> np.uint64(32), high)):
+        np.add.at(acc, word + k, sign * piece.astype(np.int64))
+
+
+def model_words(x: np.ndarray, threads: int = 64, terms: int = TERMS) -> np.ndarray:
+    """The words one block of ``threads`` threads would produce for the float array ``x`` (thread t takes
+    elements t, t + threads, ...), with the same expansion, big-value and carry rules as exact.cuh."""
+    v = np.asarray(x).astype(np.float64).ravel()
+    acc = np.zeros(KWORDS, dtype=np.int64)
+    flags = 0
+    a = np.zeros((terms, threads))
+    cols = -(-v.size // threads)
+    padded = np.zeros(cols * threads)
+    padded[: v.size] = v
+    with np.errstate(invalid="ignore", over="ignore"):
+        for c in range(cols):
+            xs = padded[c * threads : (c + 1) * threads].copy()
+            bad = ~np.isfinite(xs)
+            if bad.any():
+                flags |= FLAG_NAN * bool(np.isnan(xs).any()) | FLAG_PINF * bool((xs == np.inf).any())
+                flags |= FLAG_NINF * bool((xs == -np.inf).any())
+                xs[bad] = 0.0
+            big = np.abs(xs) >= 2.0**BIG
+            if big.any():
+                _deposit_model(acc, xs[big])
+                xs[big] = 0.0
+            for i in range(terms):
+                live = xs != 0.0
+                s = a[i] + xs
+                bv = s - a[i]
+                e = (a[i] - (s - bv)) + (xs - bv)
+                a[i] = np.where(live, s, a[i])
+                xs = np.where(live, e, 0.0)
+            rest = xs[xs != 0.0]
+            if rest.size:
+                _deposit_model(acc, rest)
+    for i in range(terms):
+        _deposit_model(acc, a[i][a[i] != 0.0])
+    carry = 0
+    out = np.zeros(KWORDS + 1, dtype=np.int64)
+    for j in range(KWORDS - 1):
+        value = int(acc[j]) + carry
+        out[j] = value & 0xFFFFFFFF
+        carry = value >> 32
+    out[KWORDS - 1] = int(acc[KWORDS - 1]) + carry
+    out[KWORDS] = flags
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(compile_all(*(sys.argv[1:2] or ["sm_90"])))

@@ -1,0 +1,157 @@
+// multireduce: exact (correctly rounded) sums of float16/float32/float64 rows, ExBLAS-style.
+//
+// Every element is converted to double (exact for float16/32). Each thread keeps a floating-point
+// expansion of kTerms doubles updated by a TwoSum cascade: the sum of the expansion plus the elements
+// not yet seen is invariant, because TwoSum is exact unless an addition overflows. What falls out of
+// the last term (and any element of magnitude >= 2^kBig, where an addition could overflow) is added
+// to a block superaccumulator in shared memory: kWords signed 64-bit words, word j counting units of
+// 2^(32 j - 1074), so bit 0 is the smallest subnormal and every double lands in three adjacent words.
+// At the end each thread flushes its expansion, one thread propagates the carries (every word but the
+// last becomes a digit in [0, 2^32)), and the block adds its digits into the row's global words with
+// integer atomics, which is associative: the row's words do not depend on the grid or the schedule.
+// The host folds the words into exact.py's integer state (backends/cupy_exact.py), so GPU, CPU and
+// any chunking give the same bits. NaN/+inf/-inf are flags ORed into word kWords.
+#pragma once
+#include "common.cuh"
+
+namespace mr {
+namespace exact {
+
+constexpr int kWords = 72;       // bits 0..2303: a double reaches bit 2098, sums of 2^40 of them 2138
+constexpr int kOut = kWords + 1;  // + the flags word
+constexpr int kBig = 960;         // |x| < 2^960 enters the expansion: 2^40 of them stay below 2^1000
+constexpr unsigned long long kNan = 1, kPinf = 2, kNinf = 4;
+
+template <class T> struct Pack {
+  static constexpr int kCount = 16 / sizeof(T);
+  T v[kCount];
+};
+template <class T> struct alignas(16) Aligned : Pack<T> {};
+
+__device__ __forceinline__ double to_double(double v) { return v; }
+__device__ __forceinline__ double to_double(float v) { return static_cast<double>(v); }
+__device__ __forceinline__ double to_double(half v) { return static_cast<double>(half_to_float(v.bits)); }
+
+// Adds the finite double d exactly into the superaccumulator acc (shared or global words).
+__device__ __forceinline__ void deposit(long long* acc, double d) {
+  const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(d));
+  const int field = static_cast<int>((bits >> 52) & 0x7ff);
+  unsigned long long mant = bits & ((1ull << 52) - 1);
+  if (field) mant |= 1ull << 52;
+  if (mant == 0) return;
+  const int pos = field ? field - 1 : 0;  // d = mant * 2^(pos - 1074)
+  const int word = pos >> 5, shift = pos & 31;
+  const unsigned long long low = mant << shift;
+  const unsigned long long high = shift ? mant >> (64 - shift) : 0ull;  // < 2^20
+  const bool neg = (bits >> 63) != 0;
+  const unsigned long long piece[3] = {low & 0xffffffffull, low >> 32, high};
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    if (piece[k]) {
+      const unsigned long long v = neg ? (0ull - piece[k]) : piece[k];  // two's complement: exact wraparound
+      atomicAdd(reinterpret_cast<unsigned long long*>(acc + word + k), v);
+    }
+  }
+}
+
+template <int Terms>
+struct Expansion {
+  double a[Terms];
+  unsigned long long flags;
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < Terms; ++i) a[i] = 0.0;
+    flags = 0;
+  }
+
+  __device__ __forceinline__ void add(double x, long long* acc) {
+    const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(x));
+    const int field = static_cast<int>((bits >> 52) & 0x7ff);
+    if (field == 0x7ff) {  // inf or NaN: flags only, as exact.py
+      flags |= (bits & ((1ull << 52) - 1)) ? kNan : ((bits >> 63) ? kNinf : kPinf);
+      return;
+    }
+    if (field >= 1023 + kBig) {  // |x| >= 2^960: the cascade's additions could overflow
+      deposit(acc, x);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < Terms; ++i) {  // TwoSum (Knuth): s + e == a[i] + x exactly
+      const double s = __dadd_rn(a[i], x);
+      const double bv = __dsub_rn(s, a[i]);
+      const double e = __dadd_rn(__dsub_rn(a[i], __dsub_rn(s, bv)), __dsub_rn(x, bv));
+      a[i] = s;
+      x = e;
+      if (x == 0.0) return;
+    }
+    deposit(acc, x);
+  }
+
+  __device__ __forceinline__ void flush(long long* acc) {
+#pragma unroll
+    for (int i = 0; i < Terms; ++i) deposit(acc, a[i]);
+  }
+};
+
+// One row: the elements head-first (scalars up to the 16-byte boundary), then 16-byte packs
+// grid-stride over blockIdx.x, then the scalar tail.
+template <class T, int Terms>
+__device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Expansion<Terms>& ex,
+                                          long long* acc) {
+  const index_t thread = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const index_t threads = static_cast<index_t>(gridDim.x) * blockDim.x;
+  constexpr int P = Pack<T>::kCount;
+  const unsigned long long address = reinterpret_cast<unsigned long long>(x);
+  index_t head = static_cast<index_t>(((16 - (address & 15)) & 15) / sizeof(T));
+  if ((address % sizeof(T)) != 0 || head > n) head = n;
+  for (index_t i = thread; i < head; i += threads) ex.add(to_double(x[i]), acc);
+  const index_t packs = (n - head) / P;
+  const Aligned<T>* body = reinterpret_cast<const Aligned<T>*>(x + head);
+  for (index_t p = thread; p < packs; p += threads) {
+    const Aligned<T> pack = body[p];
+#pragma unroll
+    for (int k = 0; k < P; ++k) ex.add(to_double(pack.v[k]), acc);
+  }
+  for (index_t i = head + packs * P + thread; i < n; i += threads) ex.add(to_double(x[i]), acc);
+}
+
+// x: rows x n, row r at x + r * row_stride (elements). out: rows x kOut words, zeroed by the caller;
+// words 0..kWords-1 receive the block digits (sum of words[j] * 2^(32 j - 1074) = the exact row sum),
+// word kWords the ORed flags.
+template <class T, int Terms, int Block>
+__global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x, index_t rows, index_t n,
+                                                        index_t row_stride, long long* __restrict__ out) {
+  __shared__ long long acc[kWords];
+  __shared__ unsigned long long block_flags;
+  for (index_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    for (int j = threadIdx.x; j < kWords; j += Block) acc[j] = 0;
+    if (threadIdx.x == 0) block_flags = 0;
+    __syncthreads();
+    Expansion<Terms> ex;
+    ex.init();
+    visit_row(x + row * row_stride, n, ex, acc);
+    ex.flush(acc);
+    if (ex.flags) atomicOr(&block_flags, ex.flags);
+    __syncthreads();
+    if (threadIdx.x == 0) {  // carries: digits in [0, 2^32), so the grid's sum of digits cannot overflow
+      long long carry = 0;
+      for (int j = 0; j < kWords - 1; ++j) {
+        const long long v = acc[j] + carry;
+        acc[j] = v & 0xffffffffll;
+        carry = v >> 32;  // arithmetic shift: floor division, negative values borrow
+      }
+      acc[kWords - 1] += carry;
+    }
+    __syncthreads();
+    long long* dst = out + row * kOut;
+    for (int j = threadIdx.x; j < kWords; j += Block) {
+      if (acc[j]) atomicAdd(reinterpret_cast<unsigned long long*>(dst + j), static_cast<unsigned long long>(acc[j]));
+    }
+    if (threadIdx.x == 0 && block_flags) atomicOr(reinterpret_cast<unsigned long long*>(dst + kWords), block_flags);
+    __syncthreads();  // acc is reset for the next row only after every thread has read it
+  }
+}
+
+}  // namespace exact
+}  // namespace mr

@@ -1,0 +1,171 @@
+"""GPU: the exact sum kernel (kernels/exact.cuh via backends/cupy_exact.py). GPU bits == CPU exact bits ==
+the correctly rounded Fraction reference, with no copy of the data to the host."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import multireduce as mr
+from multireduce import exact
+from multireduce.backends import cupy_exact
+
+pytestmark = pytest.mark.gpu
+cupy = pytest.importorskip("cupy")
+
+FLOATS = [np.float16, np.float32, np.float64]
+KINDS = ["uniform", "cancel", "range90", "subnormal", "huge"]
+
+
+def bits(a):
+    a = np.asarray(a)
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def make(kind: str, n: int, dtype, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed + n)
+    if kind == "cancel":
+        half = rng.standard_normal(n // 2) * 1e4
+        x = np.concatenate([half, -half, rng.standard_normal(n - 2 * (n // 2)) * 1e-3])
+        x[: min(3, n)] += 1e-3
+    elif kind == "range90":
+        x = rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-45, 45, n)
+    elif kind == "subnormal":
+        x = rng.standard_normal(n) * 5e-324 * rng.integers(1, 1 << 40, n)
+    elif kind == "huge":
+        x = rng.choice([-1.0, 1.0], n) * rng.uniform(0.1, 1.7, n) * 1e308
+        x[::2] = rng.standard_normal(x[::2].size)
+    elif kind == "normal":
+        x = rng.standard_normal(n)
+    else:
+        x = rng.random(n)
+    rng.shuffle(x)
+    with np.errstate(over="ignore"):
+        x = x.astype(dtype)
+    x[~np.isfinite(x)] = 1  # narrow dtypes: out-of-range values become ordinary ones, not inf
+    return x
+
+
+@pytest.fixture(autouse=True)
+def no_host_copy(monkeypatch):
+    """The sums under test must not copy the data to the host."""
+
+    def refuse(_block):
+        raise AssertionError("exact sum copied a CuPy chunk to the host")
+
+    monkeypatch.setattr(cupy_exact, "to_host", refuse)
+
+
+def reference(x: np.ndarray, dtype) -> float:
+    from tests.test_exact import ref_round
+
+    return ref_round(sum((Fraction(float(v)) for v in x.ravel()), Fraction(0)), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [0, 1, 31, 33, 1025, 4096 * 16 + 3])
+def test_gpu_bits_equal_cpu_and_fraction(dtype, kind, n):
+    x = make(kind, n, dtype)
+    got = exact.sum(cupy.asarray(x))
+    assert isinstance(got, cupy.ndarray) and got.dtype == dtype
+    cpu = exact.sum(x)
+    assert bits(cupy.asnumpy(got)) == bits(cpu)
+    if n <= 1025:
+        assert bits(cupy.asnumpy(got)) == bits(np.asarray(reference(x, dtype), dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_state_integer_equals_cpu(dtype):
+    x = make("range90", (1 << 20) + 5, dtype)
+    gpu = exact.state_of(cupy.asarray(x), (0,))
+    cpu = exact.state_of(x, (0,))
+    assert int(gpu.total[()]) == int(cpu.total[()]) and gpu.count == cpu.count
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("offset", [1, 2, 3, 7])
+def test_misaligned_and_strided_views(dtype, offset):
+    x = make("cancel", 5000, dtype, seed=offset)
+    g = cupy.asarray(x)
+    for view, host in ((g[offset:], x[offset:]), (g[offset:-offset], x[offset:-offset]), (g[::offset + 1], x[::offset + 1])):
+        assert bits(cupy.asnumpy(exact.sum(view))) == bits(exact.sum(host))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("axis", [0, 1, 2, (0, 2), (1, 2), None])
+def test_axes_keepdims_mean(dtype, axis):
+    x = make("range90", 7 * 33 * 129, dtype, seed=3).reshape(7, 33, 129)
+    g = cupy.asarray(x)
+    for kd in (False, True):
+        assert np.array_equal(bits(cupy.asnumpy(exact.sum(g, axis=axis, keepdims=kd))), bits(exact.sum(x, axis=axis, keepdims=kd)))
+        assert np.array_equal(bits(cupy.asnumpy(exact.mean(g, axis=axis, keepdims=kd))), bits(exact.mean(x, axis=axis, keepdims=kd)))
+    t = cupy.asarray(np.asfortranarray(x))  # non-contiguous rows: moved with one device copy
+    assert np.array_equal(bits(cupy.asnumpy(exact.sum(t, axis=axis))), bits(exact.sum(x, axis=axis)))
+
+
+def test_many_rows_past_grid_y():
+    x = make("normal", 70000 * 3, np.float32).reshape(70000, 3)
+    assert np.array_equal(bits(cupy.asnumpy(exact.sum(cupy.asarray(x), axis=1))), bits(exact.sum(x, axis=1)))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("specials", [[np.nan], [np.inf], [-np.inf], [np.inf, -np.inf], [-np.inf, np.nan]])
+@pytest.mark.parametrize("where", ["first", "last", "middle"])
+def test_inf_nan_placement(dtype, specials, where):
+    x = make("uniform", 1025, dtype)
+    at = {"first": 0, "last": 1025 - len(specials), "middle": 511}[where]
+    x[at : at + len(specials)] = specials
+    g = cupy.asarray(x)
+    for view, host in ((g, x), (g[1:], x[1:])):
+        got = cupy.asnumpy(exact.sum(view))
+        with np.errstate(invalid="ignore"):
+            expected = np.sum(host.astype(np.float64)).astype(dtype)
+        assert bits(got) == bits(exact.sum(host))
+        assert (np.isnan(got) and np.isnan(expected)) or got == expected
+    assert bits(cupy.asnumpy(mr.nansum(g, exact=True))) == bits(mr.nansum(x, exact=True))
+
+
+def test_grid_and_repeats_do_not_change_the_words(monkeypatch):
+    x = cupy.asarray(make("range90", (1 << 18) + 11, np.float64))
+    first = exact.state_of(x, (0,))
+    for _ in range(20):
+        assert int(exact.state_of(x, (0,)).total[()]) == int(first.total[()])
+    for gx in (1, 3, 64, 1000):
+        monkeypatch.setattr(cupy_exact, "_grid_x", lambda device, n, rows, gx=gx: gx)
+        assert int(exact.state_of(x, (0,)).total[()]) == int(first.total[()])
+    monkeypatch.setattr(cupy_exact, "_PER_BLOCK_LIMIT", 1000)  # many launches into the same words
+    assert int(exact.state_of(x, (0,)).total[()]) == int(first.total[()])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dask_of_cupy_chunkings(dtype):
+    da = pytest.importorskip("dask.array")
+    x = make("cancel", 100003, dtype, seed=9)
+    expected = bits(exact.sum(x))
+    for chunks in (100003, 4096, 33333, 777):
+        d = da.from_array(x, chunks=chunks, asarray=False).map_blocks(cupy.asarray, dtype=x.dtype)
+        for split_every in (2, 8):
+            got = mr.sum(d, exact=True, split_every=split_every)
+            got = got.compute() if hasattr(got, "compute") else got
+            assert bits(cupy.asnumpy(cupy.asarray(got))) == expected
+        m = mr.mean(d, exact=True)
+        m = m.compute() if hasattr(m, "compute") else m
+        assert bits(cupy.asnumpy(cupy.asarray(m))) == bits(exact.mean(x))
+
+
+@pytest.mark.large
+def test_past_2_31_elements():
+    n = (1 << 31) + 7
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < 12 * 2**30:
+        pytest.skip(f"needs ~12 GiB of free GPU memory; {free / 2**30:.1f} GiB free")
+    ints = cupy.random.randint(-1000, 1001, size=n, dtype=cupy.int16)
+    expected = int(cupy.sum(ints, dtype=cupy.int64))
+    x = ints.astype(cupy.float16)
+    del ints
+    assert float(exact.sum(x, dtype=np.float64)) == float(expected)
+    del x
+    cupy.get_default_memory_pool().free_all_blocks()
