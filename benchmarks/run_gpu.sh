@@ -4,7 +4,8 @@
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests, bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
-# stats (statistics GPU tests and bench_stats), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
+# stats (statistics GPU tests and bench_stats), seg (bench_segments), exact (bench_exact --gpu-exact --quick),
+# lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests bench"
@@ -46,6 +47,19 @@ if has stats; then
   grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu-stats.log" | head -20; tail -n 3 "$OUT/gpu-stats.log"
   timeout 200 python3 benchmarks/bench_stats.py > "$OUT/bench-stats.log" 2>&1 || rc=1
   tail -n 30 "$OUT/bench-stats.log"
+fi
+if has seg; then
+  OUT=$OUT timeout 240 python3 benchmarks/bench_segments.py > "$OUT/bench-segments.log" 2>&1 || rc=1
+  tail -n 25 "$OUT/bench-segments.log"
+fi
+if has exact; then
+  timeout 200 python3 benchmarks/bench_exact.py --gpu-exact --quick > "$OUT/bench-exact.log" 2>&1 || rc=1
+  tail -n 25 "$OUT/bench-exact.log"
+fi
+if has lookback; then
+  { timeout 200 python3 benchmarks/bench_scan.py --lookback-only; timeout 200 python3 benchmarks/bench_reduce.py --accumulate-only; } \
+    > "$OUT/bench-lookback.log" 2>&1 || rc=1
+  tail -n 40 "$OUT/bench-lookback.log"
 fi
 if has tests; then
   start=$(date +%s)

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(BLOCK)
   };
   if (next >= a + ITEMS && a + ITEMS <= n) {  // no head among my items: a plain fold
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) acc = op(acc, convert<Acc>(u.e[k]));
+    for (int k = 0; k < ITEMS; ++k) acc = op(acc, load_as<Acc, Op>(u.e[k]));
   } else {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(BLOCK)
             next = s + 1 < m ? __ldg(offsets + s + 1) : n;
           }
         }
-        acc = op(acc, convert<Acc>(u.e[k]));
+        acc = op(acc, load_as<Acc, Op>(u.e[k]));
       }
     }
   }

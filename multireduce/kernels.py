@@ -272,7 +272,8 @@ def _compiled(text: str, names: dict[str, str], what: str) -> dict[str, "Kernel"
 # entry -> "module:function" returning every name expression of that source, for tools/build_prebuilt.py
 # and CI's nvcc check; the backend modules that launch them need no CuPy to list their names.
 STANDALONE = {
-
+    "stats.cuh": "multireduce.backends.cupy_stats:all_stats_instantiations",
+    "exact.cuh": "multireduce.backends.cupy_exact:all_exact_instantiations",
 }
 
 
@@ -309,9 +310,9 @@ class Kernel:
     def __init__(self, fn, expression: str):
         self.fn, self.expression = fn, expression
 
-    def __call__(self, grid: int, block: int, args: tuple) -> None:
+    def __call__(self, grid: int | tuple, block: int, args: tuple) -> None:
         try:
-            self.fn((grid,), (block,), args)
+            self.fn(grid if isinstance(grid, tuple) else (grid,), (block,), args)
         except Exception as exc:
             raise KernelError(f"launching {self.expression} with grid={grid}, block={block} failed: {exc}") from exc
 

@@ -285,7 +285,7 @@ def _arg(stat, x, axis, keepdims, split_every):
         raise TypeError(f"{caller}: argument 'axis' must be None or an int; got {axis!r}")
     axes = v.normalize_axes(axis, x.ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
-    v.fan_in(split_every, axes, caller) if kind.startswith("dask") else None
+    v.fan_in(split_every, axes, caller)  # checked on every input kind, as the other entry points do
     if axis is None and x.ndim and v.known_empty(x, axes) or axis is not None and x.shape[axes[0]] == 0:
         raise ValueError(f"attempt to get {stat} of an empty sequence")
     if kind.startswith("dask"):
@@ -327,8 +327,7 @@ def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
         raise TypeError(f"{caller}: argument 'ddof' must be a finite real number; got {ddof!r}")
     axes = v.normalize_axes(axis, x.ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
-    if kind.startswith("dask"):
-        v.fan_in(split_every, axes, caller)
+    v.fan_in(split_every, axes, caller)
     out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
     plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind)
     return _run(x, kind, plan, split_every, caller)
@@ -368,8 +367,7 @@ def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
     x, kind = _prepare(x, caller, kinds)
     axes = v.normalize_axes(axis, x.ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
-    if kind.startswith("dask"):
-        v.fan_in(split_every, axes, caller)
+    v.fan_in(split_every, axes, caller)
     if stat in ("nanmin", "nanmax") and v.known_empty(x, axes):
         raise ValueError(f"zero-size array to reduction operation {'fmax' if stat == 'nanmax' else 'fmin'} "
                          "which has no identity")

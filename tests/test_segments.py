@@ -216,3 +216,29 @@ def test_kernel_decomposition_replayed_on_cpu(n, m, block, items):
         got = _replay_segment_kernels(x, offsets, mul, int(op.identity(np.dtype(np.uint64))), block, items)
         ends = np.append(offsets[1:], n)
         assert got == [sequential_fold(x[s:e]) for s, e in zip(offsets, ends)]
+
+
+@pytest.mark.parametrize("chunks", [None, 1, 4, 64])
+@pytest.mark.parametrize("opname,fill", [("nansum", 0.0), ("nanprod", 1.0), ("nanmin", np.inf), ("nanmax", -np.inf)])
+def test_nan_operators_in_segments_read_nan_as_their_identity(opname, fill, chunks):
+    """The nan-family through segment_reduce / segment_scan: NaN counts as the identity, so the answer is
+    the plain operator's over the data with NaN replaced (an all-NaN segment gives the identity)."""
+    rng = np.random.default_rng(len(opname) + (chunks or 0))
+    n = 257
+    x = rng.uniform(0.5, 1.5, n) if opname == "nanprod" else rng.standard_normal(n)
+    x[rng.random(n) < 0.3] = np.nan
+    x[40:60] = np.nan  # at least one all-NaN segment below
+    offsets = np.array([0, 3, 40, 50, 60, 60, 200, n])
+    before = x.copy()
+    plain = opname[3:]
+    filled = np.where(np.isnan(x), fill, x)
+    want_reduce = mr.segment_reduce(filled, offsets, plain)
+    want_scan = mr.segment_scan(filled, offsets, plain)
+    assert not np.isnan(want_reduce).any() and want_reduce[3] == fill
+    data = x if chunks is None else da.from_array(x, chunks=chunks)
+    got_reduce, got_scan = mr.segment_reduce(data, offsets, opname), mr.segment_scan(data, offsets, opname)
+    if chunks is not None:
+        got_reduce, got_scan = got_reduce.compute(), got_scan.compute()
+    np.testing.assert_allclose(got_reduce, want_reduce, rtol=1e-12)
+    np.testing.assert_allclose(got_scan, want_scan, rtol=1e-12)
+    np.testing.assert_array_equal(x, before)

@@ -462,3 +462,12 @@ def test_multigpu_stats_benchmark_cpu_smoke(tmp_path, monkeypatch):
                                                    ("var", "dask.array.var"), ("var", "mr.var().compute()")}
     assert all(r["ok"] and r["workers"] == 2 for r in rows), rows
     assert (tmp_path / "bench_multigpu_stats.md").read_text().count("| 2 |") == 4
+
+
+@pytest.mark.parametrize("name", ["argmax", "var", "nanmean", "any", "count_nonzero", "nanmin"])
+@pytest.mark.parametrize("bad", [0, 1, -3, 2.5, "4"])
+def test_split_every_is_checked_on_numpy_input_too(name, bad):
+    """A bad split_every is refused before any work whatever the input kind, as sum and cumsum do."""
+    x = np.random.default_rng(0).standard_normal(33)
+    with pytest.raises((TypeError, ValueError), match="split_every"):
+        getattr(mr, name)(x, split_every=bad)

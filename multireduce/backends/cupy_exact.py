@@ -15,8 +15,6 @@ exact GPU scan yet).
 from __future__ import annotations
 
 import functools
-import threading
-from pathlib import Path
 
 import numpy as np
 
@@ -60,34 +58,26 @@ def all_exact_instantiations() -> list[str]:
     return sorted(exact_name(dt) for dt in FLOAT_DTYPES)
 
 
+ENTRY = "exact.cuh"
+
+
 def module_text() -> str:
-    """The common device headers (kernels.kernel_source) and exact.cuh, includes inlined once."""
-    beside = Path(__file__).resolve().parents[2] / "kernels" / "exact.cuh"  # a source checkout
-    text = (beside if beside.exists() else _kernels.source_dir() / "exact.cuh").read_text()
-    text = text.replace("#pragma once", "").replace('#include "common.cuh"', "")
-    return _kernels.kernel_source() + "\n" + text
+    """exact.cuh with its includes inlined (what NVRTC and nvcc compile)."""
+    return _kernels.kernel_source(ENTRY)
 
 
-_modules: dict = {}
-_lock = threading.Lock()
+_loaded: dict = {}
 
 
 def _kernel(dtype):
-    key = cupy.cuda.runtime.getDevice()
-    found = _modules.get(key)
+    """The exact-sum kernel of ``dtype`` on the current device: the prebuilt binary when it matches the
+    source (kernels.STANDALONE), else NVRTC; all three dtypes load together."""
+    device = cupy.cuda.runtime.getDevice()
+    found = _loaded.get(device)
     if found is None:
-        with _lock:
-            if key not in _modules:
-                names = all_exact_instantiations()
-                try:
-                    module = cupy.RawModule(code=module_text(), options=_kernels.COMPILE_OPTIONS,
-                                            name_expressions=names)
-                    module.compile()
-                except Exception as exc:
-                    raise _kernels.KernelError(f"compiling the exact sum kernels failed: {exc}") from exc
-                _modules[key] = {dt: module.get_function(exact_name(dt)) for dt in FLOAT_DTYPES}
-            found = _modules[key]
-    return found[np.dtype(dtype)]
+        found = _loaded[device] = _kernels.get_standalone_kernels(
+            ENTRY, {dt.name: exact_name(dt) for dt in FLOAT_DTYPES})
+    return found[np.dtype(dtype).name]
 
 
 def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
@@ -145,7 +135,7 @@ def device_words(x):
     for start in range(0, n, step):  # the words add across launches as across blocks
         part = x[:, start:start + step]
         gy = min(rows, _ROWS_PER_LAUNCH)
-        kernel((gx, gy), (BLOCK,), (part, np.int64(rows), np.int64(part.shape[1]), np.int64(n), words))
+        kernel((gx, gy), BLOCK, (part, np.int64(rows), np.int64(part.shape[1]), np.int64(n), words))
     return words
 
 

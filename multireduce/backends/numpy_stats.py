@@ -218,6 +218,7 @@ def segment_reduce(x, offsets, op, acc_dtype, xp=np):
     """One value per start offset (ascending, in [0, n]): ``op`` over x[offsets[i]:offsets[i+1]] (the
     last to the end); empty segments give the identity. Elements before offsets[0] take no part."""
     acc_dtype = np.dtype(acc_dtype)
+    x = op.load(x)  # the nan-family reads NaN as its identity
     n = x.shape[0]
     m = len(offsets)
     identity = op.identity(acc_dtype)
@@ -247,6 +248,7 @@ def segment_reduce(x, offsets, op, acc_dtype, xp=np):
 def segment_scan(x, heads, op, acc_dtype, out_dtype, carry=None, xp=np):
     """Inclusive scan of ``x`` restarting at ``heads`` (positions); ``carry`` (earlier chunks' running
     value) is folded into the elements before the first head."""
+    x = op.load(x)  # the nan-family reads NaN as its identity
     n = x.shape[0]
     flags = xp.zeros(n, dtype=bool)
     if n:

@@ -206,3 +206,19 @@ def test_segment_sum_past_2_31():
         np.testing.assert_array_equal(got, _reference(host, offsets, "sum", np.dtype(np.uint64)))
     del x
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.parametrize("opname,fill", [("nansum", 0.0), ("nanprod", 1.0), ("nanmin", np.inf), ("nanmax", -np.inf)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_operators_read_nan_as_identity_in_the_kernel(opname, fill, dtype):
+    rng = np.random.default_rng(3)
+    n = 40_000
+    host = (rng.uniform(0.99, 1.01, n) if opname == "nanprod" else rng.standard_normal(n)).astype(dtype)
+    host[rng.random(n) < 0.25] = np.nan
+    host[1000:1300] = np.nan
+    offsets = np.sort(np.concatenate([rng.integers(0, n + 1, 300), [1000, 1000, 1300]]))
+    filled = np.where(np.isnan(host), fill, host).astype(np.float64)
+    want = _reference(filled, offsets, opname[3:], np.float64)
+    got = mr.segment_reduce(cupy.asarray(host), offsets, opname)
+    assert isinstance(got, cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(got).astype(np.float64), want, rtol=2e-4 if dtype == np.float32 else 1e-10)
