@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # One device call on a machine with several GPUs: install the carried wheels (the Dask stack and
 # dask-cuda), run the multi-GPU tests, start a TLS cluster with GPU workers through deploy/ and use it,
-# then the multi-GPU benchmark. Short table last; logs in $OUT.
+# then the multi-GPU benchmarks. Short table last; logs in $OUT.
+#   bash benchmarks/run_multigpu.sh [PHASES] [multigpu.py args...]
+# PHASES: "all" (= "tests bench") or a quoted list of tests (multi-GPU, spill, fault and OOM tests, the
+# deploy/ TLS cluster, a soak), bench (benchmarks/multigpu.py --quick, multigpu_stats.py), profile
+# (multigpu.py --profile). Each phase fits one device call (<= 10 minutes).
 set -uo pipefail
+what=${1:-all}; shift || true
+[ "$what" = all ] && what="tests bench"
+has() { case " $what " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-/tmp/multireduce-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MULTIREDUCE_KERNEL_CACHE=/tmp/multireduce-kernels
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/env.txt"
 rc=0
-timeout 200 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/gpu/test_oom.py tests/gpu/test_gpu_exact.py \
-  -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 150 -rfE > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
+if has tests; then
+timeout 330 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/gpu/test_oom.py tests/gpu/test_gpu_exact.py \
+  -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 240 -rfEs > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
 tail -n 3 "$OUT/multi-gpu-tests.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/multi-gpu-tests.log" | head -30
 # deploy/: TLS scheduler + GPU workers, a client with the certificate runs sum and cumsum
 d=/tmp/mr-deploy; rm -rf $d; mkdir -p $d
@@ -34,8 +42,20 @@ bash deploy/stop.sh $d/c.toml >> "$OUT/deploy.log" 2>&1
 grep -E "^deploy:|scheduler at|workers of node|stopped|Error" "$OUT/deploy.log" | head
 cp $d/run/*.log "$OUT/" 2>/dev/null
 # soak (issue 11.16), short: 4 client processes, every result checked, memory sampled before and after
-timeout 110 python3 benchmarks/soak.py --clients 4 --requests ${MR_SOAK_REQUESTS:-60} --max-bytes 2.5e8 > "$OUT/soak.log" 2>&1 || rc=1
+timeout ${MR_SOAK_TIMEOUT:-150} python3 benchmarks/soak.py --clients 4 --requests ${MR_SOAK_REQUESTS:-100} --max-bytes ${MR_SOAK_MAX_BYTES:-1e9} \
+  --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1 || rc=1
 tail -n 25 "$OUT/soak.log"
+fi
+if has bench; then
 timeout ${MR_BENCH_TIMEOUT:-300} python3 benchmarks/multigpu.py --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
-cat "$OUT/bench_multigpu_latest.md" 2>/dev/null
+cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
+timeout ${MR_STATS_TIMEOUT:-200} python3 benchmarks/multigpu_stats.py --gpus 1,4 --per-gpu-gib 8 --chunk-log2 26,28 \
+  > "$OUT/bench-multigpu-stats.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu-stats.log"; }
+cp docs/bench_multigpu_stats.* "$OUT/" 2>/dev/null
+cat "$OUT/bench_multigpu_latest.md" "$OUT/bench_multigpu_stats.md" 2>/dev/null | tail -n 60
+fi
+if has profile; then
+timeout 200 python3 benchmarks/multigpu.py --profile > "$OUT/profile-multigpu.log" 2>&1 || rc=1
+tail -n 40 "$OUT/profile-multigpu.log"
+fi
 exit $rc
