@@ -22,7 +22,7 @@ def ref_round(value: Fraction, dt) -> float:
     dt = np.dtype(dt)
     top = np.finfo(dt).max
     if abs(value) >= Fraction(float(top)) + Fraction(float(top) - float(np.nextafter(top, dt.type(0)))) / 2:
-        return math.copysign(math.inf, value)  # IEEE: overflow from half an ulp past the largest finite
+        return math.inf if value > 0 else -math.inf  # IEEE: overflow from half an ulp past the largest finite
     with np.errstate(over="ignore"):
         c = np.array(float(value)).astype(dt)
     cands = [c, np.nextafter(c, dt.type(np.inf)), np.nextafter(c, dt.type(-np.inf))]

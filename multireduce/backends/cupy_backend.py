@@ -200,6 +200,8 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
     acc = np.dtype(acc_dtype)
     identity = _identity(op, acc)
     keep_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    if not axes:  # axis=(): every element its own one-element reduction, read as the operator loads it
+        return cupy.asarray(op.load(x)).astype(acc)
     if x.ndim == 0:
         x = x.reshape(1)
         axes = (0,)
@@ -290,6 +292,13 @@ def _scan_kernels(op, T, acc, out_dtype, shape=None, deterministic=False):
     shape = shape or p.scan_shape(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
     names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, shape, deterministic)
     return _k.get_kernels(op, names), sms, p, shape
+
+
+def _scan_catalogue_kernels(op, T, acc, out_dtype):
+    """The catalogue's scan group for these types, compiled on first use."""
+    sms, p = _facts()
+    names = _k.scan_catalogue_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p)
+    return _k.get_kernels(op, names), sms, p
 
 
 #: Environment override of the look-back variant, for benchmarks and bisecting: "fixed" (deterministic
