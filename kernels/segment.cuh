@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(BLOCK)
 // count once); elements before the first head continue the running value ``carry`` handed on by
 // earlier Dask chunks (has_carry), else element 0 is a head. Balanced by elements as the reduction:
 // block b scans the tile [b*TILE, (b+1)*TILE), thread t ITEMS consecutive elements (16-byte loads and
-// stores where the tile is whole and aligned), its heads a bit mask (ITEMS <= 32) built from the
+// stores where the tile is whole and aligned, STAGED: stores through shared memory, see pass 2), its heads a bit mask (ITEMS <= 32) built from the
 // offsets tile_first (segment_tile_starts) gives the tile.
 // The look-back is scan.cuh's over plain values, because a tile holding a head knows its inclusive
 // prefix without looking back (the fold since its last head): it publishes PREFIX at once, so a chain
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(BLOCK)
 // last bits run to run (exact combines do not). Words must be zero before the launch.
 // Four blocks of 256 per SM (64 registers): 128 KB of loads in flight per SM; ptxas left alone takes 70
 // for float32 and fits three.
-template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS>
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, bool STAGED>
 __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     segment_scan_tiles(const T* in, Out* out, index_t n, const index_t* offsets, const index_t* tile_first,
                        Acc identity, Acc carry, int has_carry, unsigned long long* words) {
@@ -370,9 +370,19 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   // folded in)
   Acc running = before.flag ? before.value : (threadIdx.x == 0 ? tile_exclusive : op(tile_exclusive, before.value));
   if (whole && reinterpret_cast<unsigned long long>(out) % 16 == 0) {
-    uint4* dst = reinterpret_cast<uint4*>(out + a);
+    // results leave in 16-byte vectors: straight from each thread (its ITEMS consecutive outputs, so a
+    // warp's store touches 32 lines, each only in part) or, STAGED, through a per-warp shared buffer
+    // read back so that a warp's store is 512 contiguous bytes; rows padded by one vector so the lanes
+    // of a quarter-warp write distinct banks. Staging needs BLOCK x (ITEMS x sizeof(Out) + 16) bytes of
+    // static shared memory (at most 48 KB): wider outputs go straight.
+    constexpr bool kStage = STAGED && BLOCK * (ITEMS * sizeof(Out) + 16) <= 48 * 1024;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    constexpr int kRow = ITEMS + kPerOut;  // elements per lane's row in the buffer
+    constexpr int kRowVectors = ITEMS / kPerOut;
+    __shared__ __align__(16) Out stage[kStage ? BLOCK / kWarp : 1][kStage ? kWarp * kRow : 1];
+    uint4* dst = kStage ? reinterpret_cast<uint4*>(&stage[warp][lane * kRow]) : reinterpret_cast<uint4*>(out + a);
 #pragma unroll
-    for (int q = 0; q < ITEMS / kPerOut; ++q) {
+    for (int q = 0; q < kRowVectors; ++q) {
       union {
         uint4 raw;
         Out e[kPerOut];
@@ -385,6 +395,15 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
         r.e[e] = convert<Out>(running);
       }
       dst[q] = r.raw;
+    }
+    if constexpr (kStage) {
+      __syncwarp();
+      uint4* warp_out = reinterpret_cast<uint4*>(out + tile_start + (index_t)warp * kWarp * ITEMS);
+#pragma unroll
+      for (int q = 0; q < kRowVectors; ++q) {
+        const int v = q * kWarp + lane;  // the warp's v-th output vector: row v / kRowVectors of the buffer
+        warp_out[v] = reinterpret_cast<const uint4*>(&stage[warp][(v / kRowVectors) * kRow])[v % kRowVectors];
+      }
     }
   } else {
 #pragma unroll

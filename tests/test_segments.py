@@ -402,7 +402,8 @@ def test_scan_instantiations_fit_the_kernel_shape():
     scans = [e for _, exprs in cupy_segment.all_segment_instantiations() for e in exprs if "segment_scan_tiles" in e]
     assert len(scans) >= 4 * 8
     for e in scans:
-        T, _, O, _, block, items = re.match(r"mr::segment_scan_tiles<(.+), (.+), (.+), (.+), (\d+), (\d+)>", e).groups()
+        T, _, O, _, block, items, _ = re.match(r"mr::segment_scan_tiles<(.+), (.+), (.+), (.+), (\d+), (\d+), (true|false)>",
+                                               e).groups()
         items = int(items)
         assert items <= 32 and int(block) % 32 == 0, e
         assert (items * by_name[T].itemsize) % 16 == 0 and (items * by_name[O].itemsize) % 16 == 0, e

@@ -28,6 +28,9 @@ BLOCK = 256  # threads per tile
 FIX_BLOCK = 512  # the fix-up's one block (at 1024 threads, 64 registers: the unrolled walk spills)
 FIX_ITEMS = 32  # tiles per fix-up thread per round: 16384 tiles (2^27 float32 elements) per round
 SEARCH_BLOCK = 256
+#: The scan's stores: through a per-warp shared buffer, coalesced (True), or straight from each thread's
+#: registers (False); bench_segments times both ("multireduce kernels" / "... direct stores").
+STAGED_STORES = True
 
 
 def items_per_thread(itemsize: int) -> int:
@@ -56,14 +59,17 @@ def segment_names(dtype, acc, op: Operator) -> dict[str, str]:
     }
 
 
-def scan_names(dtype, acc, out, op: Operator) -> dict[str, str]:
-    """The segmented scan's kernels for element dtype ``dtype``, accumulator ``acc`` and output ``out``."""
+def scan_names(dtype, acc, out, op: Operator, staged: bool | None = None) -> dict[str, str]:
+    """The segmented scan's kernels for element dtype ``dtype``, accumulator ``acc`` and output ``out``
+    (``staged``: the store path, STAGED_STORES unless given)."""
     dtype, acc, out = np.dtype(dtype), np.dtype(acc), np.dtype(out)
     T, A, O, F = _kernels.ctype(dtype), _kernels.ctype(acc), _kernels.ctype(out), op.cuda_functor
+    staged = STAGED_STORES if staged is None else staged
     return {
         "starts": "mr::segment_tile_starts",
         "check": "mr::segment_check_offsets",
-        "scan": f"mr::segment_scan_tiles<{T}, {A}, {O}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}>",
+        "scan": f"mr::segment_scan_tiles<{T}, {A}, {O}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}, "
+                f"{'true' if staged else 'false'}>",
     }
 
 
@@ -167,11 +173,12 @@ def _tile_starts(ks, offsets, tile: int, tiles: int, device: int):
     return tile_first
 
 
-def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None):
+def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None):
     """Inclusive scan of ``x`` restarting at every offset below len(x) (repeats count once), in ``acc``,
     written as ``out_dtype``, on x's GPU; ``carry`` (a value in ``acc``, or None) is the running value the
     elements before the first offset continue (earlier Dask chunks). ``offsets``: ascending integers in
-    [0, len(x)] (checked by the caller), NumPy or CuPy."""
+    [0, len(x)] (checked by the caller), NumPy or CuPy. ``staged`` (private: benchmarks and tests) picks
+    the store path, else STAGED_STORES."""
     acc, out_dtype = np.dtype(acc), np.dtype(out_dtype)
     identity = op.identity(acc)
     with cupy.cuda.Device(x.data.device_id):
@@ -180,7 +187,7 @@ def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None):
             return cupy.empty(0, dtype=out_dtype)
         x = cupy.ascontiguousarray(x)
         offsets = cupy.ascontiguousarray(cupy.asarray(offsets, dtype=np.int64))
-        ks = _kernels_for(op, scan_names(x.dtype, acc, out_dtype, op))
+        ks = _kernels_for(op, scan_names(x.dtype, acc, out_dtype, op, staged))
         tiles = tile_count(n, x.dtype.itemsize)
         tile_first = _tile_starts(ks, offsets, tile_elements(x.dtype.itemsize), tiles, x.data.device_id)
         words = cupy.zeros(tiles * (1 if acc.itemsize <= 4 else 2), dtype=np.uint64)  # look-back descriptors

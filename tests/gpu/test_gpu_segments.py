@@ -287,6 +287,39 @@ def test_segment_scan_builtin_operators_match_numpy(opname, dtype, n):
     np.testing.assert_array_equal(cupy.asnumpy(x), host)  # the input is not modified
 
 
+@pytest.mark.parametrize("staged", [True, False])
+def test_segment_scan_store_paths_and_carry_in(staged):
+    """Both store paths of the kernel (through shared memory, straight from registers), with and without
+    a carry-in: the carry continues the run before the first offset, in element order."""
+    from multireduce.backends import cupy_segment
+
+    rng = np.random.default_rng(int(staged))
+    n = 70_001  # whole tiles (both paths) and a ragged last one (element by element)
+    for dtype, opname in ((np.float32, "sum"), (np.float64, "sum"), (np.float16, "sum"), (np.int16, "max"),
+                          (np.int32, "sum")):
+        host = _data(rng, n, dtype, opname)
+        out_dtype = np.asarray(SCAN[opname](host[:1], None)).dtype
+        acc = np.dtype(np.float32) if out_dtype == np.float16 else out_dtype
+        op = get_operator(opname)
+        for name, offsets in _layouts(rng, n):
+            got = cupy_segment.segment_scan(cupy.asarray(host), offsets, op, acc, out_dtype, staged=staged)
+            _check_scan(got, host, offsets, opname, out_dtype, f"{np.dtype(dtype)} {opname} {name} staged={staged}")
+        # with a carry: the same as scanning [carry, x...] with every offset one further on, minus the carry
+        carry = host.dtype.type(7 if opname == "sum" else 500)
+        offsets = np.array([1000, 5000])
+        got = cupy.asnumpy(cupy_segment.segment_scan(cupy.asarray(host), offsets, op, acc, out_dtype,
+                                                     carry=acc.type(carry), staged=staged))
+        _check_scan(np.concatenate([np.asarray([carry], dtype=out_dtype), got]), np.concatenate([[carry], host]),
+                    offsets + 1, opname, out_dtype, f"{np.dtype(dtype)} {opname} carry staged={staged}")
+    op = matmul_operator()  # the carry keeps order: carry on the left
+    mats = random_matrices(rng, 9000)
+    carry = np.uint64(random_matrices(rng, 1)[0])
+    got = cupy.asnumpy(cupy_segment.segment_scan(cupy.asarray(mats), np.array([4097]), op, np.uint64, np.uint64,
+                                                 carry=carry, staged=staged))
+    np.testing.assert_array_equal(got[:4097], sequential_scan(np.concatenate([[carry], mats[:4097]]))[1:])
+    np.testing.assert_array_equal(got[4097:], sequential_scan(mats[4097:]))
+
+
 def test_segment_scan_2_24_plus_7_with_device_offsets():
     """2049 tiles: look-back chains across thousands of tiles (one segment), heads in every tile (3e6
     segments), repeated offsets and offsets at n; exact int32 sums (int64) beside float32 ones."""
