@@ -9,7 +9,8 @@ reference first. Offsets live on the GPU for every implementation.
 Rows: "multireduce" is the public call (the offsets are checked on the GPU first: one small kernel and
 one 4-byte copy back, a wait the kernels themselves do not need); "multireduce kernels" is the backend
 call without that check (the scan's "direct stores" row: each thread stores its own outputs instead
-of a warp's through shared memory, cupy_segment.STAGED_STORES=False). For reductions ``ratio_copy`` counts the data read (n * 4 bytes) against the
+of a warp's through shared memory, cupy_segment.STAGED_STORES=False; "deterministic": the three-pass
+form, tile folds, their scan, a rescan, reading the data twice). For reductions ``ratio_copy`` counts the data read (n * 4 bytes) against the
 copy roof, as the other reduction tables do, and the note adds offsets and results; for scans it counts
 the data read and written (2 * n * 4 bytes), as the scan tables do. "cupy cumsum (no segments)" is
 CuPy's plain float32 scan of the same data, for scale.
@@ -138,6 +139,8 @@ def _scan_rows(cupy, xs, n: int, copy: float) -> list:
             "multireduce kernels": lambda v: cupy_segment.segment_scan(v, starts, add_op, np.float32, np.float32),
             "multireduce kernels, direct stores": lambda v: cupy_segment.segment_scan(v, starts, add_op, np.float32,
                                                                                      np.float32, staged=False),
+            "multireduce kernels, deterministic": lambda v: cupy_segment.segment_scan(v, starts, add_op, np.float32,
+                                                                                     np.float32, deterministic=True),
             "cupy cumsum-segments": cumsum_segments,
             "cupy cumsum (no segments)": lambda v: cupy.cumsum(v),
         }

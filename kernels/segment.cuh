@@ -254,8 +254,8 @@ __global__ void __launch_bounds__(BLOCK)
 // count once); elements before the first head continue the running value ``carry`` handed on by
 // earlier Dask chunks (has_carry), else element 0 is a head. Balanced by elements as the reduction:
 // block b scans the tile [b*TILE, (b+1)*TILE), thread t ITEMS consecutive elements (16-byte loads and
-// stores where the tile is whole and aligned, STAGED: stores through shared memory, see pass 2), its heads a bit mask (ITEMS <= 32) built from the
-// offsets tile_first (segment_tile_starts) gives the tile.
+// stores where the tile is whole and aligned; STAGED: stores through shared memory, see pass 2), its
+// heads a bit mask (ITEMS <= 32) built from the offsets tile_first (segment_tile_starts) gives the tile.
 // The look-back is scan.cuh's over plain values, because a tile holding a head knows its inclusive
 // prefix without looking back (the fold since its last head): it publishes PREFIX at once, so a chain
 // of AGGREGATEs never crosses a head, and folding plain values from the nearest PREFIX is the
@@ -263,12 +263,20 @@ __global__ void __launch_bounds__(BLOCK)
 // over 2^28 elements nearly every tile holds a head, so no tile waits on more than its neighbour. As
 // in scan.cuh, which predecessors have published depends on timing, so float sums may differ in the
 // last bits run to run (exact combines do not). Words must be zero before the launch.
+// MODE 0 is that one pass. The same code also runs the deterministic three-pass form (reduce, then
+// scan): MODE 1 only writes each tile's (any head?, fold since its last head) pair to tile_flag /
+// tile_value; segment_scan_prefixes turns those into the running value entering each tile, in place;
+// MODE 2 rescans each tile from it. Every fold there has a fixed shape: the same bits on every run,
+// for the price of reading the data twice.
 // Four blocks of 256 per SM (64 registers): 128 KB of loads in flight per SM; ptxas left alone takes 70
 // for float32 and fits three.
-template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, bool STAGED>
+enum : int { kScanLookback = 0, kScanTotals = 1, kScanRescan = 2 };
+
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, bool STAGED, int MODE>
 __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     segment_scan_tiles(const T* in, Out* out, index_t n, const index_t* offsets, const index_t* tile_first,
-                       Acc identity, Acc carry, int has_carry, unsigned long long* words) {
+                       Acc identity, Acc carry, int has_carry, unsigned long long* words, int* tile_flag,
+                       Acc* tile_value) {
   static_assert((ITEMS * sizeof(T)) % 16 == 0 && (ITEMS * sizeof(Out)) % 16 == 0,
                 "a thread's items are whole 16-byte vectors in and out");
   static_assert(ITEMS <= 32, "a thread's heads fit one 32-bit mask");
@@ -348,8 +356,17 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(Seg<Acc>{heads != 0, acc}, op, identity,
                                                                 scratch_f, scratch_v, &total);
 
+  if constexpr (MODE == kScanTotals) {
+    if (threadIdx.x == 0) {
+      tile_flag[blockIdx.x] = total.flag;
+      tile_value[blockIdx.x] = total.value;
+    }
+    return;
+  }
   // the running value entering the tile
-  if (threadIdx.x < kWarp) {
+  if constexpr (MODE == kScanRescan) {
+    if (threadIdx.x == 0) tile_exclusive = tile == 0 ? (has_carry ? carry : identity) : tile_value[tile];
+  } else if (threadIdx.x < kWarp) {
     const bool open = (shfl_idx(heads, 0) & 1u) == 0;  // the tile's first element continues a segment
     const Acc seed = has_carry ? carry : identity;
     const bool later = tile + 1 < (index_t)gridDim.x;  // someone reads this tile's descriptor
@@ -414,6 +431,38 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
         out[a + k] = convert<Out>(running);
       }
     }
+  }
+}
+
+// The deterministic form's middle pass, one block: tile_value[j] becomes the running value entering tile
+// j, the segmented fold of (no head, carry) and the pairs of tiles [0, j), in tile order, ITEMS tiles per
+// thread per round (as segment_fixup). In place: a thread reads each of its pairs before it overwrites it.
+template <class Acc, class Op, int BLOCK, int ITEMS>
+__global__ void __launch_bounds__(BLOCK)
+    segment_scan_prefixes(index_t tiles, const int* tile_flag, Acc* tile_value, Acc identity, Acc carry) {
+  __shared__ int scratch_f[BLOCK / kWarp];
+  __shared__ Acc scratch_v[BLOCK / kWarp];
+  Op op;
+  Seg<Acc> running{0, carry};  // the fold of the tiles of earlier rounds (same in every thread)
+  for (index_t base = 0; base < tiles; base += (index_t)BLOCK * ITEMS) {
+    const index_t j0 = base + (index_t)threadIdx.x * ITEMS;
+    Seg<Acc> mine{0, identity};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (j0 + k < tiles) mine = seg_combine(mine, Seg<Acc>{__ldg(tile_flag + j0 + k), tile_value[j0 + k]}, op);
+    }
+    Seg<Acc> total;
+    const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
+    Seg<Acc> entering = seg_combine(running, before, op);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (j0 + k < tiles) {
+        const Seg<Acc> pair{__ldg(tile_flag + j0 + k), tile_value[j0 + k]};
+        tile_value[j0 + k] = entering.value;
+        entering = seg_combine(entering, pair, op);
+      }
+    }
+    running = seg_combine(running, total, op);
   }
 }
 

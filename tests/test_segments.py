@@ -268,7 +268,7 @@ def _thread_heads(offsets, lo, hi, a, valid):
     return mask
 
 
-def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, rng):
+def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, rng, lookback=True):
     n = len(x)
     tile = block * items
     tiles = -(-n // tile)
@@ -301,7 +301,9 @@ def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, 
                 return exclusive
             newest -= window
 
-    def tile_program(b):
+    def tile_pass_one(b):
+        """Per thread (first element, valid items, heads, fold since its last head); the block's
+        exclusive pairs; the tile's pair."""
         threads = []
         for t in range(block):
             a = b * tile + t * items
@@ -313,7 +315,28 @@ def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, 
             for k in range(valid):
                 acc = x[a + k] if heads >> k & 1 else op(acc, x[a + k])
             threads.append((a, valid, heads, acc))
-        befores, (flag, value) = _exclusive_seg_scan([(h != 0, acc) for _, _, h, acc in threads], op, identity)
+        befores, total = _exclusive_seg_scan([(h != 0, acc) for _, _, h, acc in threads], op, identity)
+        return threads, befores, total
+
+    def tile_pass_two(threads, befores, before_tile):
+        for t, ((a, valid, heads, _), (bflag, bvalue)) in enumerate(zip(threads, befores)):
+            running = bvalue if bflag else (before_tile if t == 0 else op(before_tile, bvalue))
+            for k in range(valid):
+                running = x[a + k] if heads >> k & 1 else op(running, x[a + k])
+                assert out[a + k] is None
+                out[a + k] = running
+
+    if not lookback:  # the deterministic form: tile pairs, their exclusive scan from (no head, carry), rescan
+        passes = [tile_pass_one(b) for b in range(tiles)]
+        entering, _ = _exclusive_seg_scan([total for _, _, total in passes], op, identity)
+        entering = [(False, seed)] + [_seg_combine((False, seed), e, op) for e in entering[1:]]
+        for (threads, befores, _), (_, value) in zip(passes, entering):
+            tile_pass_two(threads, befores, value)
+        assert all(o is not None for o in out)
+        return out
+
+    def tile_program(b):
+        threads, befores, (flag, value) = tile_pass_one(b)
         later = b + 1 < tiles
         opened = not threads[0][2] & 1
         before_tile = seed
@@ -327,12 +350,7 @@ def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, 
         if b == 0 and flag and later:
             words[b] = (PREFIX_, value)
         yield
-        for t, ((a, valid, heads, _), (bflag, bvalue)) in enumerate(zip(threads, befores)):
-            running = bvalue if bflag else (before_tile if t == 0 else op(before_tile, bvalue))
-            for k in range(valid):
-                running = x[a + k] if heads >> k & 1 else op(running, x[a + k])
-                assert out[a + k] is None
-                out[a + k] = running
+        tile_pass_two(threads, befores, before_tile)
 
     # blocks start in index order; any started one may run next
     programs, started = [], 0
@@ -363,9 +381,10 @@ def _segment_scan_reference(x, offsets, carry, mul, identity):
     return out
 
 
-@pytest.mark.parametrize("block,items,window", [(1, 1, 1), (2, 3, 2), (4, 2, 3), (4, 4, 32)])
+@pytest.mark.parametrize("block,items,window,lookback", [(1, 1, 1, True), (2, 3, 2, True), (4, 2, 3, True),
+                                                         (4, 4, 32, True), (1, 1, 0, False), (4, 2, 0, False)])
 @pytest.mark.parametrize("n", [1, 31, 97, 257])
-def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window):
+def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback):
     rng = np.random.default_rng(n * 13 + block + window)
     op = matmul_operator()  # non-commutative: any reordering shows
     x = [int(v) for v in random_matrices(rng, n)]
@@ -378,7 +397,7 @@ def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window):
                np.arange(n), np.sort(rng.integers(n // 2, n + 1, 4)))
     for offsets in layouts:
         for carry in (None, x[0]):
-            got = _replay_segment_scan(x, offsets, mul, identity, carry, block, items, window, rng)
+            got = _replay_segment_scan(x, offsets, mul, identity, carry, block, items, window, rng, lookback)
             assert got == _segment_scan_reference(x, offsets, carry, mul, identity), (list(offsets), carry)
 
 
@@ -402,8 +421,8 @@ def test_scan_instantiations_fit_the_kernel_shape():
     scans = [e for _, exprs in cupy_segment.all_segment_instantiations() for e in exprs if "segment_scan_tiles" in e]
     assert len(scans) >= 4 * 8
     for e in scans:
-        T, _, O, _, block, items, _ = re.match(r"mr::segment_scan_tiles<(.+), (.+), (.+), (.+), (\d+), (\d+), (true|false)>",
-                                               e).groups()
+        T, _, O, _, block, items = re.match(r"mr::segment_scan_tiles<(.+), (.+), (.+), (.+), (\d+), (\d+), (?:true|false), "
+                                            r"mr::kScan\w+>", e).groups()
         items = int(items)
         assert items <= 32 and int(block) % 32 == 0, e
         assert (items * by_name[T].itemsize) % 16 == 0 and (items * by_name[O].itemsize) % 16 == 0, e

@@ -31,6 +31,7 @@ SEARCH_BLOCK = 256
 #: The scan's stores: through a per-warp shared buffer, coalesced (True), or straight from each thread's
 #: registers (False); bench_segments times both ("multireduce kernels" / "... direct stores").
 STAGED_STORES = True
+PREFIX_ITEMS = 8  # tiles per thread per round of the deterministic scan's middle pass (4096 per round)
 
 
 def items_per_thread(itemsize: int) -> int:
@@ -59,23 +60,27 @@ def segment_names(dtype, acc, op: Operator) -> dict[str, str]:
     }
 
 
-def scan_names(dtype, acc, out, op: Operator, staged: bool | None = None) -> dict[str, str]:
+def scan_names(dtype, acc, out, op: Operator, staged: bool | None = None, deterministic: bool = False) -> dict[str, str]:
     """The segmented scan's kernels for element dtype ``dtype``, accumulator ``acc`` and output ``out``
-    (``staged``: the store path, STAGED_STORES unless given)."""
+    (``staged``: the store path, STAGED_STORES unless given; ``deterministic``: the three-pass form's
+    kernels instead of the one-pass look-back)."""
     dtype, acc, out = np.dtype(dtype), np.dtype(acc), np.dtype(out)
     T, A, O, F = _kernels.ctype(dtype), _kernels.ctype(acc), _kernels.ctype(out), op.cuda_functor
     staged = STAGED_STORES if staged is None else staged
-    return {
-        "starts": "mr::segment_tile_starts",
-        "check": "mr::segment_check_offsets",
-        "scan": f"mr::segment_scan_tiles<{T}, {A}, {O}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}, "
-                f"{'true' if staged else 'false'}>",
-    }
+    tiles = f"mr::segment_scan_tiles<{T}, {A}, {O}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}, " \
+            f"{'true' if staged else 'false'}, "
+    names = {"starts": "mr::segment_tile_starts", "check": "mr::segment_check_offsets"}
+    if deterministic:
+        names.update(totals=tiles + "mr::kScanTotals>", rescan=tiles + "mr::kScanRescan>",
+                     prefixes=f"mr::segment_scan_prefixes<{A}, {F}, {FIX_BLOCK}, {PREFIX_ITEMS}>")
+    else:
+        names["scan"] = tiles + "mr::kScanLookback>"
+    return names
 
 
 def all_segment_instantiations() -> list[tuple[str, list[str]]]:
     """(operator name, name expressions) for every built-in operator over the dtype table: the reduction
-    and the scan (output in the result dtype)."""
+    and the scan (output in the result dtype; its deterministic form for float accumulators)."""
     from ..operators import get_operator
 
     groups = []
@@ -88,6 +93,8 @@ def all_segment_instantiations() -> list[tuple[str, list[str]]]:
                 acc = _dt.accumulator_dtype(out)
                 exprs.update(segment_names(dtype, acc, op).values())
                 exprs.update(scan_names(dtype, acc, out, op).values())
+                if acc.kind == "f":  # where association changes bits: the deterministic form too
+                    exprs.update(scan_names(dtype, acc, out, op, deterministic=True).values())
         groups.append((opname, sorted(exprs)))
     return groups
 
@@ -173,12 +180,14 @@ def _tile_starts(ks, offsets, tile: int, tiles: int, device: int):
     return tile_first
 
 
-def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None):
+def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None, deterministic=False):
     """Inclusive scan of ``x`` restarting at every offset below len(x) (repeats count once), in ``acc``,
     written as ``out_dtype``, on x's GPU; ``carry`` (a value in ``acc``, or None) is the running value the
     elements before the first offset continue (earlier Dask chunks). ``offsets``: ascending integers in
-    [0, len(x)] (checked by the caller), NumPy or CuPy. ``staged`` (private: benchmarks and tests) picks
-    the store path, else STAGED_STORES."""
+    [0, len(x)] (checked by the caller), NumPy or CuPy. One pass with look-back, whose float sums may
+    differ in the last bits run to run; ``deterministic`` reads the data twice (tile folds, their scan,
+    a rescan) for the same bits every time. ``staged`` (private: benchmarks and tests) picks the store
+    path, else STAGED_STORES."""
     acc, out_dtype = np.dtype(acc), np.dtype(out_dtype)
     identity = op.identity(acc)
     with cupy.cuda.Device(x.data.device_id):
@@ -187,14 +196,21 @@ def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=No
             return cupy.empty(0, dtype=out_dtype)
         x = cupy.ascontiguousarray(x)
         offsets = cupy.ascontiguousarray(cupy.asarray(offsets, dtype=np.int64))
-        ks = _kernels_for(op, scan_names(x.dtype, acc, out_dtype, op, staged))
+        ks = _kernels_for(op, scan_names(x.dtype, acc, out_dtype, op, staged, deterministic))
         tiles = tile_count(n, x.dtype.itemsize)
         tile_first = _tile_starts(ks, offsets, tile_elements(x.dtype.itemsize), tiles, x.data.device_id)
-        words = cupy.zeros(tiles * (1 if acc.itemsize <= 4 else 2), dtype=np.uint64)  # look-back descriptors
         out = cupy.empty(n, dtype=out_dtype)
         seed = identity if carry is None else acc.type(carry)
-        ks["scan"](tiles, BLOCK, (x, out, np.int64(n), offsets, tile_first, identity, seed,
-                                  np.int32(carry is not None), words))
+        head = (x, out, np.int64(n), offsets, tile_first, identity, seed, np.int32(carry is not None))
+        if deterministic:
+            tile_flag, tile_value = cupy.empty(tiles, dtype=np.int32), cupy.empty(tiles, dtype=acc)
+            unused = cupy.empty(1, dtype=np.uint64)
+            ks["totals"](tiles, BLOCK, head + (unused, tile_flag, tile_value))
+            ks["prefixes"](1, FIX_BLOCK, (np.int64(tiles), tile_flag, tile_value, identity, seed))
+            ks["rescan"](tiles, BLOCK, head + (unused, tile_flag, tile_value))
+        else:
+            words = cupy.zeros(tiles * (1 if acc.itemsize <= 4 else 2), dtype=np.uint64)  # look-back descriptors
+            ks["scan"](tiles, BLOCK, head + (words, cupy.empty(1, dtype=np.int32), cupy.empty(1, dtype=acc)))
         return out
 
 

@@ -287,10 +287,11 @@ def test_segment_scan_builtin_operators_match_numpy(opname, dtype, n):
     np.testing.assert_array_equal(cupy.asnumpy(x), host)  # the input is not modified
 
 
-@pytest.mark.parametrize("staged", [True, False])
-def test_segment_scan_store_paths_and_carry_in(staged):
-    """Both store paths of the kernel (through shared memory, straight from registers), with and without
-    a carry-in: the carry continues the run before the first offset, in element order."""
+@pytest.mark.parametrize("staged,deterministic", [(True, False), (False, False), (True, True)])
+def test_segment_scan_store_paths_and_carry_in(staged, deterministic):
+    """Both store paths of the kernel (through shared memory, straight from registers) and the
+    deterministic three-pass form, with and without a carry-in: the carry continues the run before the
+    first offset, in element order."""
     from multireduce.backends import cupy_segment
 
     rng = np.random.default_rng(int(staged))
@@ -302,22 +303,45 @@ def test_segment_scan_store_paths_and_carry_in(staged):
         acc = np.dtype(np.float32) if out_dtype == np.float16 else out_dtype
         op = get_operator(opname)
         for name, offsets in _layouts(rng, n):
-            got = cupy_segment.segment_scan(cupy.asarray(host), offsets, op, acc, out_dtype, staged=staged)
+            got = cupy_segment.segment_scan(cupy.asarray(host), offsets, op, acc, out_dtype, staged=staged,
+                                            deterministic=deterministic)
             _check_scan(got, host, offsets, opname, out_dtype, f"{np.dtype(dtype)} {opname} {name} staged={staged}")
         # with a carry: the same as scanning [carry, x...] with every offset one further on, minus the carry
         carry = host.dtype.type(7 if opname == "sum" else 500)
         offsets = np.array([1000, 5000])
         got = cupy.asnumpy(cupy_segment.segment_scan(cupy.asarray(host), offsets, op, acc, out_dtype,
-                                                     carry=acc.type(carry), staged=staged))
+                                                     carry=acc.type(carry), staged=staged, deterministic=deterministic))
         _check_scan(np.concatenate([np.asarray([carry], dtype=out_dtype), got]), np.concatenate([[carry], host]),
                     offsets + 1, opname, out_dtype, f"{np.dtype(dtype)} {opname} carry staged={staged}")
     op = matmul_operator()  # the carry keeps order: carry on the left
     mats = random_matrices(rng, 9000)
     carry = np.uint64(random_matrices(rng, 1)[0])
     got = cupy.asnumpy(cupy_segment.segment_scan(cupy.asarray(mats), np.array([4097]), op, np.uint64, np.uint64,
-                                                 carry=carry, staged=staged))
+                                                 carry=carry, staged=staged, deterministic=deterministic))
     np.testing.assert_array_equal(got[:4097], sequential_scan(np.concatenate([[carry], mats[:4097]]))[1:])
     np.testing.assert_array_equal(got[4097:], sequential_scan(mats[4097:]))
+
+
+def test_deterministic_segment_scan_gives_the_same_bits_every_run():
+    """The three-pass form over 4097 tiles (one long segment, then 10^5 short ones): identical bits on
+    every run, and within rounding of the float64 reference. Tile folds, their scan and the rescan
+    have fixed shapes; only the one-pass look-back's grouping depends on timing."""
+    from multireduce.backends import cupy_segment
+
+    n = (1 << 25) + 3
+    rng = np.random.default_rng(25)
+    host = rng.random(n, dtype=np.float32)
+    x = cupy.asarray(host)
+    op = get_operator("sum")
+    for offsets in (np.array([0]), np.sort(rng.integers(0, n + 1, 100_000))):
+        runs = [cupy_segment.segment_scan(x, offsets, op, np.float32, np.float32, deterministic=True) for _ in range(3)]
+        for other in runs[1:]:
+            assert bool((other.view(cupy.uint32) == runs[0].view(cupy.uint32)).all())
+        ref = _sum_scan_reference(host, offsets)
+        err = np.abs(cupy.asnumpy(runs[0]).astype(np.float64) - ref)
+        assert (err <= 2e-5 * (ref + 1.0)).all(), f"worst {err.max()} at {np.argmax(err)}"
+        lookback = cupy.asnumpy(cupy_segment.segment_scan(x, offsets, op, np.float32, np.float32))
+        assert (np.abs(lookback.astype(np.float64) - ref) <= 2e-5 * (ref + 1.0)).all()
 
 
 def test_segment_scan_2_24_plus_7_with_device_offsets():
