@@ -426,3 +426,26 @@ def test_scan_instantiations_fit_the_kernel_shape():
         items = int(items)
         assert items <= 32 and int(block) % 32 == 0, e
         assert (items * by_name[T].itemsize) % 16 == 0 and (items * by_name[O].itemsize) % 16 == 0, e
+
+
+def test_segment_scan_form_follows_the_lookback_environment(monkeypatch):
+    """The deterministic three-pass form where asked (argument, or MULTIREDUCE_SCAN_LOOKBACK=fixed); the
+    one pass otherwise, "auto" included; a bad value names the variable."""
+    from multireduce.backends import cupy_segment
+    from multireduce.operators import get_operator
+
+    LOOKBACK_ENV = cupy_segment.LOOKBACK_ENV
+    monkeypatch.delenv(LOOKBACK_ENV, raising=False)
+    assert cupy_segment.deterministic_scan() is False
+    assert cupy_segment.deterministic_scan(True) is True
+    for value, want in (("fixed", True), (" Fixed ", True), ("free", False), ("auto", False), ("", False)):
+        monkeypatch.setenv(LOOKBACK_ENV, value)
+        assert cupy_segment.deterministic_scan() is want, value
+        assert cupy_segment.deterministic_scan(False) is False
+    monkeypatch.setenv(LOOKBACK_ENV, "sometimes")
+    with pytest.raises(ValueError, match=LOOKBACK_ENV):
+        cupy_segment.deterministic_scan()
+    names = cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"), deterministic=True)
+    assert set(names) == {"starts", "check", "totals", "rescan", "prefixes"}
+    assert set(cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"))) == {
+        "starts", "check", "scan"}

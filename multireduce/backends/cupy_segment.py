@@ -10,6 +10,7 @@ segments); NumPy offsets are copied over once.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from pathlib import Path
 
@@ -31,6 +32,8 @@ SEARCH_BLOCK = 256
 #: The scan's stores: through a per-warp shared buffer, coalesced (True), or straight from each thread's
 #: registers (False); bench_segments times both ("multireduce kernels" / "... direct stores").
 STAGED_STORES = True
+#: cupy_backend.LOOKBACK_ENV (which imports CuPy; this module must import without it)
+LOOKBACK_ENV = "MULTIREDUCE_SCAN_LOOKBACK"
 PREFIX_ITEMS = 8  # tiles per thread per round of the deterministic scan's middle pass (4096 per round)
 
 
@@ -180,15 +183,28 @@ def _tile_starts(ks, offsets, tile: int, tiles: int, device: int):
     return tile_first
 
 
-def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None, deterministic=False):
+def deterministic_scan(deterministic: bool | None = None) -> bool:
+    """Whether segment_scan takes its deterministic three-pass form: ``deterministic`` if given, else
+    $MULTIREDUCE_SCAN_LOOKBACK (cupy_backend.LOOKBACK_ENV) == "fixed". Unlike plain scans, whose fixed
+    look-back costs little, "auto" keeps the one pass here: determinism costs a second read of the data."""
+    if deterministic is not None:
+        return bool(deterministic)
+    choice = os.environ.get(LOOKBACK_ENV, "").strip().lower()
+    if choice not in ("fixed", "free", "auto", ""):
+        raise ValueError(f"environment variable {LOOKBACK_ENV} is {choice!r}; expected 'fixed', 'free' or 'auto'")
+    return choice == "fixed"
+
+
+def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None, deterministic=None):
     """Inclusive scan of ``x`` restarting at every offset below len(x) (repeats count once), in ``acc``,
     written as ``out_dtype``, on x's GPU; ``carry`` (a value in ``acc``, or None) is the running value the
     elements before the first offset continue (earlier Dask chunks). ``offsets``: ascending integers in
     [0, len(x)] (checked by the caller), NumPy or CuPy. One pass with look-back, whose float sums may
-    differ in the last bits run to run; ``deterministic`` reads the data twice (tile folds, their scan,
-    a rescan) for the same bits every time. ``staged`` (private: benchmarks and tests) picks the store
-    path, else STAGED_STORES."""
+    differ in the last bits run to run; ``deterministic`` (None: see deterministic_scan) reads the data
+    twice (tile folds, their scan, a rescan) for the same bits every time. ``staged`` (private: benchmarks
+    and tests) picks the store path, else STAGED_STORES."""
     acc, out_dtype = np.dtype(acc), np.dtype(out_dtype)
+    deterministic = deterministic_scan(deterministic)
     identity = op.identity(acc)
     with cupy.cuda.Device(x.data.device_id):
         n = int(x.shape[0])
@@ -234,7 +250,6 @@ def check_offsets(offsets, n: int, op: Operator, dtype, acc, out=None) -> tuple[
 def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
     """Compile every built-in instantiation of segment.cuh with nvcc (CI has nvcc but no GPU); one
     translation unit per operator; returns nvcc's status (the first failure's)."""
-    import os
     import subprocess
     import tempfile
 

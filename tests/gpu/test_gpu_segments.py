@@ -327,6 +327,9 @@ def test_deterministic_segment_scan_gives_the_same_bits_every_run():
     every run, and within rounding of the float64 reference. Tile folds, their scan and the rescan
     have fixed shapes; only the one-pass look-back's grouping depends on timing."""
     from multireduce.backends import cupy_segment
+    from multireduce.backends import cupy_backend
+
+    assert cupy_segment.LOOKBACK_ENV == cupy_backend.LOOKBACK_ENV  # one variable for both scans
 
     n = (1 << 25) + 3
     rng = np.random.default_rng(25)
