@@ -241,7 +241,8 @@ def check_offsets(offsets, n: int, op: Operator, dtype, acc, out=None) -> tuple[
     with cupy.cuda.Device(offsets.data.device_id):
         bad = cupy.zeros(1, dtype=np.int32)
         grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(offsets.data.device_id))
-        names = segment_names(dtype, acc, op) if out is None else scan_names(dtype, acc, out, op)
+        names = (segment_names(dtype, acc, op) if out is None
+                 else scan_names(dtype, acc, out, op, deterministic=deterministic_scan()))
         _kernels_for(op, names)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), bad))
         found = int(bad.get()[0])
     return not found & 1, not found & 2
