@@ -296,8 +296,7 @@ def test_segment_scan_store_paths_and_carry_in(staged, deterministic):
 
     rng = np.random.default_rng(int(staged))
     n = 70_001  # whole tiles (both paths) and a ragged last one (element by element)
-    for dtype, opname in ((np.float32, "sum"), (np.float64, "sum"), (np.float16, "sum"), (np.int16, "max"),
-                          (np.int32, "sum")):
+    for dtype, opname in ((np.float32, "sum"), (np.float64, "sum"), (np.int16, "max")):  # 4-, 8-, 2-byte stores
         host = _data(rng, n, dtype, opname)
         out_dtype = np.asarray(SCAN[opname](host[:1], None)).dtype
         acc = np.dtype(np.float32) if out_dtype == np.float16 else out_dtype
@@ -469,8 +468,8 @@ def test_segment_scan_past_2_31():
     inclusive segmented sum is fully characterised by out[h] == x[h] at every head h (and 0) and
     out[i] - out[i-1] == x[i] elsewhere: checked in slices on the GPU, with no 16 GiB reference."""
     free, _ = cupy.cuda.runtime.memGetInfo()
-    if free < 24 * 2**30:
-        pytest.skip(f"needs ~24 GiB of free GPU memory; {free / 2**30:.1f} GiB free")
+    if free < 32 * 2**30:
+        pytest.skip(f"needs ~32 GiB of free GPU memory; {free / 2**30:.1f} GiB free")
     n = (1 << 31) + 7
     x = cupy.random.randint(0, 256, size=n, dtype=cupy.uint8)
     rng = np.random.default_rng(31)
