@@ -1,13 +1,19 @@
-"""Segmented sums on one GPU: 2^28 float32 elements cut into 10^3, 10^5 and 10^7 segments of random
-lengths; multireduce's element-balanced kernels against CuPy (``cupy.add.reduceat`` where CuPy has it,
-else an inclusive float64 scan and a difference at the segment ends) and ``torch.segment_reduce``
-(lengths form), with the copy roof beside them. CUDA events, median of repeats, every timed result
-checked against a float64 reference first. Offsets live on the GPU for every implementation.
+"""Segmented sums and segmented inclusive scans on one GPU: 2^28 float32 elements cut into 10^3, 10^5
+and 10^7 segments of random lengths; multireduce's element-balanced kernels against CuPy
+(``cupy.add.reduceat`` where CuPy has it, else an inclusive float64 scan and a difference at the
+segment ends; for the scan, the same float64 cumsum minus its value before each segment, spread by a
+second cumsum) and ``torch.segment_reduce`` (lengths form; PyTorch has no segmented scan), with the
+copy roof beside them. CUDA events, median of repeats, every timed result checked against a float64
+reference first. Offsets live on the GPU for every implementation.
 
 Rows: "multireduce" is the public call (the offsets are checked on the GPU first: one small kernel and
 one 4-byte copy back, a wait the kernels themselves do not need); "multireduce kernels" is the backend
-call without that check. ``ratio_copy`` counts the data read (n * 4 bytes) against the copy roof, as
-the other reduction tables do; the note adds the ratio counting offsets and results too.
+call without that check (the scan's "direct stores" row: each thread stores its own outputs instead
+of a warp's through shared memory, cupy_segment.STAGED_STORES=False; "deterministic": the three-pass
+form, tile folds, their scan, a rescan, reading the data twice). For reductions ``ratio_copy`` counts the data read (n * 4 bytes) against the
+copy roof, as the other reduction tables do, and the note adds offsets and results; for scans it counts
+the data read and written (2 * n * 4 bytes), as the scan tables do. "cupy cumsum (no segments)" is
+CuPy's plain float32 scan of the same data, for scale.
 
     python benchmarks/bench_segments.py [--quick]
 """
@@ -32,7 +38,7 @@ TARGET = {10**3: 0.8, 10**5: 0.8, 10**7: 0.5}  # issue 14, item 8: fraction of c
 
 
 def main(argv=None) -> list:
-    cupy, torch, args, env = h.setup("segmented sums side by side", argv)
+    cupy, torch, args, env = h.setup("segmented sums and scans side by side", argv)
     rows: list[h.Row] = []
     n = 1 << (28 if not args.quick else 24)
     nbytes = 4 * n
@@ -46,10 +52,7 @@ def main(argv=None) -> list:
     for m in SEGMENTS:
         if m >= n:
             continue
-        rng = np.random.default_rng(m)
-        pool = np.unique(rng.integers(1, n, 2 * m))  # distinct cuts without a 2^28-entry permutation
-        cuts = np.sort(pool[rng.choice(pool.size, m - 1, replace=False)])
-        offsets = np.concatenate([[0], cuts]).astype(np.int64)
+        offsets = _offsets(n, m)
         lengths = np.diff(np.append(offsets, n))
         starts = cupy.asarray(offsets)
         ends = cupy.asarray(np.append(offsets[1:], n))
@@ -92,8 +95,70 @@ def main(argv=None) -> list:
                 row.note += f"; target {TARGET[m]} x: {'met' if gbps / copy >= TARGET[m] else 'NOT met'}"
             rows.append(row)
         del starts, ends
+    del total
+    rows += _scan_rows(cupy, xs, n, copy)
     h.save(rows, "bench_segments", env)
     print(h.markdown(rows, columns=("family", "impl", "n", "ms", "gbps", "ratio_copy", "ok", "note")))
+    return rows
+
+
+def _offsets(n: int, m: int) -> np.ndarray:
+    """m ascending distinct start offsets, the first 0, of random lengths (the same for every table)."""
+    rng = np.random.default_rng(m)
+    pool = np.unique(rng.integers(1, n, 2 * m))  # distinct cuts without a 2^28-entry permutation
+    cuts = np.sort(pool[rng.choice(pool.size, m - 1, replace=False)])
+    return np.concatenate([[0], cuts]).astype(np.int64)
+
+
+def _scan_rows(cupy, xs, n: int, copy: float) -> list:
+    """Segmented inclusive sums: ours (public call, kernels) against the CuPy formulation, checked on the
+    GPU against a float64 reference (the CuPy formulation in float64) within 1e-4 of the running mass."""
+    rows = []
+    add_op = get_operator("sum")
+    moved = 2 * 4 * n  # float32 read and written
+    for m in SEGMENTS:
+        if m >= n:
+            continue
+        starts = cupy.asarray(_offsets(n, m))
+
+        def cumsum_segments(v, dtype=cupy.float32):
+            c = cupy.cumsum(v, dtype=cupy.float64)
+            before = cupy.concatenate([cupy.zeros(1, cupy.float64), c[starts[1:] - 1]])  # c before each segment
+            spread = cupy.zeros(n, cupy.float64)
+            spread[starts] = cupy.diff(before, prepend=0.0)
+            return (c - cupy.cumsum(spread)).astype(dtype)
+
+        want = cumsum_segments(xs[0], cupy.float64)  # data in [0, 1): the running sum is the mass too
+
+        def check(got):
+            got = cupy.asarray(got)
+            return got.shape == want.shape and bool((cupy.abs(got.astype(cupy.float64) - want) <= 1e-4 * (want + 1)).all())
+
+        impls = {
+            "multireduce": lambda v: mr.segment_scan(v, starts),
+            "multireduce kernels": lambda v: cupy_segment.segment_scan(v, starts, add_op, np.float32, np.float32),
+            "multireduce kernels, direct stores": lambda v: cupy_segment.segment_scan(v, starts, add_op, np.float32,
+                                                                                     np.float32, staged=False),
+            "multireduce kernels, deterministic": lambda v: cupy_segment.segment_scan(v, starts, add_op, np.float32,
+                                                                                     np.float32, deterministic=True),
+            "cupy cumsum-segments": cumsum_segments,
+            "cupy cumsum (no segments)": lambda v: cupy.cumsum(v),
+        }
+        family = f"segment scan m=10^{int(np.log10(m))}"
+        for name, fn in impls.items():
+            try:
+                ok = check(fn(xs[0])) if "no segments" not in name else True
+                ms = h.time_gpu(fn, xs, repeats=7, warmup=2)
+            except Exception as exc:  # record, go on
+                rows.append(h.Row(family, name, "float32", n, float("nan"), float("nan"), ok=False,
+                                  note=f"failed: {type(exc).__name__}: {str(exc)[:60]}"))
+                continue
+            gbps = moved / ms / 1e6
+            row = h.Row(family, name, "float32", n, ms, gbps, gbps / copy, ok, note="read + written vs copy")
+            row.extra = {"segments": m}
+            rows.append(row)
+        del starts, want
+        cupy.get_default_memory_pool().free_all_blocks()
     return rows
 
 

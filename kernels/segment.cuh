@@ -17,8 +17,11 @@
 //   3. segment_fixup: one block scans the tiles' pairs in tile order (segmented, exclusive) and
 //      finishes every tile's head: out[seg] = op(carry, partial).
 // Every combination is op(earlier, later), so non-commutative operators are exact.
+//
+// The segmented inclusive scan (segment_scan_tiles, below) is one pass with decoupled look-back.
 #pragma once
 #include "block.cuh"
+#include "scan.cuh"
 
 namespace mr {
 
@@ -240,6 +243,223 @@ __global__ void __launch_bounds__(BLOCK)
         const index_t seg = __ldg(head_seg + j0 + k);
         if (seg >= 0) out[seg] = op(carry.value, load_readonly(head_value + j0 + k));
         carry = seg_combine(carry, Seg<Acc>{__ldg(tile_flag + j0 + k), load_readonly(tile_value + j0 + k)}, op);
+      }
+    }
+    running = seg_combine(running, total, op);
+  }
+}
+
+// ---- segmented inclusive scan: one pass, decoupled look-back -----------------------------------------
+// out[i] = the fold of x[h..i], h the last head at or before i (a head: a start offset below n; repeats
+// count once); elements before the first head continue the running value ``carry`` handed on by
+// earlier Dask chunks (has_carry), else element 0 is a head. Balanced by elements as the reduction:
+// block b scans the tile [b*TILE, (b+1)*TILE), thread t ITEMS consecutive elements (16-byte loads and
+// stores where the tile is whole and aligned; STAGED: stores through shared memory, see pass 2), its
+// heads a bit mask (ITEMS <= 32) built from the offsets tile_first (segment_tile_starts) gives the tile.
+// The look-back is scan.cuh's over plain values, because a tile holding a head knows its inclusive
+// prefix without looking back (the fold since its last head): it publishes PREFIX at once, so a chain
+// of AGGREGATEs never crosses a head, and folding plain values from the nearest PREFIX is the
+// segmented fold. A tile whose first element is a head does not look back at all; with 10^7 segments
+// over 2^28 elements nearly every tile holds a head, so no tile waits on more than its neighbour. As
+// in scan.cuh, which predecessors have published depends on timing, so float sums may differ in the
+// last bits run to run (exact combines do not). Words must be zero before the launch.
+// MODE 0 is that one pass. The same code also runs the deterministic three-pass form (reduce, then
+// scan): MODE 1 only writes each tile's (any head?, fold since its last head) pair to tile_flag /
+// tile_value; segment_scan_prefixes turns those into the running value entering each tile, in place;
+// MODE 2 rescans each tile from it. Every fold there has a fixed shape: the same bits on every run,
+// for the price of reading the data twice.
+// Four blocks of 256 per SM (64 registers): 128 KB of loads in flight per SM; ptxas left alone takes 70
+// for float32 and fits three.
+enum : int { kScanLookback = 0, kScanTotals = 1, kScanRescan = 2 };
+
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, bool STAGED, int MODE>
+__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
+    segment_scan_tiles(const T* in, Out* out, index_t n, const index_t* offsets, const index_t* tile_first,
+                       Acc identity, Acc carry, int has_carry, unsigned long long* words, int* tile_flag,
+                       Acc* tile_value) {
+  static_assert((ITEMS * sizeof(T)) % 16 == 0 && (ITEMS * sizeof(Out)) % 16 == 0,
+                "a thread's items are whole 16-byte vectors in and out");
+  static_assert(ITEMS <= 32, "a thread's heads fit one 32-bit mask");
+  constexpr index_t kTile = (index_t)BLOCK * ITEMS;
+  constexpr int kVectors = ITEMS * sizeof(T) / 16;
+  constexpr int kPerOut = 16 / sizeof(Out);
+  __shared__ int scratch_f[BLOCK / kWarp];
+  __shared__ Acc scratch_v[BLOCK / kWarp];
+  __shared__ Acc tile_exclusive;
+  Op op;
+  const LookbackState<Acc> st{words};
+  const index_t tile = blockIdx.x;
+  const index_t tile_start = tile * kTile;
+  const index_t a = tile_start + (index_t)threadIdx.x * ITEMS;  // this thread's first element
+  const int valid = (int)(n - a <= 0 ? 0 : (n - a < ITEMS ? n - a : ITEMS));
+
+  union {
+    uint4 raw[kVectors];
+    T e[ITEMS];
+  } u;
+  const bool whole = tile_start + kTile <= n;
+  if (whole && reinterpret_cast<unsigned long long>(in) % 16 == 0) {
+    const uint4* v = reinterpret_cast<const uint4*>(in + a);
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) u.raw[k] = __ldg(v + k);
+  } else {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (k < valid) u.e[k] = in[a + k];
+    }
+  }
+
+  // my heads, while the loads are in flight: the first offset at or after a, then each distinct one
+  // below a + ITEMS (a run of repeats is skipped by one binary search, so a million equal offsets cost
+  // one thread 20 loads, not a million)
+  unsigned heads = 0;
+  {
+    index_t lo = tile_first[blockIdx.x], hi = tile_first[blockIdx.x + 1];
+    while (lo < hi) {
+      const index_t mid = lo + (hi - lo) / 2;
+      if (__ldg(offsets + mid) < a) lo = mid + 1;
+      else hi = mid;
+    }
+    hi = tile_first[blockIdx.x + 1];
+    for (index_t j = lo; j < hi;) {
+      const index_t o = __ldg(offsets + j);
+      if (o >= a + valid) break;  // past my items (or an offset n in the last tile)
+      heads |= 1u << (int)(o - a);
+      index_t l = j + 1, h = hi;
+      if (l < h && __ldg(offsets + l) == o) {
+        while (l < h) {
+          const index_t mid = l + (h - l) / 2;
+          if (__ldg(offsets + mid) <= o) l = mid + 1;
+          else h = mid;
+        }
+      }
+      j = l;
+    }
+    if (a == 0 && !has_carry && valid > 0) heads |= 1u;  // nothing runs into element 0
+  }
+
+  // pass 1: my (any head?, fold since my last head)
+  Acc acc = identity;
+  if (heads == 0 && valid == ITEMS) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) acc = op(acc, load_as<Acc, Op>(u.e[k]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (k < valid) {
+        const Acc x = load_as<Acc, Op>(u.e[k]);
+        acc = (heads >> k) & 1u ? x : op(acc, x);
+      }
+    }
+  }
+  Seg<Acc> total;
+  const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(Seg<Acc>{heads != 0, acc}, op, identity,
+                                                                scratch_f, scratch_v, &total);
+
+  if constexpr (MODE == kScanTotals) {
+    if (threadIdx.x == 0) {
+      tile_flag[blockIdx.x] = total.flag;
+      tile_value[blockIdx.x] = total.value;
+    }
+    return;
+  }
+  // the running value entering the tile
+  if constexpr (MODE == kScanRescan) {
+    if (threadIdx.x == 0) tile_exclusive = tile == 0 ? (has_carry ? carry : identity) : tile_value[tile];
+  } else if (threadIdx.x < kWarp) {
+    const bool open = (shfl_idx(heads, 0) & 1u) == 0;  // the tile's first element continues a segment
+    const Acc seed = has_carry ? carry : identity;
+    const bool later = tile + 1 < (index_t)gridDim.x;  // someone reads this tile's descriptor
+    Acc before_tile = seed;
+    if (tile > 0) {
+      if (threadIdx.x == 0 && later) st.publish(tile, total.value, total.flag ? kStatusPrefix : kStatusAggregate);
+      before_tile = open ? look_back(st, tile, 0, seed, identity, op) : identity;
+    }
+    if (threadIdx.x == 0) {
+      if (!total.flag && later) st.publish(tile, op(before_tile, total.value), kStatusPrefix);
+      if (tile == 0 && total.flag && later) st.publish(tile, total.value, kStatusPrefix);
+      tile_exclusive = before_tile;
+    }
+  }
+  __syncthreads();
+
+  // pass 2: rescan my items from the value entering them (the carry itself for thread 0: no identity
+  // folded in)
+  Acc running = before.flag ? before.value : (threadIdx.x == 0 ? tile_exclusive : op(tile_exclusive, before.value));
+  if (whole && reinterpret_cast<unsigned long long>(out) % 16 == 0) {
+    // results leave in 16-byte vectors: straight from each thread (its ITEMS consecutive outputs, so a
+    // warp's store touches 32 lines, each only in part) or, STAGED, through a per-warp shared buffer
+    // read back so that a warp's store is 512 contiguous bytes; rows padded by one vector so the lanes
+    // of a quarter-warp write distinct banks. Staging needs BLOCK x (ITEMS x sizeof(Out) + 16) bytes of
+    // static shared memory (at most 48 KB): wider outputs go straight.
+    constexpr bool kStage = STAGED && BLOCK * (ITEMS * sizeof(Out) + 16) <= 48 * 1024;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    constexpr int kRow = ITEMS + kPerOut;  // elements per lane's row in the buffer
+    constexpr int kRowVectors = ITEMS / kPerOut;
+    __shared__ __align__(16) Out stage[kStage ? BLOCK / kWarp : 1][kStage ? kWarp * kRow : 1];
+    uint4* dst = kStage ? reinterpret_cast<uint4*>(&stage[warp][lane * kRow]) : reinterpret_cast<uint4*>(out + a);
+#pragma unroll
+    for (int q = 0; q < kRowVectors; ++q) {
+      union {
+        uint4 raw;
+        Out e[kPerOut];
+      } r;
+#pragma unroll
+      for (int e = 0; e < kPerOut; ++e) {
+        const int k = q * kPerOut + e;
+        const Acc x = load_as<Acc, Op>(u.e[k]);
+        running = (heads >> k) & 1u ? x : op(running, x);
+        r.e[e] = convert<Out>(running);
+      }
+      dst[q] = r.raw;
+    }
+    if constexpr (kStage) {
+      __syncwarp();
+      uint4* warp_out = reinterpret_cast<uint4*>(out + tile_start + (index_t)warp * kWarp * ITEMS);
+#pragma unroll
+      for (int q = 0; q < kRowVectors; ++q) {
+        const int v = q * kWarp + lane;  // the warp's v-th output vector: row v / kRowVectors of the buffer
+        warp_out[v] = reinterpret_cast<const uint4*>(&stage[warp][(v / kRowVectors) * kRow])[v % kRowVectors];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (k < valid) {
+        const Acc x = load_as<Acc, Op>(u.e[k]);
+        running = (heads >> k) & 1u ? x : op(running, x);
+        out[a + k] = convert<Out>(running);
+      }
+    }
+  }
+}
+
+// The deterministic form's middle pass, one block: tile_value[j] becomes the running value entering tile
+// j, the segmented fold of (no head, carry) and the pairs of tiles [0, j), in tile order, ITEMS tiles per
+// thread per round (as segment_fixup). In place: a thread reads each of its pairs before it overwrites it.
+template <class Acc, class Op, int BLOCK, int ITEMS>
+__global__ void __launch_bounds__(BLOCK)
+    segment_scan_prefixes(index_t tiles, const int* tile_flag, Acc* tile_value, Acc identity, Acc carry) {
+  __shared__ int scratch_f[BLOCK / kWarp];
+  __shared__ Acc scratch_v[BLOCK / kWarp];
+  Op op;
+  Seg<Acc> running{0, carry};  // the fold of the tiles of earlier rounds (same in every thread)
+  for (index_t base = 0; base < tiles; base += (index_t)BLOCK * ITEMS) {
+    const index_t j0 = base + (index_t)threadIdx.x * ITEMS;
+    Seg<Acc> mine{0, identity};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (j0 + k < tiles) mine = seg_combine(mine, Seg<Acc>{__ldg(tile_flag + j0 + k), tile_value[j0 + k]}, op);
+    }
+    Seg<Acc> total;
+    const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
+    Seg<Acc> entering = seg_combine(running, before, op);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (j0 + k < tiles) {
+        const Seg<Acc> pair{__ldg(tile_flag + j0 + k), tile_value[j0 + k]};
+        tile_value[j0 + k] = entering.value;
+        entering = seg_combine(entering, pair, op);
       }
     }
     running = seg_combine(running, total, op);

@@ -503,7 +503,7 @@ def nancumprod(x, axis=None, dtype=None, *, split_every=None):
 # ------------------------------------------------------------------------------------------------
 # Segments
 # ------------------------------------------------------------------------------------------------
-def _segment_args(x, offsets, op, dtype, caller):
+def _segment_args(x, offsets, op, dtype, caller, scan=False):
     x, kind = v.as_array(x, caller)
     op = get_operator(op, caller=caller)
     v.check_dtype(x.dtype, op.kinds, caller)
@@ -514,10 +514,10 @@ def _segment_args(x, offsets, op, dtype, caller):
         _known_chunks(x, caller)
     n = int(x.shape[0])
     out = _dt.result_dtype(op.family, x.dtype, requested)
-    if is_cupy_array(offsets) and kind == "cupy" and _gpu_segments(x, _dt.accumulator_dtype(out)):
+    if is_cupy_array(offsets) and kind == "cupy" and _gpu_segments(x, _dt.accumulator_dtype(out), out if scan else None):
         # 10^7 offsets stay on the GPU: one fused check there, no host round trip of the array
         acc = _dt.accumulator_dtype(out)
-        return x, kind, _device_offsets(offsets, n, caller, op, x.dtype, acc), op, acc, out
+        return x, kind, _device_offsets(offsets, n, caller, op, x.dtype, acc, out if scan else None), op, acc, out
     if is_cupy_array(offsets):
         offsets = offsets.get()
     elif v.is_dask_array(offsets):
@@ -543,25 +543,25 @@ def _offsets_range_error(offsets, n, ascending, caller):
                       + ("" if ascending else ", not ascending"))
 
 
-def _device_offsets(offsets, n, caller, op, dtype, acc):
+def _device_offsets(offsets, n, caller, op, dtype, acc, scan_out=None):
     """CuPy offsets checked on the GPU (the same rules and messages as NumPy ones), as int64, by a kernel
-    of the module that reduces ``dtype`` into ``acc`` with ``op`` next."""
+    of the module that reduces ``dtype`` into ``acc`` with ``op`` next (scans it into ``scan_out``)."""
     from .backends import cupy_segment
 
     offsets = _integer_offsets(offsets, caller)
-    inside, ascending = cupy_segment.check_offsets(offsets, n, op, dtype, acc)
+    inside, ascending = cupy_segment.check_offsets(offsets, n, op, dtype, acc, scan_out)
     if not (inside and ascending):
         raise _offsets_range_error(offsets, n, ascending, caller)
     return offsets
 
 
-def _gpu_segments(block, acc):
-    """Whether the segment kernels (backends/cupy_segment) take this block."""
+def _gpu_segments(block, acc, out=None):
+    """Whether the segment kernels (backends/cupy_segment) take this block (scanned into ``out``)."""
     if not is_cupy_array(block):
         return False
     from .backends import cupy_segment
 
-    return cupy_segment.supported(block, acc)
+    return cupy_segment.supported(block, acc, out)
 
 
 def _segment_reduce_block(block, offsets, op, acc):
@@ -601,7 +601,9 @@ def segment_scan(x, offsets, op="sum", dtype=None):
     [0, len(x)]); the elements before ``offsets[0]`` form a segment of their own. Dask: each chunk's
     first run is seeded with the running value carried from the chunks before it."""
     caller = "multireduce.segment_scan"
-    x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
+    x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller, scan=True)
+    if not kind.startswith("dask") and _gpu_segments(x, acc, out):
+        return _segment_scan_task(x, offsets, op, acc, out, [None], 0)  # device offsets stay there
     offsets = _host(offsets)
     heads = np.unique(offsets[offsets < x.shape[0]])
     if kind.startswith("dask"):
@@ -696,6 +698,10 @@ def _segment_carries(op, acc, *tails):
 
 
 def _segment_scan_task(block, local_heads, op, acc, out, carries, j):
+    if _gpu_segments(block, acc, out):
+        from .backends import cupy_segment
+
+        return cupy_segment.segment_scan(block, local_heads, op, acc, out, carries[j])
     return numpy_stats.segment_scan(block, local_heads, op, acc, out, carries[j], _xp(block))
 
 

@@ -242,3 +242,210 @@ def test_nan_operators_in_segments_read_nan_as_their_identity(opname, fill, chun
     np.testing.assert_allclose(got_reduce, want_reduce, rtol=1e-12)
     np.testing.assert_allclose(got_scan, want_scan, rtol=1e-12)
     np.testing.assert_array_equal(x, before)
+
+
+# ------------------------------------------------------------------------------------------------
+# The segmented scan kernel (segment_scan_tiles), replayed on the CPU: the same tiles, head masks and
+# block scan, and the decoupled look-back run under random interleavings of the tiles (a window of W
+# predecessors instead of 32), so that every mix of NONE / AGGREGATE / PREFIX a tile can read is met.
+# ------------------------------------------------------------------------------------------------
+NONE_, AGGREGATE_, PREFIX_ = 0, 1, 2
+
+
+def _thread_heads(offsets, lo, hi, a, valid):
+    """The kernel's head mask: lower bound of a in offsets[lo:hi], then each distinct offset below
+    a + valid (repeats skipped by one upper-bound search)."""
+    import bisect
+
+    mask = 0
+    j = bisect.bisect_left(offsets, a, lo, hi)
+    while j < hi:
+        o = offsets[j]
+        if o >= a + valid:
+            break
+        mask |= 1 << (o - a)
+        j = bisect.bisect_right(offsets, o, j + 1, hi) if j + 1 < hi and offsets[j + 1] == o else j + 1
+    return mask
+
+
+def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, rng, lookback=True):
+    n = len(x)
+    tile = block * items
+    tiles = -(-n // tile)
+    offsets = [int(o) for o in offsets]
+    tile_first = [int(np.searchsorted(offsets, b * tile, side="left")) for b in range(tiles + 1)]
+    seed = identity if carry is None else carry
+    words = [(NONE_, None)] * tiles
+    out = [None] * n
+
+    def look_back(b):
+        exclusive = identity
+        newest = b - 1
+        while True:
+            lanes = [newest - lane for lane in range(window)]
+            read = [(PREFIX_, seed) if j < 0 else words[j] for j in lanes]
+            while True:
+                prefix = [lane for lane, (s, _) in enumerate(read) if s == PREFIX_]
+                stop = prefix[0] if prefix else window - 1
+                missing = [lane for lane in range(stop + 1) if read[lane][0] == NONE_]
+                if not missing:
+                    break
+                yield  # nanosleep; then only the missing lanes poll again
+                for lane in missing:
+                    read[lane] = words[lanes[lane]]
+            fold = identity
+            for lane in range(stop, -1, -1):  # oldest on the left
+                fold = op(fold, read[lane][1])
+            exclusive = op(fold, exclusive)
+            if prefix:
+                return exclusive
+            newest -= window
+
+    def tile_pass_one(b):
+        """Per thread (first element, valid items, heads, fold since its last head); the block's
+        exclusive pairs; the tile's pair."""
+        threads = []
+        for t in range(block):
+            a = b * tile + t * items
+            valid = max(0, min(items, n - a))
+            heads = _thread_heads(offsets, tile_first[b], tile_first[b + 1], a, valid)
+            if a == 0 and carry is None and valid:
+                heads |= 1
+            acc = identity
+            for k in range(valid):
+                acc = x[a + k] if heads >> k & 1 else op(acc, x[a + k])
+            threads.append((a, valid, heads, acc))
+        befores, total = _exclusive_seg_scan([(h != 0, acc) for _, _, h, acc in threads], op, identity)
+        return threads, befores, total
+
+    def tile_pass_two(threads, befores, before_tile):
+        for t, ((a, valid, heads, _), (bflag, bvalue)) in enumerate(zip(threads, befores)):
+            running = bvalue if bflag else (before_tile if t == 0 else op(before_tile, bvalue))
+            for k in range(valid):
+                running = x[a + k] if heads >> k & 1 else op(running, x[a + k])
+                assert out[a + k] is None
+                out[a + k] = running
+
+    if not lookback:  # the deterministic form: tile pairs, their exclusive scan from (no head, carry), rescan
+        passes = [tile_pass_one(b) for b in range(tiles)]
+        entering, _ = _exclusive_seg_scan([total for _, _, total in passes], op, identity)
+        entering = [(False, seed)] + [_seg_combine((False, seed), e, op) for e in entering[1:]]
+        for (threads, befores, _), (_, value) in zip(passes, entering):
+            tile_pass_two(threads, befores, value)
+        assert all(o is not None for o in out)
+        return out
+
+    def tile_program(b):
+        threads, befores, (flag, value) = tile_pass_one(b)
+        later = b + 1 < tiles
+        opened = not threads[0][2] & 1
+        before_tile = seed
+        if b > 0:
+            if later:
+                words[b] = (PREFIX_ if flag else AGGREGATE_, value)
+                yield
+            before_tile = (yield from look_back(b)) if opened else identity
+        if not flag and later:
+            words[b] = (PREFIX_, op(before_tile, value))
+        if b == 0 and flag and later:
+            words[b] = (PREFIX_, value)
+        yield
+        tile_pass_two(threads, befores, before_tile)
+
+    # blocks start in index order; any started one may run next
+    programs, started = [], 0
+    while started < tiles or programs:
+        if started < tiles and (not programs or rng.random() < 0.5):
+            programs.append(tile_program(started))
+            started += 1
+        i = int(rng.integers(len(programs)))
+        try:
+            next(programs[i])
+        except StopIteration:
+            programs.pop(i)
+    assert all(o is not None for o in out)
+    return out
+
+
+def _segment_scan_reference(x, offsets, carry, mul, identity):
+    n = len(x)
+    heads = sorted({int(o) for o in offsets if o < n} | ({0} if carry is None else set()))
+    out, run = [], None
+    head_set = set(heads)
+    for i in range(n):
+        if i in head_set:
+            run = x[i]
+        else:
+            run = mul(identity if carry is None and run is None else (carry if run is None else run), x[i])
+        out.append(run)
+    return out
+
+
+@pytest.mark.parametrize("block,items,window,lookback", [(1, 1, 1, True), (2, 3, 2, True), (4, 2, 3, True),
+                                                         (4, 4, 32, True), (1, 1, 0, False), (4, 2, 0, False)])
+@pytest.mark.parametrize("n", [1, 31, 97, 257])
+def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback):
+    rng = np.random.default_rng(n * 13 + block + window)
+    op = matmul_operator()  # non-commutative: any reordering shows
+    x = [int(v) for v in random_matrices(rng, n)]
+
+    def mul(left, right):
+        return int(op.combine(np.asarray([left], np.uint64), np.asarray([right], np.uint64))[0])
+
+    identity = int(op.identity(np.dtype(np.uint64)))
+    layouts = (np.sort(rng.integers(0, n + 1, max(1, n // 5))), np.zeros(0, np.int64), np.array([n // 2] * 7 + [n] * 3),
+               np.arange(n), np.sort(rng.integers(n // 2, n + 1, 4)))
+    for offsets in layouts:
+        for carry in (None, x[0]):
+            got = _replay_segment_scan(x, offsets, mul, identity, carry, block, items, window, rng, lookback)
+            assert got == _segment_scan_reference(x, offsets, carry, mul, identity), (list(offsets), carry)
+
+
+def test_replayed_head_masks_skip_repeats_and_stay_inside_the_items():
+    offsets = [0, 3, 3, 3, 3, 5, 9, 9, 12, 12]
+    assert _thread_heads(offsets, 0, len(offsets), 0, 8) == (1 << 0) | (1 << 3) | (1 << 5)
+    assert _thread_heads(offsets, 0, len(offsets), 8, 4) == 1 << 1  # 9 - 8; 12 is past the items
+    assert _thread_heads(offsets, 0, len(offsets), 10, 2) == 0
+    assert _thread_heads(offsets, 0, len(offsets), 12, 1) == 1
+
+
+def test_scan_instantiations_fit_the_kernel_shape():
+    """Every built-in scan instantiation: a thread's heads fit one 32-bit mask and its items are whole
+    16-byte vectors in and out (the kernel's static_asserts, checked here without nvcc)."""
+    import re
+
+    from multireduce import dtypes as _dt
+    from multireduce.backends import cupy_segment
+
+    by_name = {v: k for k, v in _dt.CUDA_TYPE_NAMES.items()}
+    scans = [e for _, exprs in cupy_segment.all_segment_instantiations() for e in exprs if "segment_scan_tiles" in e]
+    assert len(scans) >= 4 * 8
+    for e in scans:
+        T, _, O, _, block, items = re.match(r"mr::segment_scan_tiles<(.+), (.+), (.+), (.+), (\d+), (\d+), (?:true|false), "
+                                            r"mr::kScan\w+>", e).groups()
+        items = int(items)
+        assert items <= 32 and int(block) % 32 == 0, e
+        assert (items * by_name[T].itemsize) % 16 == 0 and (items * by_name[O].itemsize) % 16 == 0, e
+
+
+def test_segment_scan_form_follows_the_lookback_environment(monkeypatch):
+    """The deterministic three-pass form where asked (argument, or MULTIREDUCE_SCAN_LOOKBACK=fixed); the
+    one pass otherwise, "auto" included; a bad value names the variable."""
+    from multireduce.backends import cupy_segment
+    from multireduce.operators import get_operator
+
+    LOOKBACK_ENV = cupy_segment.LOOKBACK_ENV
+    monkeypatch.delenv(LOOKBACK_ENV, raising=False)
+    assert cupy_segment.deterministic_scan() is False
+    assert cupy_segment.deterministic_scan(True) is True
+    for value, want in (("fixed", True), (" Fixed ", True), ("free", False), ("auto", False), ("", False)):
+        monkeypatch.setenv(LOOKBACK_ENV, value)
+        assert cupy_segment.deterministic_scan() is want, value
+        assert cupy_segment.deterministic_scan(False) is False
+    monkeypatch.setenv(LOOKBACK_ENV, "sometimes")
+    with pytest.raises(ValueError, match=LOOKBACK_ENV):
+        cupy_segment.deterministic_scan()
+    names = cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"), deterministic=True)
+    assert set(names) == {"starts", "check", "totals", "rescan", "prefixes"}
+    assert set(cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"))) == {
+        "starts", "check", "scan"}

@@ -1,6 +1,7 @@
-"""Segmented reduction of one 1-D CuPy array on its GPU: the element-balanced kernels of
-``kernels/segment.cuh`` (tile starts, tiles, one fix-up block), one module per operator (user operators
-too) and element / accumulator type, as ``kernels.get_kernels`` does for the reductions.
+"""Segmented reduction and scan of one 1-D CuPy array on its GPU: the element-balanced kernels of
+``kernels/segment.cuh`` (reduction: tile starts, tiles, one fix-up block; scan: tile starts, one
+look-back pass), one module per operator (user operators too) and element / accumulator (/ output) type,
+as ``kernels.get_kernels`` does for the reductions.
 
 The launcher keeps everything on the device: offsets may be a CuPy array (no host round trip for 10^7
 segments); NumPy offsets are copied over once.
@@ -9,6 +10,7 @@ segments); NumPy offsets are copied over once.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from pathlib import Path
 
@@ -27,6 +29,12 @@ BLOCK = 256  # threads per tile
 FIX_BLOCK = 512  # the fix-up's one block (at 1024 threads, 64 registers: the unrolled walk spills)
 FIX_ITEMS = 32  # tiles per fix-up thread per round: 16384 tiles (2^27 float32 elements) per round
 SEARCH_BLOCK = 256
+#: The scan's stores: through a per-warp shared buffer, coalesced (True), or straight from each thread's
+#: registers (False); bench_segments times both ("multireduce kernels" / "... direct stores").
+STAGED_STORES = True
+#: cupy_backend.LOOKBACK_ENV (which imports CuPy; this module must import without it)
+LOOKBACK_ENV = "MULTIREDUCE_SCAN_LOOKBACK"
+PREFIX_ITEMS = 8  # tiles per thread per round of the deterministic scan's middle pass (4096 per round)
 
 
 def items_per_thread(itemsize: int) -> int:
@@ -55,8 +63,27 @@ def segment_names(dtype, acc, op: Operator) -> dict[str, str]:
     }
 
 
+def scan_names(dtype, acc, out, op: Operator, staged: bool | None = None, deterministic: bool = False) -> dict[str, str]:
+    """The segmented scan's kernels for element dtype ``dtype``, accumulator ``acc`` and output ``out``
+    (``staged``: the store path, STAGED_STORES unless given; ``deterministic``: the three-pass form's
+    kernels instead of the one-pass look-back)."""
+    dtype, acc, out = np.dtype(dtype), np.dtype(acc), np.dtype(out)
+    T, A, O, F = _kernels.ctype(dtype), _kernels.ctype(acc), _kernels.ctype(out), op.cuda_functor
+    staged = STAGED_STORES if staged is None else staged
+    tiles = f"mr::segment_scan_tiles<{T}, {A}, {O}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}, " \
+            f"{'true' if staged else 'false'}, "
+    names = {"starts": "mr::segment_tile_starts", "check": "mr::segment_check_offsets"}
+    if deterministic:
+        names.update(totals=tiles + "mr::kScanTotals>", rescan=tiles + "mr::kScanRescan>",
+                     prefixes=f"mr::segment_scan_prefixes<{A}, {F}, {FIX_BLOCK}, {PREFIX_ITEMS}>")
+    else:
+        names["scan"] = tiles + "mr::kScanLookback>"
+    return names
+
+
 def all_segment_instantiations() -> list[tuple[str, list[str]]]:
-    """(operator name, name expressions) for every built-in operator over the dtype table."""
+    """(operator name, name expressions) for every built-in operator over the dtype table: the reduction
+    and the scan (output in the result dtype; its deterministic form for float accumulators)."""
     from ..operators import get_operator
 
     groups = []
@@ -65,8 +92,12 @@ def all_segment_instantiations() -> list[tuple[str, list[str]]]:
         exprs: set[str] = set()
         for dtype in _dt.GPU_DTYPES:
             if dtype.kind in op.kinds:
-                acc = _dt.accumulator_dtype(_dt.result_dtype(op.family, dtype))
+                out = _dt.result_dtype(op.family, dtype)
+                acc = _dt.accumulator_dtype(out)
                 exprs.update(segment_names(dtype, acc, op).values())
+                exprs.update(scan_names(dtype, acc, out, op).values())
+                if acc.kind == "f":  # where association changes bits: the deterministic form too
+                    exprs.update(scan_names(dtype, acc, out, op, deterministic=True).values())
         groups.append((opname, sorted(exprs)))
     return groups
 
@@ -75,7 +106,7 @@ def module_text(op: Operator) -> str:
     """The common device headers (kernels.kernel_source), segment.cuh and ``op``'s functor."""
     beside = Path(__file__).resolve().parents[2] / "kernels" / "segment.cuh"  # a source checkout
     text = (beside if beside.exists() else _kernels.source_dir() / "segment.cuh").read_text()
-    text = text.replace("#pragma once", "").replace('#include "block.cuh"', "")
+    text = _kernels._INCLUDE.sub("", text.replace("#pragma once", ""))  # kernel_source holds them all
     return _kernels.kernel_source() + "\n" + text + "\n" + op.cuda_source()
 
 
@@ -83,30 +114,31 @@ _modules: dict = {}
 _lock = threading.Lock()
 
 
-def _kernels_for(op: Operator, dtype, acc) -> dict:
-    key = (cupy.cuda.runtime.getDevice(), op.cuda_functor, op.cuda_source(), np.dtype(dtype), np.dtype(acc))
+def _kernels_for(op: Operator, names: dict[str, str]) -> dict:
+    """role -> Kernel for ``names`` (segment_names or scan_names), one module per operator and names."""
+    key = (cupy.cuda.runtime.getDevice(), op.cuda_functor, op.cuda_source(), frozenset(names.items()))
     found = _modules.get(key)
     if found is None:
         with _lock:
             if key not in _modules:
-                names = segment_names(dtype, acc, op)
                 try:
                     module = cupy.RawModule(code=module_text(op), options=_kernels.COMPILE_OPTIONS,
                                             name_expressions=sorted(set(names.values())))
                     module.compile()
                 except Exception as exc:
                     raise _kernels.KernelError(
-                        f"compiling the segment kernels for operator {op.name!r}, {np.dtype(dtype)} -> "
-                        f"{np.dtype(acc)} failed: {exc}") from exc
+                        f"compiling the segment kernels for operator {op.name!r} ({', '.join(sorted(names.values()))}) "
+                        f"failed: {exc}") from exc
                 _modules[key] = {role: _kernels.Kernel(module.get_function(e), e) for role, e in names.items()}
             found = _modules[key]
     return found
 
 
-def supported(x, acc) -> bool:
-    """Whether the kernels take this input: a 1-D CuPy array of a GPU dtype, accumulated in one."""
+def supported(x, acc, out=None) -> bool:
+    """Whether the kernels take this input: a 1-D CuPy array of a GPU dtype, accumulated in one (and, for
+    the scan, written as ``out``, one too)."""
     return (cupy is not None and isinstance(x, cupy.ndarray) and x.ndim == 1 and _dt.gpu_supported(x.dtype)
-            and _dt.gpu_supported(acc))
+            and _dt.gpu_supported(acc) and (out is None or _dt.gpu_supported(out)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,13 +158,11 @@ def segment_reduce(x, offsets, op: Operator, acc):
             return cupy.full(m, identity, dtype=acc)
         x = cupy.ascontiguousarray(x)
         offsets = cupy.ascontiguousarray(cupy.asarray(offsets, dtype=np.int64))
-        ks = _kernels_for(op, x.dtype, acc)
+        ks = _kernels_for(op, segment_names(x.dtype, acc, op))
         tile = tile_elements(x.dtype.itemsize)
         tiles = tile_count(n, x.dtype.itemsize)
         i64 = np.int64
-        tile_first = cupy.empty(tiles + 1, dtype=np.int64)
-        grid = min(-(-(tiles + 1) // SEARCH_BLOCK), 16 * _sms(x.data.device_id))
-        ks["starts"](grid, SEARCH_BLOCK, (offsets, i64(m), i64(tile), i64(tiles), tile_first))
+        tile_first = _tile_starts(ks, offsets, tile, tiles, x.data.device_id)
         out = cupy.empty(m, dtype=acc)
         tile_flag = cupy.empty(tiles, dtype=np.int32)
         tile_value = cupy.empty(tiles, dtype=acc)
@@ -145,10 +175,65 @@ def segment_reduce(x, offsets, op: Operator, acc):
         return out
 
 
-def check_offsets(offsets, n: int, op: Operator, dtype, acc) -> tuple[bool, bool]:
-    """(all in [0, n], ascending) for int64 CuPy ``offsets``: one kernel (from the module the reduction
-    of ``dtype`` into ``acc`` by ``op`` uses next) and one 4-byte copy back, the only wait before the
-    work (bad input raises before any)."""
+def _tile_starts(ks, offsets, tile: int, tiles: int, device: int):
+    """tile_first[b] (b in [0, tiles]): the first offset at or after b * tile, on the GPU."""
+    tile_first = cupy.empty(tiles + 1, dtype=np.int64)
+    grid = min(-(-(tiles + 1) // SEARCH_BLOCK), 16 * _sms(device))
+    ks["starts"](grid, SEARCH_BLOCK, (offsets, np.int64(offsets.shape[0]), np.int64(tile), np.int64(tiles), tile_first))
+    return tile_first
+
+
+def deterministic_scan(deterministic: bool | None = None) -> bool:
+    """Whether segment_scan takes its deterministic three-pass form: ``deterministic`` if given, else
+    $MULTIREDUCE_SCAN_LOOKBACK (cupy_backend.LOOKBACK_ENV) == "fixed". Unlike plain scans, whose fixed
+    look-back costs little, "auto" keeps the one pass here: determinism costs a second read of the data."""
+    if deterministic is not None:
+        return bool(deterministic)
+    choice = os.environ.get(LOOKBACK_ENV, "").strip().lower()
+    if choice not in ("fixed", "free", "auto", ""):
+        raise ValueError(f"environment variable {LOOKBACK_ENV} is {choice!r}; expected 'fixed', 'free' or 'auto'")
+    return choice == "fixed"
+
+
+def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None, deterministic=None):
+    """Inclusive scan of ``x`` restarting at every offset below len(x) (repeats count once), in ``acc``,
+    written as ``out_dtype``, on x's GPU; ``carry`` (a value in ``acc``, or None) is the running value the
+    elements before the first offset continue (earlier Dask chunks). ``offsets``: ascending integers in
+    [0, len(x)] (checked by the caller), NumPy or CuPy. One pass with look-back, whose float sums may
+    differ in the last bits run to run; ``deterministic`` (None: see deterministic_scan) reads the data
+    twice (tile folds, their scan, a rescan) for the same bits every time. ``staged`` (private: benchmarks
+    and tests) picks the store path, else STAGED_STORES."""
+    acc, out_dtype = np.dtype(acc), np.dtype(out_dtype)
+    deterministic = deterministic_scan(deterministic)
+    identity = op.identity(acc)
+    with cupy.cuda.Device(x.data.device_id):
+        n = int(x.shape[0])
+        if n == 0:
+            return cupy.empty(0, dtype=out_dtype)
+        x = cupy.ascontiguousarray(x)
+        offsets = cupy.ascontiguousarray(cupy.asarray(offsets, dtype=np.int64))
+        ks = _kernels_for(op, scan_names(x.dtype, acc, out_dtype, op, staged, deterministic))
+        tiles = tile_count(n, x.dtype.itemsize)
+        tile_first = _tile_starts(ks, offsets, tile_elements(x.dtype.itemsize), tiles, x.data.device_id)
+        out = cupy.empty(n, dtype=out_dtype)
+        seed = identity if carry is None else acc.type(carry)
+        head = (x, out, np.int64(n), offsets, tile_first, identity, seed, np.int32(carry is not None))
+        if deterministic:
+            tile_flag, tile_value = cupy.empty(tiles, dtype=np.int32), cupy.empty(tiles, dtype=acc)
+            unused = cupy.empty(1, dtype=np.uint64)
+            ks["totals"](tiles, BLOCK, head + (unused, tile_flag, tile_value))
+            ks["prefixes"](1, FIX_BLOCK, (np.int64(tiles), tile_flag, tile_value, identity, seed))
+            ks["rescan"](tiles, BLOCK, head + (unused, tile_flag, tile_value))
+        else:
+            words = cupy.zeros(tiles * (1 if acc.itemsize <= 4 else 2), dtype=np.uint64)  # look-back descriptors
+            ks["scan"](tiles, BLOCK, head + (words, cupy.empty(1, dtype=np.int32), cupy.empty(1, dtype=acc)))
+        return out
+
+
+def check_offsets(offsets, n: int, op: Operator, dtype, acc, out=None) -> tuple[bool, bool]:
+    """(all in [0, n], ascending) for int64 CuPy ``offsets``: one kernel (from the module that reduces
+    ``dtype`` into ``acc`` by ``op`` next, or with ``out`` the one that scans it into ``out``) and one
+    4-byte copy back, the only wait before the work (bad input raises before any)."""
     m = int(offsets.shape[0])
     if m == 0:
         return True, True
@@ -156,7 +241,9 @@ def check_offsets(offsets, n: int, op: Operator, dtype, acc) -> tuple[bool, bool
     with cupy.cuda.Device(offsets.data.device_id):
         bad = cupy.zeros(1, dtype=np.int32)
         grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(offsets.data.device_id))
-        _kernels_for(op, dtype, acc)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), bad))
+        names = (segment_names(dtype, acc, op) if out is None
+                 else scan_names(dtype, acc, out, op, deterministic=deterministic_scan()))
+        _kernels_for(op, names)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), bad))
         found = int(bad.get()[0])
     return not found & 1, not found & 2
 
@@ -164,7 +251,6 @@ def check_offsets(offsets, n: int, op: Operator, dtype, acc) -> tuple[bool, bool
 def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
     """Compile every built-in instantiation of segment.cuh with nvcc (CI has nvcc but no GPU); one
     translation unit per operator; returns nvcc's status (the first failure's)."""
-    import os
     import subprocess
     import tempfile
 

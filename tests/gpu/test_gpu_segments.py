@@ -1,8 +1,9 @@
-"""segment_reduce on the GPU (kernels/segment.cuh through backends/cupy_segment) against NumPy's reduceat
-semantics (empty segments give the identity): built-in operators over several dtypes, a non-commutative
-user operator, empty / single / one-element segments, segments straddling threads, tiles, fix-up rounds
-and Dask chunks, misaligned views, offsets on the GPU, and one case past 2^31 elements (``large``).
-The kernels' decomposition itself is replayed on the CPU in tests/test_segments.py."""
+"""segment_reduce and segment_scan on the GPU (kernels/segment.cuh through backends/cupy_segment) against
+NumPy: reduceat semantics (empty segments give the identity) and per-segment cumsum / cumprod /
+accumulate; built-in operators over several dtypes, the nan-family, a non-commutative user operator,
+empty / single / one-element segments, segments straddling threads, tiles, fix-up rounds, look-back
+windows and Dask chunks (carries), misaligned views, offsets on the GPU, and cases past 2^31 elements
+(``large``). The kernels' decompositions are replayed on the CPU in tests/test_segments.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import dask.array as da  # noqa: E402
 import multireduce as mr  # noqa: E402
 from multireduce.operators import get_operator  # noqa: E402
 
-from ..helpers import matmul_operator, random_matrices, sequential_fold  # noqa: E402
+from ..helpers import matmul_operator, random_matrices, sequential_fold, sequential_scan  # noqa: E402
 
 UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
@@ -222,3 +223,268 @@ def test_nan_operators_read_nan_as_identity_in_the_kernel(opname, fill, dtype):
     got = mr.segment_reduce(cupy.asarray(host), offsets, opname)
     assert isinstance(got, cupy.ndarray)
     np.testing.assert_allclose(cupy.asnumpy(got).astype(np.float64), want, rtol=2e-4 if dtype == np.float32 else 1e-10)
+
+
+# ------------------------------------------------------------------------------------------------
+# segment_scan: the one-pass look-back kernel (segment_scan_tiles)
+# ------------------------------------------------------------------------------------------------
+SCAN = {"sum": lambda s, dt: np.cumsum(s, dtype=dt), "prod": lambda s, dt: np.cumprod(s, dtype=dt),
+        "min": lambda s, dt: np.minimum.accumulate(s.astype(dt or s.dtype)),
+        "max": lambda s, dt: np.maximum.accumulate(s.astype(dt or s.dtype))}
+
+
+def _segment_bounds(n, offsets):
+    """Segment starts and ends of a scan: every offset below n, and 0 (the run before the first offset)."""
+    starts = np.unique(np.concatenate([[0], np.asarray(offsets, dtype=np.int64)]))
+    starts = starts[starts < n]
+    return starts, np.append(starts[1:], n)
+
+
+def _scan_reference(host, offsets, accumulate, out_dtype):
+    """``accumulate`` (a NumPy scan of one segment) over each segment, concatenated."""
+    starts, ends = _segment_bounds(host.size, offsets)
+    parts = [accumulate(host[s:e], out_dtype) for s, e in zip(starts, ends)]
+    return np.concatenate(parts).astype(out_dtype) if parts else np.zeros(0, out_dtype)
+
+
+def _sum_scan_reference(host, offsets):
+    """The float64 segmented running sum, vectorised (one cumsum, minus its value before each segment)
+    for sizes where per-segment calls are too many; the same of |x| is the running mass."""
+    starts, _ = _segment_bounds(host.size, offsets)
+    seg = np.repeat(np.arange(starts.size), np.diff(np.append(starts, host.size)))
+    c = np.concatenate([[0.0], np.cumsum(host, dtype=np.float64)])
+    return c[1:] - c[starts][seg]
+
+
+def _check_scan(got, host, offsets, opname, out_dtype, what, tol=None):
+    """Integers exactly; floats against float64 within ``tol`` (per dtype) of the running mass."""
+    got = cupy.asnumpy(got)
+    assert got.dtype == out_dtype and got.shape == host.shape, what
+    if out_dtype.kind != "f":
+        np.testing.assert_array_equal(got, _scan_reference(host, offsets, SCAN[opname], out_dtype), err_msg=what)
+        return
+    wide = host.astype(np.float64)
+    ref = _scan_reference(wide, offsets, SCAN[opname], np.dtype(np.float64))
+    mass = _scan_reference(np.abs(wide), offsets, SCAN["sum"], np.dtype(np.float64)) if opname == "sum" else np.abs(ref)
+    tol = tol or {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}[out_dtype]
+    with np.errstate(invalid="ignore"):  # inf - inf where both are the identity: equal, caught by ==
+        bad = ~((got.astype(np.float64) == ref) | (np.abs(got.astype(np.float64) - ref) <= tol * (mass + 1)))
+    assert not bad.any(), f"{what}: {bad.sum()} elements off, first at {np.flatnonzero(bad)[:5]}"
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 1025, 40_000])
+@pytest.mark.parametrize("opname,dtype", CASES)
+def test_segment_scan_builtin_operators_match_numpy(opname, dtype, n):
+    rng = np.random.default_rng(n + 3 * len(opname))
+    host = _data(rng, n, dtype, opname)
+    x = cupy.asarray(host)
+    out_dtype = np.asarray(SCAN[opname](host[:1] if n else np.ones(1, dtype), None)).dtype
+    for name, offsets in _layouts(rng, n):
+        offsets = np.clip(offsets, 0, n)
+        got = mr.segment_scan(x, offsets, opname)
+        assert isinstance(got, cupy.ndarray)
+        _check_scan(got, host, offsets, opname, out_dtype, f"scan {opname} {np.dtype(dtype)} n={n} {name}")
+    np.testing.assert_array_equal(cupy.asnumpy(x), host)  # the input is not modified
+
+
+@pytest.mark.parametrize("staged,deterministic", [(True, False), (False, False), (True, True)])
+def test_segment_scan_store_paths_and_carry_in(staged, deterministic):
+    """Both store paths of the kernel (through shared memory, straight from registers) and the
+    deterministic three-pass form, with and without a carry-in: the carry continues the run before the
+    first offset, in element order."""
+    from multireduce.backends import cupy_segment
+
+    rng = np.random.default_rng(int(staged))
+    n = 70_001  # whole tiles (both paths) and a ragged last one (element by element)
+    for dtype, opname in ((np.float32, "sum"), (np.float64, "sum"), (np.int16, "max")):  # 4-, 8-, 2-byte stores
+        host = _data(rng, n, dtype, opname)
+        out_dtype = np.asarray(SCAN[opname](host[:1], None)).dtype
+        acc = np.dtype(np.float32) if out_dtype == np.float16 else out_dtype
+        op = get_operator(opname)
+        for name, offsets in _layouts(rng, n):
+            got = cupy_segment.segment_scan(cupy.asarray(host), offsets, op, acc, out_dtype, staged=staged,
+                                            deterministic=deterministic)
+            _check_scan(got, host, offsets, opname, out_dtype, f"{np.dtype(dtype)} {opname} {name} staged={staged}")
+        # with a carry: the same as scanning [carry, x...] with every offset one further on, minus the carry
+        carry = host.dtype.type(7 if opname == "sum" else 500)
+        offsets = np.array([1000, 5000])
+        got = cupy.asnumpy(cupy_segment.segment_scan(cupy.asarray(host), offsets, op, acc, out_dtype,
+                                                     carry=acc.type(carry), staged=staged, deterministic=deterministic))
+        _check_scan(np.concatenate([np.asarray([carry], dtype=out_dtype), got]), np.concatenate([[carry], host]),
+                    offsets + 1, opname, out_dtype, f"{np.dtype(dtype)} {opname} carry staged={staged}")
+    op = matmul_operator()  # the carry keeps order: carry on the left
+    mats = random_matrices(rng, 9000)
+    carry = np.uint64(random_matrices(rng, 1)[0])
+    got = cupy.asnumpy(cupy_segment.segment_scan(cupy.asarray(mats), np.array([4097]), op, np.uint64, np.uint64,
+                                                 carry=carry, staged=staged, deterministic=deterministic))
+    np.testing.assert_array_equal(got[:4097], sequential_scan(np.concatenate([[carry], mats[:4097]]))[1:])
+    np.testing.assert_array_equal(got[4097:], sequential_scan(mats[4097:]))
+
+
+def test_deterministic_segment_scan_gives_the_same_bits_every_run():
+    """The three-pass form over 4097 tiles (one long segment, then 10^5 short ones): identical bits on
+    every run, and within rounding of the float64 reference. Tile folds, their scan and the rescan
+    have fixed shapes; only the one-pass look-back's grouping depends on timing."""
+    from multireduce.backends import cupy_segment
+    from multireduce.backends import cupy_backend
+
+    assert cupy_segment.LOOKBACK_ENV == cupy_backend.LOOKBACK_ENV  # one variable for both scans
+
+    n = (1 << 25) + 3
+    rng = np.random.default_rng(25)
+    host = rng.random(n, dtype=np.float32)
+    x = cupy.asarray(host)
+    op = get_operator("sum")
+    for offsets in (np.array([0]), np.sort(rng.integers(0, n + 1, 100_000))):
+        runs = [cupy_segment.segment_scan(x, offsets, op, np.float32, np.float32, deterministic=True) for _ in range(3)]
+        for other in runs[1:]:
+            assert bool((other.view(cupy.uint32) == runs[0].view(cupy.uint32)).all())
+        ref = _sum_scan_reference(host, offsets)
+        err = np.abs(cupy.asnumpy(runs[0]).astype(np.float64) - ref)
+        assert (err <= 2e-5 * (ref + 1.0)).all(), f"worst {err.max()} at {np.argmax(err)}"
+        lookback = cupy.asnumpy(cupy_segment.segment_scan(x, offsets, op, np.float32, np.float32))
+        assert (np.abs(lookback.astype(np.float64) - ref) <= 2e-5 * (ref + 1.0)).all()
+
+
+def test_segment_scan_2_24_plus_7_with_device_offsets():
+    """2049 tiles: look-back chains across thousands of tiles (one segment), heads in every tile (3e6
+    segments), repeated offsets and offsets at n; exact int32 sums (int64) beside float32 ones."""
+    n = (1 << 24) + 7
+    rng = np.random.default_rng(247)
+    host = rng.random(n, dtype=np.float32)
+    ints = rng.integers(-1000, 1000, n).astype(np.int32)
+    x, xi = cupy.asarray(host), cupy.asarray(ints)
+    for m in (1, 1000, 3_000_000):
+        offsets = np.sort(np.concatenate([rng.integers(0, n + 1, m), [n, n, n // 2, n // 2]]))
+        got = cupy.asnumpy(mr.segment_scan(x, cupy.asarray(offsets))).astype(np.float64)
+        ref = _sum_scan_reference(host, offsets)  # data >= 0: the reference is the running mass
+        err = np.abs(got - ref)
+        assert (err <= 2e-5 * (ref + 1.0)).all(), f"m={m}: worst {err.max()} at {np.argmax(err)}"
+        got = cupy.asnumpy(mr.segment_scan(xi, offsets))
+        starts, _ = _segment_bounds(n, offsets)
+        seg = np.repeat(np.arange(starts.size), np.diff(np.append(starts, n)))
+        c = np.concatenate([[0], np.cumsum(ints, dtype=np.int64)])
+        np.testing.assert_array_equal(got, c[1:] - c[starts][seg], err_msg=f"int32 m={m}")
+        shift = seg.astype(np.int64) * 4096  # a segmented running max as one running max: segments ascend
+        np.testing.assert_array_equal(cupy.asnumpy(mr.segment_scan(xi, offsets, "max")),
+                                      np.maximum.accumulate(ints + shift) - shift, err_msg=f"max m={m}")
+
+
+@pytest.mark.parametrize("n", [1, 31, 1025, 20_000])
+def test_segment_scan_non_commutative_user_operator_keeps_order(n):
+    op = matmul_operator()
+    rng = np.random.default_rng(n + 1)
+    host = random_matrices(rng, n)  # uint64: 4096 per tile, so 20_000 crosses tiles
+    x = cupy.asarray(host)
+    for name, offsets in _layouts(rng, n):
+        offsets = np.clip(offsets, 0, n)
+        got = cupy.asnumpy(mr.segment_scan(x, offsets, op))
+        starts, ends = _segment_bounds(n, offsets)
+        want = np.concatenate([sequential_scan(host[s:e]) for s, e in zip(starts, ends)])
+        np.testing.assert_array_equal(got, want, err_msg=f"n={n} {name}")
+
+
+@pytest.mark.parametrize("opname,fill", [("nansum", 0.0), ("nanprod", 1.0), ("nanmin", np.inf), ("nanmax", -np.inf)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segment_scan_nan_operators_read_nan_as_identity(opname, fill, dtype):
+    rng = np.random.default_rng(7)
+    n = 40_000
+    host = (rng.uniform(0.99, 1.01, n) if opname == "nanprod" else rng.standard_normal(n)).astype(dtype)
+    host[rng.random(n) < 0.25] = np.nan
+    host[1000:1300] = np.nan  # an all-NaN segment: its running value stays the identity
+    offsets = np.sort(np.concatenate([rng.integers(0, n + 1, 300), [1000, 1000, 1300]]))
+    filled = np.where(np.isnan(host), fill, host)
+    got = mr.segment_scan(cupy.asarray(host), offsets, opname)
+    assert isinstance(got, cupy.ndarray) and got.dtype == dtype
+    _check_scan(got, filled.astype(dtype), offsets, opname[3:], np.dtype(dtype), opname,
+                tol=2e-4 if dtype == np.float32 else 1e-10)
+
+
+def test_segment_scan_misaligned_and_strided_views():
+    rng = np.random.default_rng(15)
+    for dtype in (np.int32, np.float64):
+        base = cupy.asarray(_data(rng, 50_001, dtype, "sum"))
+        host = cupy.asnumpy(base)
+        for view, ref_host in ((base[1:], host[1:]), (base[3:-2], host[3:-2]), (base[::3], host[::3])):
+            offsets = np.sort(rng.integers(0, view.size + 1, 300))
+            got = mr.segment_scan(view, offsets)
+            _check_scan(got, ref_host, offsets, "sum", np.cumsum(ref_host[:1]).dtype, f"view {np.dtype(dtype)}")
+        np.testing.assert_array_equal(cupy.asnumpy(base), host)  # the input is not modified
+    raw = cupy.zeros(40_000 * 2 + 2, dtype=cupy.uint8)
+    odd = raw[2:].view(cupy.float16)  # float16 at a 2-byte offset: the element-by-element path
+    odd[...] = cupy.asarray(rng.standard_normal(40_000).astype(np.float16))
+    offsets = np.sort(rng.integers(0, odd.size + 1, 100))
+    _check_scan(mr.segment_scan(odd, offsets), cupy.asnumpy(odd), offsets, "sum", np.dtype(np.float16), "float16 odd")
+
+
+@pytest.mark.parametrize("chunks", [(9000, 1, 30_000, 61_002), (4096,) * 24 + (1_699,), (100_003,)])
+def test_dask_of_cupy_segment_scan_carries_across_chunks(chunks):
+    """Chunks of CuPy arrays: each chunk's scan continues the carry from the chunks before it (segments
+    straddling one, several or one-element chunks), on the kernel, with exact and float data."""
+    rng = np.random.default_rng(len(chunks))
+    n = 100_003
+    layouts = (np.array([0]), np.sort(rng.integers(0, n + 1, 777)), np.array([5, 9000, 9001, 9001, n]),
+               np.array([40_000]))
+    ints = rng.integers(-100, 100, n).astype(np.int64)
+    floats = rng.standard_normal(n).astype(np.float32)
+    floats[rng.random(n) < 0.1] = np.nan
+    mats = random_matrices(rng, n)
+    op = matmul_operator()
+
+    def lazy(host):
+        return da.from_array(host, chunks=(chunks,), asarray=False).map_blocks(cupy.asarray, dtype=host.dtype)
+
+    with dask.config.set(scheduler="synchronous"):
+        for offsets in layouts:
+            got = mr.segment_scan(lazy(ints), offsets, "sum").compute()
+            assert isinstance(got, cupy.ndarray)
+            _check_scan(got, ints, offsets, "sum", np.dtype(np.int64), f"int64 {offsets[:4]}")
+            got = mr.segment_scan(lazy(ints), offsets, "max").compute()
+            _check_scan(got, ints, offsets, "max", np.dtype(np.int64), f"max {offsets[:4]}")
+            got = mr.segment_scan(lazy(floats), offsets, "nansum").compute()
+            _check_scan(got, np.nan_to_num(floats, nan=0.0), offsets, "sum", np.dtype(np.float32), "nansum",
+                        tol=2e-5)
+            if offsets.size > 1:  # the user operator's Python reference is slow: two layouts
+                got = cupy.asnumpy(mr.segment_scan(lazy(mats), offsets, op).compute())
+                starts, ends = _segment_bounds(n, offsets)
+                np.testing.assert_array_equal(got, np.concatenate([sequential_scan(mats[s:e]) for s, e in zip(starts, ends)]))
+
+
+def test_segment_scan_device_offsets_are_checked_before_any_work():
+    x = cupy.arange(10.0)
+    with pytest.raises(ValueError, match="'offsets'.*not ascending"):
+        mr.segment_scan(x, cupy.asarray([3, 1]))
+    with pytest.raises(ValueError, match=r"'offsets'.*\[0, 10\]"):
+        mr.segment_scan(x, cupy.asarray([0, 11]))
+    offsets = cupy.asarray([0, 4, 4, 7, 10])
+    got = mr.segment_scan(x, offsets)
+    np.testing.assert_array_equal(cupy.asnumpy(got), mr.segment_scan(cupy.asnumpy(x), [0, 4, 4, 7, 10]))
+    np.testing.assert_array_equal(cupy.asnumpy(offsets), [0, 4, 4, 7, 10])  # not modified
+
+
+@pytest.mark.large
+def test_segment_scan_past_2_31():
+    """uint8 sums (uint64, exact) over 2^31 + 7 elements: 262145 tiles, heads at and around 2^31. An
+    inclusive segmented sum is fully characterised by out[h] == x[h] at every head h (and 0) and
+    out[i] - out[i-1] == x[i] elsewhere: checked in slices on the GPU, with no 16 GiB reference."""
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < 32 * 2**30:
+        pytest.skip(f"needs ~32 GiB of free GPU memory; {free / 2**30:.1f} GiB free")
+    n = (1 << 31) + 7
+    x = cupy.random.randint(0, 256, size=n, dtype=cupy.uint8)
+    rng = np.random.default_rng(31)
+    for offsets in (np.array([0, (1 << 31) - 3, (1 << 31) + 1, n]), np.sort(rng.integers(0, n + 1, 100_000))):
+        out = mr.segment_scan(x, cupy.asarray(offsets))
+        assert out.dtype == np.uint64 and out.shape == (n,)
+        heads = cupy.zeros(n, dtype=bool)
+        heads[cupy.asarray(np.concatenate([[0], offsets[offsets < n]]))] = True
+        step = 1 << 28
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            o, xs, h = out[lo:hi], x[lo:hi].astype(cupy.uint64), heads[lo:hi]
+            prev = out[lo - 1:hi - 1] if lo else cupy.concatenate([cupy.zeros(1, cupy.uint64), out[:hi - 1]])
+            want = cupy.where(h, xs, prev + xs)
+            assert bool((o == want).all()), f"slice at {lo}: {int((o != want).sum())} elements off"
+        del out, heads
+    del x
+    cupy.get_default_memory_pool().free_all_blocks()
