@@ -504,7 +504,7 @@ def test_scan_model_proves_ordinary_data():
     x = rng.standard_normal(4097)
     got, fallbacks = cupy_exact.model_scan_tile(x, 0, 0, np.float64)
     assert _same(got, exact.cumsum(x))
-    assert fallbacks < 40  # the double-double prefix proves nearly every float64 rounding
+    assert fallbacks <= 10  # the double-double prefix proves nearly every float64 rounding (2 today)
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])

@@ -8,8 +8,9 @@ Python integer, so GPU, CPU and any chunking give the same bits.
 
 Served by the kernel: sum/mean/nansum with ``exact=True`` of float16/32/64 CuPy arrays and of the CuPy
 chunks of Dask arrays, any axes, any strides (reduced axes are moved last with one device copy when
-the rows are not already contiguous). Still copied to the host: ``exact=True`` cumsum/nancumsum (no
-exact GPU scan yet).
+the rows are not already contiguous). Still copied to the host: ``exact=True`` cumsum/nancumsum; the exact
+GPU scan's host side (``tile_carries``) and a model of its pass 2 (``model_scan_tile``) are here and tested
+on the CPU, its pass-2 kernel is not written yet (docs/numerics.md).
 """
 
 from __future__ import annotations
