@@ -439,3 +439,96 @@ def test_kernel_source_on_host(host_kernel, dt, kind):
         st = exact.state_of(x, (1,))
         assert [int(t) for t in totals] == [int(t) for t in st.total]
         assert nan.tolist() == st.nan.tolist() and pinf.tolist() == st.pinf.tolist() and ninf.tolist() == st.ninf.tolist()
+
+
+# -- the exact GPU scan's host side and its pass-2 rounding model ---------------------------------------
+
+
+def _same(a, b) -> bool:
+    """Bitwise equal, any NaN equal to any NaN (NumPy's cumsum does not fix a NaN's sign)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.array_equal(np.isnan(a), np.isnan(b)) and bits(a[~np.isnan(a)]).tolist() == bits(b[~np.isnan(b)]).tolist()
+
+
+def _ref_prefixes(x, carry: Fraction, dt) -> list[float]:
+    """Every prefix of ``carry + x`` rounded with ref_round, inf/NaN as NumPy's cumsum places them."""
+    out, run, specials = [], carry, []
+    for v in np.asarray(x, dtype=np.float64).tolist():
+        if math.isfinite(v):
+            run += Fraction(v)
+        else:
+            specials.append(v)
+        if specials:
+            with np.errstate(invalid="ignore"):
+                out.append(float(np.sum(np.array(specials))))
+        elif abs(run) >= Fraction(2) ** 1024:  # past every dtype's range (ref_round's float() would overflow)
+            out.append(math.inf if run > 0 else -math.inf)
+        else:
+            out.append(ref_round(run, dt))
+    return out
+
+
+def _scan_cases(rng):
+    yield "cancel", _adversarial("cancel", 1025, rng)
+    yield "range90", _adversarial("range90", 1023, rng)
+    yield "subnormal", _adversarial("subnormal", 257, rng)
+    yield "huge", _adversarial("huge", 257, rng)
+    ties = np.repeat([1.0, 2.0**-53, 2.0**-53, -(2.0**-53), 3 * 2.0**-53], 40)  # prefixes on half-ulps
+    yield "ties", ties
+    specials = rng.standard_normal(129)
+    specials[[17, 60]] = [np.inf, -np.inf]
+    yield "inf", specials
+    nans = rng.standard_normal(65)
+    nans[33] = np.nan
+    yield "nan", nans
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+def test_scan_model_rounds_every_prefix_exactly(dt):
+    """Pass 2 of the exact GPU scan (double-double prefix, proved-or-fallback rounding) against fractions on
+    adversarial data: a proved rounding is never wrong, and the fallbacks are counted."""
+    rng = np.random.default_rng(np.dtype(dt).itemsize)
+    fallbacks = {}
+    for name, x in _scan_cases(rng):
+        with np.errstate(over="ignore"):
+            x = np.asarray(x).astype(dt)
+        got, fallbacks[name] = cupy_exact.model_scan_tile(x, 0, 0, dt)
+        assert _same(got, np.array(_ref_prefixes(x, Fraction(0), dt), dtype=dt)), name
+        assert _same(got, exact.cumsum(x)), name
+    if dt != np.float64:  # float16/32 outputs have 29+ bits of room: ordinary data needs no fallback
+        assert fallbacks["range90"] + fallbacks["cancel"] <= 2, fallbacks
+
+
+def test_scan_model_proves_ordinary_data():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(4097)
+    got, fallbacks = cupy_exact.model_scan_tile(x, 0, 0, np.float64)
+    assert _same(got, exact.cumsum(x))
+    assert fallbacks <= 10  # the double-double prefix proves nearly every float64 rounding (2 today)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_scan_tiles_with_carried_words(dt):
+    """Tiles scanned independently, each seeded with the exclusive scan of the earlier tiles' words (what
+    pass 1 gives), equal the CPU exact cumsum of the whole array bitwise, including flags that carry."""
+    rng = np.random.default_rng(11)
+    with np.errstate(over="ignore"):
+        x = np.concatenate([_adversarial("range90", 700, rng), _adversarial("cancel", 333, rng)]).astype(dt)
+    x[500] = np.inf
+    for tile in (1, 31, 256):
+        starts = list(range(0, x.size, tile))
+        words = np.stack([cupy_exact.model_words(x[s:s + tile], threads=8) for s in starts])
+        carries, flags = cupy_exact.tile_carries(words)
+        assert carries[0] == 0 and flags[0] == 0
+        pieces = [cupy_exact.model_scan_tile(x[s:s + tile], c, int(f), dt)[0]
+                  for s, c, f in zip(starts, carries, flags)]
+        assert _same(np.concatenate(pieces), exact.cumsum(x)), tile
+
+
+def test_scan_model_seed_beyond_float64_falls_back():
+    big = 2**1024 * 2**-exact.EBASE  # a carry past the float64 range: every element rounds from words
+    x = np.array([-1.7e308, -1.7e308, 1.0], dtype=np.float64)
+    got, fallbacks = cupy_exact.model_scan_tile(x, big, 0, np.float64)
+    carry = Fraction(2) ** 1024
+    assert _same(got, np.array(_ref_prefixes(x, carry, np.float64)))
+    assert fallbacks == 3

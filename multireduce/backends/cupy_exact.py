@@ -8,13 +8,16 @@ Python integer, so GPU, CPU and any chunking give the same bits.
 
 Served by the kernel: sum/mean/nansum with ``exact=True`` of float16/32/64 CuPy arrays and of the CuPy
 chunks of Dask arrays, any axes, any strides (reduced axes are moved last with one device copy when
-the rows are not already contiguous). Still copied to the host: ``exact=True`` cumsum/nancumsum (no
-exact GPU scan yet).
+the rows are not already contiguous). Still copied to the host: ``exact=True`` cumsum/nancumsum; the exact
+GPU scan's host side (``tile_carries``) and a model of its pass 2 (``model_scan_tile``) are here and tested
+on the CPU, its pass-2 kernel is not written yet (docs/numerics.md).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -233,6 +236,115 @@ def model_words(x: np.ndarray, threads: int = 64, terms: int = TERMS) -> np.ndar
     out[KWORDS] = flags
     return out
 
+
+
+# ------------------------------------------------------------------------------------------------
+# the exact scan's host side and a NumPy model of its pass 2 (docs/numerics.md, "Exact sums on the
+# GPU"): pass 1 gives each tile's words, tile_carries scans them exactly, pass 2 rescans a tile with a
+# double-double prefix and rounds where its error bound proves the rounding (model_scan_tile)
+# ------------------------------------------------------------------------------------------------
+def tile_carries(words: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """Exclusive prefix of (tiles, KWORDS + 1) tile words: (carry totals in exact.py's units, one Python
+    int per tile, and the OR-ed flags before each tile). Integer adds: exact and independent of order."""
+    totals, nan, pinf, ninf = fold_words(np.asarray(words))
+    flags = (nan * FLAG_NAN | pinf * FLAG_PINF | ninf * FLAG_NINF).astype(np.int64)
+    carries, running, seen = [], 0, np.zeros(len(totals), dtype=np.int64)
+    acc = 0
+    for t, total in enumerate(totals.tolist()):
+        carries.append(running)
+        seen[t] = acc
+        running += total
+        acc |= int(flags[t])
+    return carries, seen
+
+
+_U = 2.0**-53  # unit roundoff of float64
+
+
+def _seed(total: int) -> tuple[float, float, float]:
+    """A double-double (hi, lo) near ``total * 2**EBASE`` and a bound on its error; inf bound when the
+    carry is beyond float64 (every element of the tile then falls back)."""
+    from ..exact import EBASE, round_exact
+
+    f64 = np.dtype(np.float64)
+    hi = round_exact(total, 1, EBASE, f64)
+    if not math.isfinite(hi):
+        return 0.0, 0.0, math.inf
+    rest = total - (int(Fraction(hi) * 2**-EBASE))
+    lo = round_exact(rest, 1, EBASE, f64)
+    # |rest - lo| <= half an ulp of lo, or of the smallest subnormal
+    return hi, lo, abs(lo) * _U + 2.0**-1074
+
+
+def _proved(hi: float, lo: float, eb: float, dt: np.dtype) -> float | None:
+    """The ``dt`` value nearest every point of [hi + lo - eb, hi + lo + eb], or None when a rounding
+    midpoint of ``dt`` may lie inside (or the float arithmetic below could not bound it)."""
+    if not math.isfinite(hi) or not math.isfinite(eb):
+        return None
+    r = float(np.asarray(hi).astype(dt))
+    if not math.isfinite(r):
+        return None
+    up = float(np.nextafter(np.asarray(r, dtype=dt), np.asarray(np.inf, dtype=dt)))
+    dn = float(np.nextafter(np.asarray(r, dtype=dt), np.asarray(-np.inf, dtype=dt)))
+    if not (math.isfinite(up) and math.isfinite(dn)):
+        return None
+    hu, hd = (up - r) / 2, (r - dn) / 2  # exact for float16/32; for float64 underflow -> 0 -> None
+    if hu == 0.0 or hd == 0.0:
+        return None
+    a = r - hi  # exact: r is hi rounded to fewer bits (Sterbenz), or hi itself
+    # distances from hi + lo to the two midpoints, each with its float error bounded by 2 roundings
+    du = (hu + a) - lo
+    dd = (hd - a) + lo
+    slack = 4 * _U * (hu + hd + abs(a) + abs(lo))
+    if du > eb + slack and dd > eb + slack:
+        return r
+    return None
+
+
+def model_scan_tile(x: np.ndarray, carry: int, flags: int, dt) -> tuple[np.ndarray, int]:
+    """Pass 2 of the exact scan for one tile, in NumPy/Python floats as the kernel would do it: the running
+    prefix is a double-double (TwoSum) seeded from the ``carry`` words' value, with a running error bound;
+    an element whose rounding the bound proves is written directly, any other is rounded exactly from its
+    exact prefix (the kernel's fallback). Returns the outputs (dtype ``dt``) and the fallback count."""
+    from ..exact import EBASE, round_exact
+
+    dt = np.dtype(dt)
+    v = np.asarray(x).astype(np.float64).ravel()
+    hi, lo, eb = _seed(carry)
+    exact_total = carry
+    out = np.empty(v.size, dtype=np.float64)
+    fallbacks = 0
+    for i, xi in enumerate(v.tolist()):
+        if math.isnan(xi):
+            flags |= FLAG_NAN
+        elif xi == math.inf:
+            flags |= FLAG_PINF
+        elif xi == -math.inf:
+            flags |= FLAG_NINF
+        else:
+            exact_total += int(Fraction(xi) * 2**-EBASE)
+            if math.isfinite(eb):
+                s = hi + xi
+                bv = s - hi
+                e = (hi - (s - bv)) + (xi - bv)  # TwoSum: s + e == hi + xi exactly
+                t = lo + e
+                eb = (eb + abs(t) * _U) * (1 + 4 * _U)  # t's rounding; the factor rounds the bound up
+                hi = s + t
+                bv = hi - s
+                lo = (s - (hi - bv)) + (t - bv)  # TwoSum again: hi + lo == s + t exactly
+                if not math.isfinite(hi):
+                    eb = math.inf
+        if flags & FLAG_NAN or (flags & FLAG_PINF and flags & FLAG_NINF):
+            out[i] = math.nan
+        elif flags & (FLAG_PINF | FLAG_NINF):
+            out[i] = math.inf if flags & FLAG_PINF else -math.inf
+        else:
+            r = _proved(hi, lo, eb, dt)
+            if r is None:
+                fallbacks += 1
+                r = round_exact(exact_total, 1, EBASE, dt)
+            out[i] = r
+    return out.astype(dt), fallbacks
 
 if __name__ == "__main__":
     import sys
