@@ -49,7 +49,7 @@ fi
 if has bench; then
 timeout ${MR_BENCH_TIMEOUT:-300} python3 benchmarks/multigpu.py --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
 cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
-timeout ${MR_STATS_TIMEOUT:-200} python3 benchmarks/multigpu_stats.py --gpus 1,4 --per-gpu-gib 8 --chunk-log2 26,28 \
+timeout ${MR_STATS_TIMEOUT:-200} python3 benchmarks/multigpu_stats.py --gpus 1,$(nvidia-smi -L | wc -l) --per-gpu-gib 8 --chunk-log2 26,28 \
   > "$OUT/bench-multigpu-stats.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu-stats.log"; }
 cp docs/bench_multigpu_stats.* "$OUT/" 2>/dev/null
 cat "$OUT/bench_multigpu_latest.md" "$OUT/bench_multigpu_stats.md" 2>/dev/null | tail -n 60
@@ -57,5 +57,9 @@ fi
 if has profile; then
 timeout 200 python3 benchmarks/multigpu.py --profile > "$OUT/profile-multigpu.log" 2>&1 || rc=1
 tail -n 40 "$OUT/profile-multigpu.log"
+fi
+# the device returns at most 8 files: more than that travel as one archive
+if [ "$(ls -A "$OUT" | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && tar czf ../multireduce-logs.tgz . && find . -mindepth 1 -delete && mv ../multireduce-logs.tgz logs.tgz)
 fi
 exit $rc

@@ -364,30 +364,4 @@ def cumsum(x, axis=None, dtype=None):
     return da.block(out_blocks.tolist())
 
 
-# -- float32 accumulation ----------------------------------------------------------------------------
-
-_WIDE_BLOCK = 1 << 16  # elements per float64 buffer along the axis: stays in cache, bounded extra memory
-
-
-def cumsum_wide(x: np.ndarray, axis: int = 0) -> np.ndarray:
-    """Cumulative sum of a float16/float32 NumPy array accumulated in float64 and rounded to ``x``'s dtype:
-    bitwise ``np.cumsum(x, axis, dtype=float64).astype(x.dtype)`` (the carry enters each block's first
-    element, so the association order is the sequential one), without a full-size float64 temporary.
-    For ``numpy_backend``'s float32 cumsum (np.cumsum's bits remain available as the default/option)."""
-    if x.dtype.kind != "f" or x.dtype.itemsize >= 8:
-        raise TypeError(f"cumsum_wide: argument 'x' has dtype {x.dtype}; expected float16 or float32")
-    src = np.moveaxis(x, axis, -1)
-    out = np.empty(src.shape, dtype=x.dtype)
-    n = src.shape[-1]
-    carry = None
-    for start in range(0, n, _WIDE_BLOCK):
-        buf = src[..., start : start + _WIDE_BLOCK].astype(np.float64)
-        if carry is not None:
-            buf[..., 0] += carry
-        np.cumsum(buf, axis=-1, out=buf)
-        carry = buf[..., -1].copy()
-        out[..., start : start + _WIDE_BLOCK] = buf
-    return np.moveaxis(out, -1, axis)
-
-
-__all__ = ["cumsum_wide", "sum", "mean", "cumsum", "ExactState", "ExactSumPlan", "round_exact", "state_of", "finish"]
+__all__ = ["sum", "mean", "cumsum", "ExactState", "ExactSumPlan", "round_exact", "state_of", "finish"]

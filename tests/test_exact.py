@@ -227,21 +227,6 @@ def test_bad_input_raises():
         exact.cumsum(np.arange(5))
 
 
-@pytest.mark.parametrize("dt", [np.float16, np.float32])
-def test_cumsum_wide_is_float64_cumsum_rounded(dt, monkeypatch):
-    monkeypatch.setattr(exact, "_WIDE_BLOCK", 64)  # many blocks, so the carries are exercised
-    rng = np.random.default_rng(29)
-    for shape, axis in (((1025,), 0), ((7, 333), 1), ((333, 5), 0)):
-        x = (rng.standard_normal(shape) + 0.1).astype(dt)
-        got = exact.cumsum_wide(x, axis)
-        ref = np.cumsum(x, axis=axis, dtype=np.float64).astype(dt)
-        assert got.dtype == dt and np.array_equal(bits(got), bits(ref))
-    big = (rng.standard_normal(100_000) + 0.1).astype(np.float32)
-    err_wide = np.abs(exact.cumsum_wide(big).astype(np.float64) - np.cumsum(big, dtype=np.float64)).max()
-    err_plain = np.abs(np.cumsum(big).astype(np.float64) - np.cumsum(big, dtype=np.float64)).max()
-    assert err_wide < err_plain
-
-
 def test_exact_keyword_of_the_api_matches_the_exact_module_and_is_chunking_independent():
     import dask.array as da
 
