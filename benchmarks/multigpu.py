@@ -1,7 +1,7 @@
 """multireduce vs dask.array on a LocalCUDACluster (or, with ``--cpu``, a CPU LocalCluster with NumPy
 chunks, tiny sizes, to check the script anywhere), side by side in one run, for 1, 2, 4 workers.
 
-    python benchmarks/multigpu.py --quick          # the lead's 4 x H200 run, <= 240 s (budget 170 s)
+    python benchmarks/multigpu.py --quick          # every GPU present, then one: <= 240 s on 4 x H200 (budget 170 s)
     python benchmarks/multigpu.py [--gpus 1,2,4] [--per-gpu-gib 8,32] [--chunk-log2 26,28] [--repeats 5]
     python benchmarks/multigpu.py --cpu            # a smoke run on the CPU
     python benchmarks/multigpu.py --profile [--cpu] # where a lazy sum's time goes, vs dask.array.sum
@@ -60,6 +60,16 @@ def wait_released(client, names, timeout=30.0):
         if not held:
             return
         time.sleep(0.01)
+
+
+def wait_idle(client, timeout: float) -> bool:
+    """Until no worker is processing a task (a timed-out row's tasks still run); False past ``timeout``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not any(client.processing().values()):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _clear_transfer_log(dask_worker):
@@ -224,7 +234,7 @@ def main(argv=None):
 
     p = argparse.ArgumentParser()
     p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster with NumPy chunks, tiny sizes")
-    p.add_argument("--quick", action="store_true", help="the lead's preset: <= 240 s on 4 x H200")
+    p.add_argument("--quick", action="store_true", help="the preset: every GPU present, then one; <= 240 s on 4 x H200")
     p.add_argument("--gpus", default="1,2,4")
     p.add_argument("--per-gpu-gib", default="8,32")
     p.add_argument("--chunk-log2", default="26,28", help="chunk elements, as powers of two")
@@ -241,7 +251,7 @@ def main(argv=None):
         args.chunk_log2 = "10" if args.cpu else args.chunk_log2
     if args.quick:
         # 4 GPUs first: the targets are there, and the budget cuts what comes last
-        args.gpus, args.per_gpu_gib, args.chunk_log2, args.repeats = "4,1", "8,32", "26,28", 3
+        args.gpus, args.per_gpu_gib, args.chunk_log2, args.repeats = "all,1", "8,32", "26,28", 3
         args.timeout_s, args.budget_s = 10, args.budget_s or 170
     if args.cpu and not args.profile:  # blelloch timed out here too (60 s on 40 chunks of 1 MB): not in the smoke run
         args.gpus, args.per_gpu_gib, args.chunk_log2 = "1,2", "0.01", "18"
@@ -275,7 +285,8 @@ def main(argv=None):
         return profile_main(args, cluster_for, make, meta)
     rows, skipped = [], []
     started = time.time()
-    for n_gpus in [int(g) for g in args.gpus.split(",") if int(g) <= n_avail]:
+    counts = [n_avail if g == "all" else int(g) for g in args.gpus.split(",")]
+    for n_gpus in [g for i, g in enumerate(counts) if g <= n_avail and g not in counts[:i]]:
         if args.budget_s and time.time() - started > args.budget_s:
             skipped.append(f"{n_gpus} workers")
             continue
@@ -367,6 +378,9 @@ def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
                        **breakdown(stream.data, wall, incoming))
         except TimeoutError:
             row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=f"timed out after {args.timeout_s:g} s")
+            # its tasks still run on the workers: the next rows wait for them, not time them
+            if not wait_idle(client, timeout=max(120.0, 10 * args.timeout_s)):
+                row["note"] += "; the workers stayed busy"
             if name.startswith("da.cumsum["):  # its tasks still run: not tried again in this run
                 method = name[len("da.cumsum["):-1]
                 args.dask_cumsum_methods = ",".join(m for m in args.dask_cumsum_methods.split(",") if m != method)

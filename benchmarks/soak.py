@@ -185,6 +185,17 @@ def _check(op, got, host):
     assert np.allclose(got.astype(ref.dtype), ref, rtol=eps * 10, atol=scale * 10), (op, dt)
 
 
+def _chunk(spec, block_info=None):
+    dtype, op, seed, gpu = spec
+    info = block_info[None]
+    block = _data(np.random.default_rng([seed, info["chunk-location"][0]]), dtype, info["chunk-shape"][0], op)
+    if gpu:
+        import cupy
+
+        return cupy.asarray(block)
+    return block
+
+
 def _request(client, spec, gpu):
     """Build, send and check one request: (dtype, op, n, n_chunks, persist, seed)."""
     import dask.array as da
@@ -192,12 +203,13 @@ def _request(client, spec, gpu):
     import multireduce as mr
 
     dtype, op, n, n_chunks, persist, seed = spec
-    host = _data(np.random.default_rng(seed), dtype, n, op)
-    x = da.from_array(host, chunks=max(-(-n // n_chunks), 1))
-    if gpu:
-        import cupy
-
-        x = x.map_blocks(cupy.asarray, dtype=x.dtype)
+    # each chunk is made where it runs, from its own seed, and the reference here from the same seeds:
+    # a graph that carried the data would ship up to 1 GB per request through the scheduler
+    step = max(-(-n // n_chunks), 1)
+    sizes = tuple(min(step, n - start) for start in range(0, n, step))
+    host = np.concatenate([_data(np.random.default_rng([seed, i]), dtype, m, op) for i, m in enumerate(sizes)])
+    meta = __import__("cupy").empty(0, host.dtype) if gpu else np.empty(0, host.dtype)  # CuPy chunks: CuPy meta
+    x = da.map_blocks(_chunk, dtype=host.dtype, chunks=(sizes,), meta=meta, spec=(dtype, op, seed, gpu))
     if persist:
         x = client.persist(x)
     got = client.compute(getattr(mr, op)(x)).result()

@@ -30,6 +30,12 @@ def _check_exposure(kwargs: dict) -> None:
     reachable from other machines without TLS: a local cluster runs whatever code a connection sends."""
     from multireduce.deploy import is_loopback
 
+    if kwargs.get("processes") is False and "host" not in kwargs and kwargs.get("interface") is None \
+            and kwargs.get("protocol") in (None, "inproc", "inproc://"):
+        # Dask's in-process transport takes no host; each worker still serves HTTP (/metrics), on every
+        # interface unless told where
+        kwargs.setdefault("worker_dashboard_address", "127.0.0.1:0")
+        return
     if kwargs.get("interface") is not None:  # Dask refuses host and interface together
         where, local = f"interface={kwargs['interface']!r}", kwargs["interface"] == "lo"
     else:
@@ -47,7 +53,8 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, **kwarg
     """A LocalCUDACluster with one worker per GPU (``gpu=None``: when GPUs and dask-cuda exist), otherwise
     a CPU LocalCluster. Ports default to 0 and the dashboard to a free loopback port, so several clusters
     never collide. The scheduler, workers and nannies listen on 127.0.0.1 unless ``host`` (or ``interface``)
-    names another address; one that is not loopback ("", "0.0.0.0" and "::" included) needs
+    names another address (``processes=False`` without either: Dask's in-process transport, and the workers'
+    HTTP endpoints on loopback); one that is not loopback ("", "0.0.0.0" and "::" included) needs
     ``security=distributed.Security(...)`` with TLS, checked before anything starts. Extra keyword arguments
     go to the cluster class."""
     _check_exposure(kwargs)

@@ -31,6 +31,8 @@ def synchronous_scheduler():
 def cpu_client():
     """A real distributed cluster of three single-threaded CPU workers (in-process), port 0, closed after."""
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, scheduler_port=0,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+    from multireduce.cluster import local_cluster
+
+    # local_cluster: every listener (the workers' HTTP endpoints too) on loopback
+    with local_cluster(n_workers=3, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
         yield client

@@ -250,7 +250,7 @@ def test_on_a_real_distributed_cluster():
     """A real scheduler and worker processes (port 0), cleaned up afterwards."""
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, scheduler_port=0,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client, \
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client, \
             dask.config.set(scheduler=client):
         x = random_array(np.random.default_rng(9), (400, 30), np.int64)
         d = client.persist(da.from_array(x, chunks=(37, 11)))

@@ -268,6 +268,16 @@ def test_local_cluster_listens_on_loopback_only():
         assert len(addrs) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in addrs)
 
 
+def test_local_cluster_in_process_listens_on_loopback_only():
+    # processes=False is Dask's in-process transport, which takes no host: it used to fail to start
+    with local_cluster(n_workers=2, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
+        assert cluster.scheduler_address.startswith("inproc://")
+        assert client.submit(sum, [1, 2, 3]).result() == 6
+        _assert_loopback_only(_listening(_tree(os.getpid())))
+    with local_cluster(n_workers=1, gpu=False, processes=False, protocol="tcp://") as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+
+
 @pytest.mark.parametrize("kwargs, named", [
     ({"host": "0.0.0.0"}, "host='0.0.0.0'"), ({"host": ""}, "host=''"), ({"host": "::"}, "host='::'"),
     ({"host": None}, "host=None"), ({"host": "10.1.2.3"}, "host='10.1.2.3'"),

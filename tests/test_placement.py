@@ -114,7 +114,7 @@ def test_worker_killed_mid_reduction_recomputes():
     """A worker process dies while the reduction runs: Dask recomputes, the answer is right, nothing hangs."""
     mr.register_operator("slow_add", identity=0, cpu=_slow_add, commutative=True, kinds="i", replace=True)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, scheduler_port=0,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
         x = np.arange(40 * 64, dtype=np.int64)
         d = c.persist(da.from_array(x, chunks=64))
         distributed.wait(d)

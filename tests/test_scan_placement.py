@@ -75,7 +75,7 @@ def test_worker_lost_after_placement_lookup():
     before the graph runs. Dask recomputes the lost chunks elsewhere and every result is right (within
     a timeout: a hang fails); the eager path looks placement up again."""
     with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True, scheduler_port=0,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as c:
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
         x = np.random.default_rng(11).integers(-1000, 1000, size=24 * 1031, dtype=np.int64)
         d = c.persist(da.from_array(x, chunks=1031))  # Dask's own placement: no worker restrictions
         distributed.wait(d)
