@@ -4,7 +4,7 @@
 # then the multi-GPU benchmarks. Short table last; logs in $OUT.
 #   bash benchmarks/run_multigpu.sh [PHASES] [multigpu.py args...]
 # PHASES: "all" (= "tests bench") or a quoted list of tests (multi-GPU, spill, fault and OOM tests, the
-# deploy/ TLS cluster, a soak), bench (benchmarks/multigpu.py --quick, multigpu_stats.py), profile
+# deploy/ TLS cluster, a soak), soak (the soak alone), bench (benchmarks/multigpu.py --quick, multigpu_stats.py), profile
 # (multigpu.py --profile). Each phase fits one device call (<= 10 minutes).
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -41,6 +41,8 @@ PY
 bash deploy/stop.sh $d/c.toml >> "$OUT/deploy.log" 2>&1
 grep -E "^deploy:|scheduler at|workers of node|stopped|Error" "$OUT/deploy.log" | head
 cp $d/run/*.log "$OUT/" 2>/dev/null
+fi
+if has tests || has soak; then
 # soak (issue 11.16), short: 4 client processes, every result checked, memory sampled before and after
 timeout ${MR_SOAK_TIMEOUT:-150} python3 benchmarks/soak.py --clients 4 --requests ${MR_SOAK_REQUESTS:-100} --max-bytes ${MR_SOAK_MAX_BYTES:-1e9} \
   --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1 || rc=1
