@@ -62,11 +62,17 @@ def wait_released(client, names, timeout=30.0):
         time.sleep(0.01)
 
 
-def wait_idle(client, timeout: float) -> bool:
-    """Until no worker is processing a task (a timed-out row's tasks still run); False past ``timeout``."""
+def wait_idle(client, futures, timeout: float) -> bool:
+    """Cancel ``futures`` (a timed-out row's) and wait until the scheduler has no task left to run
+    (queued tasks count: ``client.processing()`` shows only those already sent to a worker); False past
+    ``timeout``."""
+    if futures:
+        client.cancel(list(futures), force=True)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if not any(client.processing().values()):
+        pending = client.run_on_scheduler(lambda dask_scheduler: sum(
+            ts.state in ("processing", "queued", "waiting", "no-worker") for ts in dask_scheduler.tasks.values()))
+        if not pending:
             return True
         time.sleep(0.05)
     return False
@@ -328,17 +334,19 @@ def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
     def computed(make):
         def run():
             lazy = make()
-            value = client.compute(lazy).result()
             run.names = [lazy.name]
-            return value
+            future = client.compute(lazy)
+            run.futures = [future]  # before it runs: a timed-out run's tasks are cancelled
+            return future.result()
         return run
 
     def persisted(make):
         def run():
             lazy = make()
-            y = client.persist(lazy)
-            distributed.wait(y)
             run.names = [lazy.name]
+            y = client.persist(lazy)
+            run.futures = distributed.futures_of(y)
+            distributed.wait(y)
             del y
         return run
 
@@ -351,7 +359,7 @@ def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
              ("mr.sum(compute=True)", "sum", eager, nbytes),
              ("mr.cumsum().persist()", "cumsum", persisted(lambda: mr.cumsum(x)), 2 * nbytes)]
     if gib <= args.dask_cumsum_max_gib:
-        for method in args.dask_cumsum_methods.split(","):
+        for method in filter(None, args.dask_cumsum_methods.split(",")):
             impls.append((f"da.cumsum[{method}]", "cumsum", persisted(lambda m=method: da.cumsum(x, method=m)),
                           2 * nbytes))
     rows = []
@@ -378,8 +386,8 @@ def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
                        **breakdown(stream.data, wall, incoming))
         except TimeoutError:
             row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=f"timed out after {args.timeout_s:g} s")
-            # its tasks still run on the workers: the next rows wait for them, not time them
-            if not wait_idle(client, timeout=max(120.0, 10 * args.timeout_s)):
+            # its tasks still run or wait on the workers: cancelled, and the next rows start once none is left
+            if not wait_idle(client, getattr(fn, "futures", []), timeout=max(120.0, 10 * args.timeout_s)):
                 row["note"] += "; the workers stayed busy"
             if name.startswith("da.cumsum["):  # its tasks still run: not tried again in this run
                 method = name[len("da.cumsum["):-1]
