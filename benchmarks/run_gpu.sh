@@ -49,7 +49,7 @@ if has stats; then
   tail -n 30 "$OUT/bench-stats.log"
 fi
 if has seg; then
-  timeout 120 python3 -m multireduce.backends.cupy_segment sm_90 > "$OUT/segment-compile.log" 2>&1 || { rc=1; tail -n 20 "$OUT/segment-compile.log"; }
+  timeout 180 python3 tools/compile_kernels.py --arch sm_90 --only segment > "$OUT/segment-compile.log" 2>&1 || { rc=1; tail -n 20 "$OUT/segment-compile.log"; }
   OUT=$OUT timeout 300 python3 benchmarks/bench_segments.py > "$OUT/bench-segments.log" 2>&1 || rc=1
   tail -n 45 "$OUT/bench-segments.log"
 fi

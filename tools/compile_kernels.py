@@ -4,7 +4,7 @@ CI has nvcc but no GPU: this is how a kernel that does not compile fails CI. The
 CuPy compiles (``multireduce.kernels.module_text``); each operator's instantiations form one translation
 unit, compiled in parallel.
 
-    python tools/compile_kernels.py --arch sm_80 --arch sm_90 [--jobs 2]
+    python tools/compile_kernels.py --arch sm_80 --arch sm_90 [--jobs 2] [--only segment]
 """
 
 from __future__ import annotations
@@ -28,18 +28,26 @@ def unit_name(opname: str, entry: str) -> str:
     return opname if entry == kernels.ENTRY else f"{opname}-{entry.split('.')[0]}"
 
 
-def translation_units() -> list[tuple[str, str, int]]:
+def translation_units() -> list[tuple[str, str, list[str]]]:
+    """(unit name, source text with the instantiation table, name expressions) for every unit."""
     units = []
     for opname, entry, expressions in kernels.all_instantiations(policy(9)):
         op = get_operator(opname)
         body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
         text = kernels.module_text(op, entry) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
-        units.append((unit_name(opname, entry), text, len(expressions)))
+        units.append((unit_name(opname, entry), text, expressions))
     for entry in kernels.STANDALONE:  # the operator-free sources (statistics, exact sums, ...)
         expressions = kernels.standalone_instantiations(entry)
         body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
         text = kernels.kernel_source(entry) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
-        units.append((entry.split(".")[0], text, len(expressions)))
+        units.append((entry.split(".")[0], text, expressions))
+    from multireduce.backends import cupy_segment  # per-operator, compiled at run time (not prebuilt)
+
+    for opname, expressions in cupy_segment.all_segment_instantiations():
+        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
+        text = cupy_segment.module_text(get_operator(opname)) + \
+            f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        units.append((f"{opname}-segment", text, expressions))
     return units
 
 
@@ -80,32 +88,33 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
     parser.add_argument("--nvrtc", action="store_true", help="also compile through NVRTC, as CuPy does")
+    parser.add_argument("--only", default="", help="units whose name contains this (e.g. segment, stats)")
     args = parser.parse_args(argv)
     archs = args.arch or ["sm_80", "sm_90"]
-    units = translation_units()
+    units = [u for u in translation_units() if args.only in u[0]]
     work = tempfile.mkdtemp(prefix="multireduce-nvcc-")
     jobs = []
     nvrtc_lib = find_nvrtc() if args.nvrtc else None
     if args.nvrtc and not nvrtc_lib:
         print("--nvrtc: libnvrtc not found (pip install nvidia-cuda-nvrtc)", file=sys.stderr)
         return 1
-    for name, text, count in units:
+    expressions = {}
+    for name, text, exprs in units:
         path = os.path.join(work, f"{name}.cu")
         with open(path, "w") as f:
             f.write(text)
+        expressions[name] = exprs
         for arch in archs:
-            jobs.append((name, arch, path, count))
+            jobs.append((name, arch, path, len(exprs)))
             if nvrtc_lib:
-                jobs.append((name, f"nvrtc:{arch}", path, count))
+                jobs.append((name, f"nvrtc:{arch}", path, len(exprs)))
 
     def compile_one(job):
         name, arch, path, count = job
         start = time.perf_counter()
-        if arch.startswith("nvrtc:"):
+        if arch.startswith("nvrtc:"):  # every unit's own expressions (operator-free and segment units too)
             text = open(path).read().split("\nvoid* const multireduce_instantiations")[0]
-            exprs = [e for op, entry, es in kernels.all_instantiations(policy(9)) if unit_name(op, entry) == name
-                     for e in es]
-            ok, log = nvrtc_compile(nvrtc_lib, text, exprs, arch.split(":")[1])
+            ok, log = nvrtc_compile(nvrtc_lib, text, expressions[name], arch.split(":")[1])
             proc = subprocess.CompletedProcess([], 0 if ok else 1, "", log)
             return name, arch, count, proc, time.perf_counter() - start
         cmd = [args.nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", f"{path}.{arch}.o"]

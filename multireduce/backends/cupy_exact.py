@@ -83,24 +83,6 @@ def _kernel(dtype):
     return found[np.dtype(dtype).name]
 
 
-def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
-    """Compile every instantiation of exact.cuh with nvcc (CI has nvcc but no GPU); returns nvcc's status."""
-    import os
-    import subprocess
-    import tempfile
-
-    body = ",\n  ".join(f"(void*)&{e}" for e in all_exact_instantiations())
-    with tempfile.TemporaryDirectory() as work:
-        path = os.path.join(work, "exact.cu")
-        with open(path, "w") as f:
-            f.write(module_text() + f"\nvoid* const multireduce_exact_instantiations[] = {{\n  {body}\n}};\n")
-        proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", path + ".o"],
-                              capture_output=True, text=True)
-    if proc.returncode:
-        print(proc.stderr[-20000:])
-    return proc.returncode
-
-
 # ------------------------------------------------------------------------------------------------
 # host side: words -> exact.py's state
 # ------------------------------------------------------------------------------------------------
@@ -345,8 +327,3 @@ def model_scan_tile(x: np.ndarray, carry: int, flags: int, dt) -> tuple[np.ndarr
                 r = round_exact(exact_total, 1, EBASE, dt)
             out[i] = r
     return out.astype(dt), fallbacks
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(compile_all(*(sys.argv[1:2] or ["sm_90"])))

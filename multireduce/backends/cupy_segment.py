@@ -246,34 +246,3 @@ def check_offsets(offsets, n: int, op: Operator, dtype, acc, out=None) -> tuple[
         _kernels_for(op, names)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), bad))
         found = int(bad.get()[0])
     return not found & 1, not found & 2
-
-
-def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
-    """Compile every built-in instantiation of segment.cuh with nvcc (CI has nvcc but no GPU); one
-    translation unit per operator; returns nvcc's status (the first failure's)."""
-    import subprocess
-    import tempfile
-
-    from ..operators import get_operator
-
-    status = 0
-    with tempfile.TemporaryDirectory() as work:
-        for opname, exprs in all_segment_instantiations():
-            body = ",\n  ".join(f"(void*)&{e}" for e in exprs)
-            path = os.path.join(work, f"segment_{opname}.cu")
-            with open(path, "w") as f:
-                f.write(module_text(get_operator(opname))
-                        + f"\nvoid* const multireduce_segment_instantiations[] = {{\n  {body}\n}};\n")
-            proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", path + ".o"],
-                                  capture_output=True, text=True)
-            print(f"{'ok' if proc.returncode == 0 else 'FAILED'} segment {opname}: {len(exprs)} instantiations")
-            if proc.returncode:
-                print(proc.stderr[-20000:])
-                status = status or proc.returncode
-    return status
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(compile_all(*(sys.argv[1:2] or ["sm_90"])))

@@ -383,27 +383,3 @@ def count_chunk(block, axes):
         if not handles(block, "count_nonzero"):
             return to_host(_host.count_chunk(block, axes, xp=cupy))
         return (np.ascontiguousarray(_states(block, "count_nonzero", axes)["value"]),)
-
-
-def compile_all(arch: str = "sm_90", nvcc: str = "nvcc") -> int:
-    """Compile every instantiation of stats.cuh with nvcc (CI has nvcc but no GPU); returns nvcc's status."""
-    import os
-    import subprocess
-    import tempfile
-
-    body = ",\n  ".join(f"(void*)&{e}" for e in all_stats_instantiations())
-    with tempfile.TemporaryDirectory() as work:
-        path = os.path.join(work, "stats.cu")
-        with open(path, "w") as f:
-            f.write(module_text() + f"\nvoid* const multireduce_stats_instantiations[] = {{\n  {body}\n}};\n")
-        proc = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", path, "-o", path + ".o"],
-                              capture_output=True, text=True)
-    if proc.returncode:
-        print(proc.stderr[-20000:])
-    return proc.returncode
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(compile_all(*(sys.argv[1:2] or ["sm_90"])))
