@@ -4,7 +4,7 @@
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
-# stats (statistics GPU tests and bench_stats), seg (bench_segments), exact (bench_exact --gpu-exact --quick),
+# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), stats (statistics GPU tests and bench_stats), seg (bench_segments), exact (bench_exact --gpu-exact --quick),
 # lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -41,6 +41,13 @@ if has profile; then
     --section WarpStateStats --section SchedulerStats \
     python3 benchmarks/profile_scan.py > "$OUT/ncu.txt" 2>&1 || rc=1
   grep -E "scan_lookback|reduce_vectorized|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|stall|Eligible Warps|No Eligible" "$OUT/ncu.txt" | head -60
+fi
+if has segprofile; then
+  timeout 300 ncu --kernel-name regex:"segment_" --launch-skip 0 --launch-count 24 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats \
+    python3 benchmarks/profile_segments.py > "$OUT/ncu-segments.txt" 2>&1 || rc=1
+  grep -E "segment_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|No Eligible" "$OUT/ncu-segments.txt" | head -150
 fi
 if has stats; then
   timeout 200 python3 -m pytest tests/gpu/test_gpu_statistics.py -m "gpu and not large" -q -p no:cacheprovider -p no:benchmark > "$OUT/gpu-stats.log" 2>&1 || rc=1
