@@ -5,6 +5,7 @@
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
 # segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), stats (statistics GPU tests and bench_stats), seg (bench_segments), exact (bench_exact --gpu-exact --quick),
+# exactfull (bench_exact --gpu-exact, 2^20..2^30), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
 # lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -63,6 +64,19 @@ fi
 if has exact; then
   timeout 200 python3 benchmarks/bench_exact.py --gpu-exact --quick > "$OUT/bench-exact.log" 2>&1 || rc=1
   tail -n 25 "$OUT/bench-exact.log"
+fi
+if has exactfull; then
+  timeout 420 python3 benchmarks/bench_exact.py --gpu-exact > "$OUT/bench-exact-full.log" 2>&1 || rc=1
+  tail -n 52 "$OUT/bench-exact-full.log"
+fi
+if has exactprofile; then
+  timeout 300 python3 benchmarks/profile_exact.py > "$OUT/profile-exact.log" 2>&1 || rc=1
+  tail -n 16 "$OUT/profile-exact.log"
+  timeout 200 ncu --kernel-name regex:"exact_sum_rows" --launch-skip 1 --launch-count 3 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
+    python3 benchmarks/profile_exact.py --ncu > "$OUT/ncu-exact.txt" 2>&1 || rc=1
+  grep -E "exact_sum_rows|Memory Throughput|DRAM Throughput|Compute \(SM\)|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|FP64|Executed Ipc" "$OUT/ncu-exact.txt" | head -60
 fi
 if has lookback; then
   { timeout 200 python3 benchmarks/bench_scan.py --lookback-only; timeout 200 python3 benchmarks/bench_reduce.py --accumulate-only; } \
