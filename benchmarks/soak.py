@@ -245,9 +245,10 @@ def _specs(rng, n_requests, min_bytes, max_bytes, gpu):
     return out
 
 
-def _client_main(address, index, warmup, rounds, gpu, barrier, queue, timeout):
+def _client_main(address, index, warmup, rounds, gpu, barrier, queue, timeout, stop):
     """One client process: its share of the warm-up, then each round's requests; after each stage it waits
-    at the barrier twice (work done; the parent has sampled)."""
+    at the barrier twice (work done; the parent has sampled). ``stop`` set by the parent between the two
+    waits ends the run after that stage (the deadline), so a partial soak still reports."""
     from distributed import Client
 
     done, stage = 0, "connect"
@@ -258,6 +259,8 @@ def _client_main(address, index, warmup, rounds, gpu, barrier, queue, timeout):
                 _request(client, spec, gpu)
             barrier.wait(timeout), barrier.wait(timeout)
             for r, specs in enumerate(rounds):
+                if stop.is_set():
+                    break
                 stage = f"round {r}"
                 for spec in specs:
                     _request(client, spec, gpu)
@@ -314,6 +317,15 @@ def _throughput(client, gpu, n=200):
     return out
 
 
+def _progress_line(stage: int, seconds: float, samples: list[dict]) -> str:
+    """One line per stage: how long it took and each worker's growth over the baseline so far (MB)."""
+    base, now = samples[0], samples[-1]
+    grew = {w: {m: round((now[w][m] - base[w][m]) / 2**20) for m in ("rss", "pool_used", "gpu_used")
+                if m in now[w] and m in base.get(w, {})} for w in now}
+    name = "warm-up" if stage == 0 else f"round {stage}"
+    return f"soak: {name} done in {seconds:.1f} s; growth MB per worker {json.dumps(grew)}"
+
+
 def _slope(values) -> float:
     """Least-squares growth per round over baseline, round 1, ..."""
     if len(values) < 2:
@@ -346,10 +358,13 @@ def summarize(samples: list[dict], rss_tol: int, gpu_tol: int) -> dict:
 
 
 def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0, rss_tol=RSS_TOL,
-        gpu_tol=GPU_TOL, rounds=5, throughput_requests=200, timeout=1800.0, warmup=True) -> dict:
+        gpu_tol=GPU_TOL, rounds=5, throughput_requests=200, timeout=1800.0, warmup=True,
+        deadline=None, progress=None) -> dict:
     """``requests`` per client, split into ``rounds``; returns the report (``ok``: every result right, no
     memory growth past the tolerances, no unbounded cache growth). ``warmup=False`` takes the baseline from a
-    cold cluster instead (to see what the warm-up absorbs)."""
+    cold cluster instead (to see what the warm-up absorbs). After ``deadline`` seconds no new round starts
+    and the report covers the rounds done (``complete`` is then false), because a device call that is cut
+    off returns nothing. ``progress(line)`` is called after each stage."""
     from distributed import Client
 
     from multireduce.cluster import local_cluster
@@ -372,9 +387,10 @@ def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         barrier = ctx.Barrier(clients + 1)
+        stop = ctx.Event()
         procs = [ctx.Process(target=_client_main, args=(
             cluster.scheduler_address, i, warm_specs[i::clients],
-            [per_client[i][cuts[r]:cuts[r + 1]] for r in range(rounds)], gpu, barrier, q, timeout))
+            [per_client[i][cuts[r]:cuts[r + 1]] for r in range(rounds)], gpu, barrier, q, timeout, stop))
             for i in range(clients)]
         for p in procs:
             p.start()
@@ -385,7 +401,14 @@ def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0
                 seconds.append(time.perf_counter() - t0)
                 _quiet(client)
                 samples.append(client.run(_sample))
+                if progress:
+                    progress(_progress_line(stage, seconds[-1], samples))
+                last = stage == rounds
+                if not last and deadline is not None and time.perf_counter() - t_warm > deadline:
+                    stop.set()
                 barrier.wait(timeout)
+                if stop.is_set():
+                    break
                 t0 = time.perf_counter()
         except threading.BrokenBarrierError:
             broken = "a client failed (see errors)"
@@ -397,12 +420,14 @@ def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0
     errors = [r for r in reports if r[2]] + ([(None, 0, broken)] if broken and not any(r[2] for r in reports) else [])
     summary = summarize(samples, rss_tol, gpu_tol) if samples else {"leaks": {}, "unbounded_cache_growth": {}}
     done = sum(r[1] for r in reports)
+    complete = done == clients * requests
     scope = {s.get("gpu_scope") for s in samples[0].values()} if samples else set()
     return {"clients": clients, "requests": requests, "rounds": rounds, "workers": n_workers,
             "bytes": [min_bytes, max_bytes], "warmup_requests": len(warm_specs), "done": done, "errors": errors,
             "warmup_seconds": warm_seconds, "round_seconds": round_seconds,
             "requests_per_s": done / sum(round_seconds) if round_seconds and sum(round_seconds) else None,
             "gpu_scope": sorted(x for x in scope if x), **summary, "small_request_per_s": tput,
+            "complete": complete, "stopped_at_deadline": stop.is_set(),
             "ok": not errors and not summary["leaks"] and not summary["unbounded_cache_growth"]}
 
 
@@ -421,6 +446,7 @@ def main(argv=None):
     p.add_argument("--gpu-tol-mb", type=float, default=GPU_TOL / 2**20, help="allowed driver-level GPU growth")
     p.add_argument("--no-warmup", action="store_true", help="baseline from a cold cluster (diagnosis)")
     p.add_argument("--out", help="also write the report (JSON) here")
+    p.add_argument("--deadline", type=float, help="seconds after which no new round starts (a partial report)")
     a = p.parse_args(argv)
     if a.full:
         for k, v in FULL.items():
@@ -429,7 +455,8 @@ def main(argv=None):
         p.error("need --clients >= 1, --requests >= 1, 1 <= --rounds <= --requests, 1 <= --min-bytes <= "
                 f"--max-bytes; got {vars(a)}")
     out = run(a.clients, a.requests, int(a.min_bytes), int(a.max_bytes), a.cpu, a.seed,
-              int(a.rss_tol_mb * 2**20), int(a.gpu_tol_mb * 2**20), a.rounds, warmup=not a.no_warmup)
+              int(a.rss_tol_mb * 2**20), int(a.gpu_tol_mb * 2**20), a.rounds, warmup=not a.no_warmup,
+              deadline=a.deadline, progress=lambda line: print(line, file=sys.stderr, flush=True))
     text = json.dumps(out, indent=1, default=str)
     print(text)
     if a.out:

@@ -34,12 +34,24 @@ def test_soak_cpu_small():
     assert out["errors"] == [] and out["done"] == 18, out
     assert out["leaks"] == {} and out["unbounded_cache_growth"] == {}, out
     assert out["ok"] and out["warmup_requests"] == len(soak.warmup_grid(False, 1, 1024))
+    assert out["complete"] and not out["stopped_at_deadline"]
     assert len(out["round_seconds"]) == 3 and len(out["growth_bytes"]) == 2
     for worker, growth in out["growth_bytes"].items():
         assert set(growth) == {"rss"} and growth["rss"] <= soak.RSS_TOL, (worker, growth)
         assert "rss" in out["slope_bytes_per_round"][worker]
     assert set(out["small_request_per_s"]) == {"multireduce.sum", "dask.array.sum"}
     assert all(v > 0 for v in out["small_request_per_s"].values())
+
+
+def test_soak_deadline_reports_the_rounds_done():
+    # a device call that runs out of time returns nothing, so past the deadline no new round starts and the
+    # report still comes back, marked incomplete
+    lines = []
+    out = soak.run(clients=2, requests=6, rounds=3, min_bytes=1, max_bytes=1024, cpu=True, seed=4,
+                   throughput_requests=0, deadline=0.0, progress=lines.append)
+    assert out["stopped_at_deadline"] and not out["complete"], out
+    assert out["errors"] == [] and out["done"] == 0 and out["round_seconds"] == [], out
+    assert len(lines) == 1 and lines[0].startswith("soak: warm-up done in"), lines
 
 
 def test_warmup_grid_touches_every_dtype_operation_and_size_class():
