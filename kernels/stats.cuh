@@ -45,19 +45,21 @@ struct OneByOne {
 };
 
 // ---- argmin / argmax --------------------------------------------------------------------------------
-// Whether candidate (bk, bi) replaces (ak, ai): a candidate beats none (index -1); a NaN beats a number
-// (NumPy: the first NaN wins); otherwise the larger (smaller) value, and on equal values the lower index.
-// Order-free, so States merge in any grouping.
+// NumPy's nanargmax (nanargmin) reads NaN as -inf (+inf) and then takes the first best, so a NaN still
+// wins a tie with an infinity after it: np.nanargmax([nan, -inf]) == 0.
 template <bool Largest, class K>
-__device__ __forceinline__ bool arg_takes(K ak, index_t ai, K bk, index_t bi) {
-  if (bi < 0) return false;
-  if (ai < 0) return true;
-  const bool an = is_nan(ak), bn = is_nan(bk);
-  if (an || bn) return bn && (!an || bi < ai);
-  const bool beats = Largest ? (bk > ak) : (bk < ak);
-  return beats || (bk == ak && bi < ai);
+__device__ __forceinline__ K nan_as_worst(const K& k) {
+  if constexpr (IsFloat<K>::value) {
+    return is_nan(k) ? (Largest ? -positive_infinity<K>() : positive_infinity<K>()) : k;
+  } else {
+    return k;
+  }
 }
 
+// State (key, index): index -1 is "no candidate yet". Without SkipNan a NaN key beats every number (NumPy:
+// the first NaN wins); with it a NaN ranks as the worst number and the key stays NaN only while every
+// candidate was NaN (result -1: the host raises "All-NaN slice"), otherwise it holds the winner's rank.
+// The merge orders by (rank, then the lower index): order-free, so States merge in any grouping.
 template <class T, bool Largest, bool SkipNan>
 struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
   typedef T Elem;
@@ -68,26 +70,60 @@ struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
     index_t index;
   };
   __device__ __forceinline__ static State start() { return State{K(), -1}; }
+  __device__ __forceinline__ static bool beats(const K& b, const K& a) { return Largest ? b > a : b < a; }
   // A thread visits its elements in increasing index order, so a later element replaces the best only
-  // if strictly better (a NaN is "better" than any number, and nothing replaces a NaN).
+  // if strictly better.
   __device__ __forceinline__ static void visit(State& s, const T& v, index_t i) {
     const K k = convert<K>(v);
-    if (SkipNan && is_nan(k)) return;  // NaN masked at load time
-    const bool better = Largest ? !(k <= s.key) : !(k >= s.key);  // true for a NaN k
-    if (s.index < 0 || (!is_nan(s.key) && better)) s = State{k, i};
+    if (s.index < 0) {
+      s = State{k, i};
+      return;
+    }
+    if constexpr (SkipNan) {
+      const K r = nan_as_worst<Largest>(k), rs = nan_as_worst<Largest>(s.key);
+      if (beats(r, rs)) {
+        s = State{r, i};
+      } else if (!is_nan(k)) {
+        s.key = rs;  // a number came: no longer an all-NaN slice (a no-op when the key was a number)
+      }
+    } else {
+      // a NaN k is "better" than any number, and nothing replaces a NaN
+      if (!is_nan(s.key) && (is_nan(k) || beats(k, s.key))) s = State{k, i};
+    }
   }
   __device__ __forceinline__ static State merge(const State& a, const State& b) {
-    return arg_takes<Largest>(a.key, a.index, b.key, b.index) ? b : a;
+    if (b.index < 0) return a;
+    if (a.index < 0) return b;
+    const bool lower = b.index < a.index;
+    if constexpr (SkipNan) {
+      const K ra = nan_as_worst<Largest>(a.key), rb = nan_as_worst<Largest>(b.key);
+      const bool take = beats(rb, ra) || (rb == ra && lower);
+      const bool hollow = is_nan(a.key) && is_nan(b.key);
+      return State{hollow ? a.key : (take ? rb : ra), take ? b.index : a.index};
+    } else {
+      const bool an = is_nan(a.key), bn = is_nan(b.key);
+      const bool take = (an || bn) ? (bn && (!an || lower)) : (beats(b.key, a.key) || (b.key == a.key && lower));
+      return take ? b : a;
+    }
   }
-  __device__ __forceinline__ static Out result(const State& s, double, int) { return s.index; }
+  __device__ __forceinline__ static Out result(const State& s, double, int) {
+    return (SkipNan && is_nan(s.key)) ? -1 : s.index;
+  }
 };
 
 // ---- moments ------------------------------------------------------------------------------------------
 // (count, anchor, offset, M2): the mean is anchor + offset, the anchor the first finite element the
 // State saw (an exact double; for data whose mean is far above its spread, the differences from it are
-// exact, and so are the differences of two States' anchors). Runs of G
-// elements are reduced two-pass in registers and enter the State with Chan's update: one division per
-// run of up to 16 instead of one per element (Welford). Merges are numpy_stats.moments_merge.
+// exact, and so are the differences of two States' anchors). Runs of G elements are reduced two-pass
+// in registers and enter the State with Chan's update: one division per run of up to 16 instead of one
+// per element (Welford). Merges are numpy_stats.moments_merge.
+//
+// NumPy's results where the arithmetic is not finite: inf or NaN in the data makes the mean their sum
+// (mean of [inf, 1] is inf, of [inf, -inf] NaN) and M2 NaN (np.var computes x - mean = inf - inf); such
+// a State has anchor 0, the mean as its offset and M2 NaN, as numpy_stats does. Chan's delta would be
+// inf - inf there, so every update checks that its delta is finite and otherwise goes to merge_wide,
+// which also catches finite data whose differences overflow (values near +-1.8e308: the variance is
+// then inf, not NaN). The checks cost one compare per element or run.
 template <class T, bool SkipNan>
 struct MomentsStat {
   typedef T Elem;
@@ -96,17 +132,21 @@ struct MomentsStat {
     double n, anchor, mean, m2;
   };
   __device__ __forceinline__ static State start() { return State{0.0, 0.0, 0.0, 0.0}; }
-  // An empty State takes the first finite value it is offered as its anchor (NaN or inf: none, the
-  // data decide the result); States with different anchors merge exactly (numpy_stats.moments_merge).
-  __device__ __forceinline__ static void anchor(State& s, double w) {
-    if (s.n == 0.0) s.anchor = (w - w == 0.0) ? w : 0.0;
+  __device__ __forceinline__ static bool finite(double w) { return w - w == 0.0; }
+  // One element: a finite one is its own anchor; inf or NaN is the offset, with M2 NaN (w - w).
+  __device__ __forceinline__ static State single(double w) {
+    const double a = finite(w) ? w : 0.0;
+    return State{1.0, a, w - a, w - w};
   }
   __device__ __forceinline__ static void visit(State& s, const T& v, index_t) {
-    anchor(s, convert<double>(v));
-    const double d = convert<double>(v) - s.anchor;
-    if (SkipNan && is_nan(d)) return;  // NaN masked at load time
+    const double w = convert<double>(v);
+    if (SkipNan && is_nan(w)) return;  // NaN masked at load time
+    const double d = w - s.anchor, delta = d - s.mean;
+    if (s.n == 0.0 || !finite(delta)) {  // the first element, or inf, NaN or an overflowing difference
+      s = merge(s, single(w));
+      return;
+    }
     s.n += 1.0;
-    const double delta = d - s.mean;
     s.mean += delta / s.n;
     s.m2 += delta * (d - s.mean);
   }
@@ -137,6 +177,11 @@ struct MomentsStat {
         sum += d[k];
       }
     }
+    if (!finite(sum)) {  // inf or NaN in the run, or differences that overflow: one by one (rare)
+#pragma unroll
+      for (int k = 0; k < R; ++k) visit(s, v[k], 0);
+      return;
+    }
     if (SkipNan && count == 0.0) return;
     const double n = SkipNan ? count : double(R);
     const double mean = SkipNan ? sum / n : sum * (1.0 / R);  // 1/R is exact: R is a power of two
@@ -153,18 +198,31 @@ struct MomentsStat {
     if (a.n == 0.0) return b;
     const double n = a.n + b.n, share = b.n / n;
     const double delta = (b.anchor - a.anchor) + (b.mean - a.mean);
+    if (!finite(delta)) return merge_wide(a, b, n, share);
     return State{n, a.anchor, a.mean + delta * share, a.m2 + b.m2 + delta * delta * a.n * share};
   }
-  // mode 0: variance, 1: standard deviation, 2: mean; dof <= 0 gives m2 / 0 (inf or NaN) as NumPy
+  // The two means' difference is not finite. An inf or NaN mean: the means add as NumPy's sum does
+  // (inf + 1 = inf, inf - inf = NaN), M2 NaN. Two finite means: the exact pieces of delta overflowed,
+  // the plain difference may not; if it does too, the means are more than DBL_MAX apart, so M2 >=
+  // delta^2 * a.n * b.n / n is inf, and their weighted mean cannot overflow (they have opposite signs)
+  // and becomes the anchor.
+  __device__ __noinline__ static State merge_wide(const State& a, const State& b, double n, double share) {
+    const double ma = a.anchor + a.mean, mb = b.anchor + b.mean;
+    if (!finite(ma) || !finite(mb)) return State{n, 0.0, ma + mb, quiet_nan<double>()};
+    const double delta = mb - ma;
+    if (finite(delta)) return State{n, ma, delta * share, a.m2 + b.m2 + delta * delta * a.n * share};
+    return State{n, ma * (a.n / n) + mb * share, 0.0, positive_infinity<double>()};
+  }
+  // mode 0: variance, 1: standard deviation, 2: mean, with NumPy's rules (the host warns): np.var
+  // divides M2 by max(count - ddof, 0), so inf or (M2 = 0) NaN at dof <= 0; np.nanvar gives NaN
+  // wherever count - ddof <= 0; the mean of nothing (an all-NaN slice) is NaN.
   __device__ __forceinline__ static Out result(const State& s, double ddof, int mode) {
     double r;
-    if (s.n == 0.0) {
-      r = quiet_nan<double>();
-    } else if (mode == 2) {
-      r = s.anchor + s.mean;
+    if (mode == 2) {
+      r = s.n == 0.0 ? quiet_nan<double>() : s.anchor + s.mean;
     } else {
       const double dof = s.n - ddof;
-      r = s.m2 / (dof > 0.0 ? dof : 0.0);
+      r = (SkipNan && !(dof > 0.0)) ? quiet_nan<double>() : s.m2 / (dof > 0.0 ? dof : 0.0);
       if (mode == 1) r = __dsqrt_rn(r);  // an intrinsic: NVRTC has no math headers
     }
     return convert<Out>(r);
