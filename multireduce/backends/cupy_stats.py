@@ -334,21 +334,34 @@ def _states(block, stat, axes):
     return host_states(states, stat, block.dtype, _kept(block, axes))
 
 
+def arg_partial(st, dtype, block_shape, axes, largest, skipnan, offsets, shape):
+    """numpy_stats' (value, global index, seen) partial from the kernel's States ``st`` (host, kept
+    shape) of a chunk of ``block_shape`` starting at ``offsets`` in the whole array of ``shape``. The
+    nan-forms' State keeps its key NaN only for a slice that held nothing but NaN (its index is then
+    the slice's first NaN, a candidate that ranks as -inf/+inf); the partial holds that rank and
+    ``seen`` False, so a later -inf still loses the tie to the earlier NaN across chunks."""
+    value = st["key"].astype(dtype)
+    seen = np.ones(value.shape, dtype=bool)
+    if skipnan and np.dtype(dtype).kind == "f":
+        seen = ~np.isnan(value)
+        value[~seen] = -np.inf if largest else np.inf
+    local = st["index"].astype(np.int64)
+    if len(axes) == len(block_shape):  # one flat index: the chunk's position in the whole array
+        if block_shape and local.ravel()[0] >= 0:
+            at = np.unravel_index(int(local.ravel()[0]), block_shape)
+            local = np.full_like(local, np.ravel_multi_index(tuple(w + o for w, o in zip(at, offsets)), shape))
+        return value, local, seen
+    (axis,) = axes
+    return value, np.where(local >= 0, local + offsets[axis], -1), seen
+
+
 def arg_chunk(block, axes, largest, skipnan, offsets, shape):
     with _on_holder(block):
         if not handles(block, "argmax"):
             return to_host(_host.arg_chunk(block, axes, largest, skipnan, offsets, shape, xp=cupy))
         stat = ("nanarg" if skipnan else "arg") + ("max" if largest else "min")
-        st = _states(block, stat, axes)
-        value = st["key"].astype(block.dtype)
-        local = st["index"].astype(np.int64)
-        if len(axes) == block.ndim:  # one flat index: the chunk's position in the whole array
-            if block.ndim and local.ravel()[0] >= 0:
-                at = np.unravel_index(int(local.ravel()[0]), block.shape)
-                local = np.full_like(local, np.ravel_multi_index(tuple(w + o for w, o in zip(at, offsets)), shape))
-            return value, local
-        (axis,) = axes
-        return value, np.where(local >= 0, local + offsets[axis], -1)
+        return arg_partial(_states(block, stat, axes), block.dtype, tuple(block.shape), axes, largest, skipnan,
+                           offsets, shape)
 
 
 def moments_chunk(block, axes, skipnan):
