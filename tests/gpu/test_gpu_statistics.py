@@ -257,3 +257,202 @@ def test_argmax_past_2_31():
     finally:
         del x
         cupy.get_default_memory_pool().free_all_blocks()
+
+
+# ------------------------------------------------------------------------------------------------------
+# NumPy's rules on hostile data (the kernels' non-finite paths; their CPU model is
+# tests/test_stats_kernel_model.py): inf, -inf and NaN at the pack, unrolled-pass, block and grid-stride
+# boundaries of stats_rows on this GPU, nanargmax's NaN-as--inf, 1e308, every ddof rule
+# ------------------------------------------------------------------------------------------------------
+HOSTILE_SIZES = [0, 1, 31, 1025, (1 << 24) + 7]
+MOMENTS = {"var": np.var, "std": np.std, "nanvar": np.nanvar, "nanstd": np.nanstd, "nanmean": np.nanmean}
+
+
+def _row_marks(n, dtype):
+    """Element positions where a thread, an unrolled pass, a block and the grid-stride wrap in
+    stats_rows for a whole 1-D array of ``n`` elements on the current GPU."""
+    isz = np.dtype(dtype).itemsize
+    pack, block, unroll = 16 // isz, cupy_stats.BLOCK, cupy_stats.ROW_UNROLL
+    layout = cupy_stats.plan_layout((n,), (1,), (0,))
+    splits = cupy_stats.row_splits(layout, isz, cupy_stats._sm_count(cupy.cuda.Device().id))
+    threads = splits * block
+    marks = {0, 1, pack - 1, pack, unroll * pack - 1, unroll * pack, block * pack - 1, block * pack,
+             threads * pack - 1, threads * pack, threads * pack * unroll - 1, threads * pack * unroll, n // 2,
+             n - 2, n - 1}
+    return sorted(m for m in marks if 0 <= m < n)
+
+
+def _quiet_numpy(fn, *args, **kwargs):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return fn(*args, **kwargs)
+
+
+def _same(got, ref, rtol, what):
+    """Special values exactly (inf with its sign, NaN), finite ones within rtol."""
+    got = cupy.asnumpy(got).astype(np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    special = ~np.isfinite(ref)
+    np.testing.assert_array_equal(got[special], ref[special], err_msg=what)
+    np.testing.assert_allclose(got[~special], ref[~special], rtol=rtol, atol=0, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", HOSTILE_SIZES)
+def test_arg_nan_rules_at_kernel_boundaries(dtype, n):
+    """argmax/argmin: the first NaN wins, ties go to the lower index across threads and blocks;
+    nanargmax/nanargmin: NaN reads as -inf/+inf (np.nanargmax([nan, -inf]) == 0), all-NaN raises."""
+    if n == 0:
+        for name in ARG:
+            with pytest.raises(ValueError):
+                getattr(mr, name)(cupy.zeros(0, dtype=dtype))
+        return
+    rng = np.random.default_rng(n)
+    marks = _row_marks(n, dtype)
+    pairs = list(zip(marks, marks[1:])) or [(0, 0)]
+    x = rng.integers(-3, 3, n).astype(dtype)
+    for a, b in pairs:
+        y = x.copy()
+        y[a] = y[b] = 7
+        g = cupy.asarray(y)
+        for name in ARG:
+            assert int(getattr(mr, name)(g)) == ARG[name](y), (name, a, b)
+        y[b] = np.nan
+        y[min(b + 1, n - 1)] = np.nan
+        g = cupy.asarray(y)
+        for name in ARG if n > 1 else ("argmax", "argmin"):  # [nan]: nanarg* raise (below)
+            assert int(getattr(mr, name)(g)) == ARG[name](y), (name, a, b, "nan")
+    for largest, worst in ((True, -np.inf), (False, np.inf)):
+        name = "nanargmax" if largest else "nanargmin"
+        for a, b in pairs[:: max(1, len(pairs) // 4)]:
+            y = np.full(n, np.nan, dtype=dtype)  # NaN everywhere but one infinity: the first element wins
+            y[b] = worst
+            assert int(getattr(mr, name)(cupy.asarray(y))) == ARG[name](y) == 0, (name, b)
+            if n > 1:
+                y = np.full(n, worst, dtype=dtype)  # infinities and NaNs: still the first element
+                y[a] = y[b] = np.nan
+                assert int(getattr(mr, name)(cupy.asarray(y))) == ARG[name](y) == 0, (name, a, b)
+            y = np.full(n, np.nan, dtype=dtype)  # NaN up to a number at a boundary
+            y[b] = 1
+            assert int(getattr(mr, name)(cupy.asarray(y))) == ARG[name](y) == b, (name, b)
+        with pytest.raises(ValueError, match="All-NaN"):
+            getattr(mr, name)(cupy.full(n, cupy.nan, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", HOSTILE_SIZES)
+def test_moments_inf_and_nan_at_kernel_boundaries(dtype, n):
+    """The mean of data with inf is inf ([inf, -inf]: NaN), var NaN; nanvar skips NaN; never the NaN
+    of Chan's inf - inf where NumPy has a number or inf."""
+    if n == 0:
+        e = cupy.zeros(0, dtype=dtype)
+        with pytest.warns(RuntimeWarning):
+            assert np.isnan(float(mr.var(e)))
+        with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+            assert np.isnan(float(mr.nanmean(e)))
+        return
+    rng = np.random.default_rng(n + 1)
+    x = rng.normal(3, 1, n).astype(dtype)
+    marks = _row_marks(n, dtype)
+    cases = [{}]
+    for m in marks[:: 2 if n < 1 << 20 else 4]:
+        cases += [{m: np.inf}, {m: -np.inf}, {m: np.nan}, {m: np.inf, n - 1 - m: -np.inf}, {m: np.nan, 0: np.inf}]
+    rtol = 1e-10 if dtype == np.float64 else 2e-5
+    for case in cases:
+        y = x.copy()
+        for at, value in case.items():
+            y[at] = value
+        g = cupy.asarray(y)
+        for name, ref_fn in MOMENTS.items():
+            ref = _quiet_numpy(ref_fn, y.astype(np.float64))
+            got = _quiet_numpy(getattr(mr, name), g)
+            assert got.dtype == dtype
+            _same(got, ref, rtol, f"{name} n={n} {case}")
+
+
+def test_moments_near_dbl_max():
+    """[1e308, -1e308]: mean 0, var inf (NumPy's answers); squares past DBL_MAX: var inf, mean finite;
+    a spread past DBL_MAX (+-1.5e308): var and std inf, not NaN, the mean right (NumPy's own sum may
+    overflow there, so the reference is exact)."""
+    from fractions import Fraction
+
+    for case in ([1e308, -1e308], [-1e308, 1e308, 0.0], [1e200, -1e200, 3e200], [np.inf, 1.0], [np.inf, -np.inf]):
+        x = np.array(case)
+        for name, ref_fn in MOMENTS.items():
+            _same(getattr(mr, name)(cupy.asarray(x)), _quiet_numpy(ref_fn, x), 1e-14, f"{name} {case}")
+    rng = np.random.default_rng(5)
+    for n in (2, 31, 1025, 4099):
+        x = np.where(rng.random(n) < 0.5, 1.5e308, -1.5e308) * rng.uniform(0.9, 1.0, n)
+        x[0] = -1.6e308
+        g = cupy.asarray(x)
+        assert float(mr.var(g)) == np.inf and float(mr.std(g)) == np.inf and float(mr.nanvar(g)) == np.inf
+        mean = float(sum(map(Fraction, x.tolist())) / n)
+        assert abs(float(mr.nanmean(g)) - mean) <= 1e-12 * 1.6e308, n
+
+
+def test_ddof_rules_on_gpu():
+    """np.var divides M2 by max(n - ddof, 0): inf, or NaN where M2 = 0; np.nanvar gives NaN wherever
+    the count of numbers minus ddof is <= 0 (integer input: np.var's rule); both warn."""
+    for case in ([1.0, 2.0, 4.0], [2.0, 2.0, 2.0], [3.5], [1.0, np.nan, 3.0], [np.nan, 5.0, np.nan]):
+        x = np.array(case)
+        g = cupy.asarray(x)
+        for ddof in (0, 0.5, 1, 2, 2.5, 3, 4, -1):
+            for name in ("var", "std", "nanvar", "nanstd"):
+                ref = _quiet_numpy(getattr(np, name), x, ddof=ddof)
+                dof = (np.count_nonzero(~np.isnan(x)) if name.startswith("nan") else x.size) - ddof
+                if dof <= 0:
+                    with pytest.warns(RuntimeWarning, match="Degrees of freedom <= 0"):
+                        got = getattr(mr, name)(g, ddof=ddof)
+                else:
+                    got = _quiet_numpy(getattr(mr, name), g, ddof=ddof)
+                _same(got, ref, 1e-14, f"{name} {case} ddof={ddof}")
+    ints = cupy.asarray([1, 2, 3], dtype=cupy.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert float(mr.nanvar(ints, ddof=3)) == float(mr.var(ints, ddof=4)) == np.inf
+    r = np.arange(3 * 2100, dtype=np.float64).reshape(3, 2100)  # rows: one row with too few numbers
+    r[1, 1:] = np.nan
+    r[2, :] = np.nan
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom <= 0"):
+        got = mr.nanvar(cupy.asarray(r), axis=1, ddof=1)
+    _same(got, _quiet_numpy(np.nanvar, r, axis=1, ddof=1), 1e-12, "nanvar rows")
+
+
+@pytest.mark.parametrize("shape,axis", [((65, 129), 0), ((65, 129), 1), ((3, 2100), 1), ((4, 6, 33), 1)])
+def test_hostile_slices_rows_and_columns(shape, axis):
+    """The rows and columns kernels with one slice holding inf, one inf and -inf, one NaN, one all-NaN,
+    one whose nanargmax NaN comes before -inf."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, shape)
+    m = np.moveaxis(x, axis, -1)
+    m[(0,) * (x.ndim - 1)][3] = np.inf
+    m[(1,) * (x.ndim - 1)][[0, -1]] = [np.inf, -np.inf]
+    m[(2,) * (x.ndim - 1)][-1] = np.nan
+    m[(-1,) * (x.ndim - 1)][:] = np.nan
+    g = cupy.asarray(x)
+    for name, ref_fn in MOMENTS.items():
+        _same(_quiet_numpy(getattr(mr, name), g, axis=axis), _quiet_numpy(ref_fn, x, axis=axis), 1e-11,
+              f"{name} axis={axis}")
+    m[(-1,) * (x.ndim - 1)][:] = -np.inf  # no all-NaN slice left for nanarg*
+    m[(-1,) * (x.ndim - 1)][[1, 4]] = np.nan
+    g = cupy.asarray(x)
+    for name in ARG:
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(mr, name)(g, axis=axis)), ARG[name](x, axis=axis),
+                                      err_msg=f"{name} axis={axis}")
+
+
+@pytest.mark.parametrize("chunks", [3, 4, (2, 1, 5, 3)], ids=str)
+def test_hostile_dask_cupy_chunks(chunks):
+    """GPU chunk partials merged on the host: an all-NaN chunk's first NaN beats a later -inf for
+    nanargmax, inf and -inf in different chunks give a NaN mean, an all-NaN dask array raises."""
+    x = np.array([np.nan, np.nan, np.nan, -np.inf, 5.0, np.nan, -np.inf, np.inf, 1.0, np.inf, 2.0])
+    for y in (x, np.where(np.isinf(x), np.nan, x), np.where(np.isnan(x), -np.inf, x)):
+        d = da.from_array(cupy.asarray(y), chunks=chunks)
+        for name in ARG:
+            assert int(getattr(mr, name)(d, split_every=2).compute()) == ARG[name](y), (name, y.tolist())
+        for name, ref_fn in MOMENTS.items():
+            _same(_quiet_numpy(lambda: getattr(mr, name)(d, split_every=2).compute()), _quiet_numpy(ref_fn, y),
+                  1e-14, f"{name} {y.tolist()}")
+    with pytest.raises(ValueError, match="All-NaN"):
+        mr.nanargmax(da.from_array(cupy.full(11, cupy.nan), chunks=chunks)).compute()
