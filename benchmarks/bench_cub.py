@@ -75,7 +75,6 @@ import harness as h  # noqa: E402
 
 INSTALL = "pip install --no-index --find-links .whl-cccl cuda-cccl cuda-core cuda-bindings cuda-pathfinder"
 MODES = ("NOT_GUARANTEED", "RUN_TO_RUN", "GPU_TO_GPU")
-SEGMENTS = (10**3, 10**5, 10**7)  # the counts bench_segments.py measures, so the tables line up
 TABLE_COLUMNS = ("family", "impl", "dtype", "n", "ms", "gbps", "ratio_copy", "ok", "note")
 NOTE_WIDTH = 90  # the table stays readable; the JSON keeps the whole text in extra["error"]
 
@@ -448,7 +447,8 @@ def _size_rows(cc, cupy, torch, dtype: np.dtype, n: int, repeats: int, refused: 
 
 def _segment_rows(cc, cupy, torch, xs, n: int, roof: float, repeats: int) -> list:
     import multireduce as mr
-    from bench_segments import _offsets  # the same random segment lengths as the bench_segments table
+    # the segment counts and random lengths of the bench_segments table, so the two tables line up
+    from bench_segments import SEGMENTS, _offsets
 
     rows = []
     nbytes = 4 * n

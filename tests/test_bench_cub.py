@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_cub as bc  # noqa: E402
+import bench_segments  # noqa: E402
 import harness as h  # noqa: E402
 
 
@@ -212,7 +213,7 @@ def _fake_compute(wrong_scan=False):
 
 
 def _run_without_gpu(monkeypatch, tmp_path, cc, n=1 << 14):
-    monkeypatch.setattr(bc, "SEGMENTS", (10, 1000))
+    monkeypatch.setattr(bench_segments, "SEGMENTS", (10, 1000))
     monkeypatch.setattr(h, "copy_roof", lambda nbytes: 100.0)
     monkeypatch.setattr(h, "time_gpu", lambda fn, xs, repeats=20, warmup=3, min_sample_ms=1.0: 1.0)
     cp = _fake_cupy()
@@ -257,7 +258,7 @@ def test_whole_run_marks_a_wrong_cub_scan(monkeypatch, tmp_path):
 
 
 def test_refused_mode_is_recorded_once_across_sizes(monkeypatch):
-    monkeypatch.setattr(bc, "SEGMENTS", ())
+    monkeypatch.setattr(bench_segments, "SEGMENTS", ())
     monkeypatch.setattr(h, "copy_roof", lambda nbytes: 100.0)
     monkeypatch.setattr(h, "time_gpu", lambda fn, xs, repeats=20, warmup=3, min_sample_ms=1.0: 1.0)
     cc, cp, refused = _fake_compute(), _fake_cupy(), set()
