@@ -45,6 +45,7 @@ import numpy as np
 
 from . import _validation as v
 from . import api
+from . import exact as _exact
 from . import dtypes as _dt
 from .operators import get_operator
 from .backends import is_cupy_array, numpy_stats
@@ -93,6 +94,7 @@ class StatPlan:
     ddof: float = 0.0
     shape: tuple = ()  # the whole array's shape (argmin/argmax over every axis)
     gpu: bool = False  # CuPy input: the result goes back to the GPU
+    skipnan: bool = False  # a nan-statistic of floating input (integers have no NaN: NumPy's plain rules)
     op: ClassVar[_Commutative] = _Commutative()
 
     @property
@@ -150,7 +152,7 @@ class StatPlan:
         if stat in _ARG:
             value = _finish_arg(stat, partial)
         elif stat in _MOMENTS:
-            value = _finish_moments(stat, partial, self.ddof)
+            value = _finish_moments(stat, partial, self.ddof, self.skipnan)
         elif stat in ("nanmin", "nanmax"):
             value, count = partial
             if count.size and not count.any():
@@ -177,30 +179,41 @@ class StatPlan:
 
     def __dask_tokenize__(self):
         return ("multireduce.StatPlan", self.stat, self.axes, self.keepdims, str(self.out_dtype), self.ddof,
-                self.shape, self.gpu)
+                self.shape, self.gpu, self.skipnan)
 
 
 def _finish_arg(stat, partial):
-    value, index = partial
+    value, index = partial[0], partial[1]
     if (index < 0).any():
-        if stat.startswith("nan"):
-            raise ValueError("All-NaN slice encountered")
         raise ValueError(f"attempt to get {stat} of an empty sequence")
+    if len(partial) == 3 and not partial[2].all():
+        raise ValueError("All-NaN slice encountered")
     return index
 
 
-def _finish_moments(stat, partial, ddof):
+# NumPy's texts: var/std warn without the full stop, nanvar/nanstd with it
+_DOF_WARNING = {False: "Degrees of freedom <= 0 for slice", True: "Degrees of freedom <= 0 for slice."}
+
+
+def _finish_moments(stat, partial, ddof, skipnan):
+    """``skipnan``: NaN-skipping statistic of floating input (integer input follows var and mean, as
+    NumPy's nanvar/nanmean hand it to them)."""
     count, m2 = partial[0], partial[3]
     if stat == "nanmean":
         if (count == 0).any():
             warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=4)
         return numpy_stats.moments_mean(partial)
     dof = count - ddof
-    if (dof <= 0).any():
-        warnings.warn("Degrees of freedom <= 0 for slice.", RuntimeWarning, stacklevel=4)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    short = dof <= 0
+    if short.any():
+        warnings.warn(_DOF_WARNING[skipnan], RuntimeWarning, stacklevel=4)
+    if skipnan:  # np.nanvar: NaN wherever dof <= 0, whatever M2 is
+        with np.errstate(invalid="ignore", divide="ignore"):
+            var = np.where(short, np.nan, m2 / np.where(short, 1.0, dof))
+    else:
+        # np.var: M2 / max(count - ddof, 0), under the caller's errstate as NumPy divides (0/0 = NaN, M2/0 =
+        # inf); an empty slice has M2 = 0, so ddof < 0 gives 0 there as in NumPy
         var = m2 / np.maximum(dof, 0.0)
-        var = np.where(count > 0, var, np.nan)
     return np.sqrt(var) if stat.endswith("std") else var
 
 
@@ -260,7 +273,7 @@ def _gpu_whole(plan, x, cupy_stats):
             count = math.prod(x.shape[a] for a in axes)
             short = stat != "nanmean" and count - plan.ddof <= 0
         if short:
-            warnings.warn("Mean of empty slice" if stat == "nanmean" else "Degrees of freedom <= 0 for slice.",
+            warnings.warn("Mean of empty slice" if stat == "nanmean" else _DOF_WARNING[plan.skipnan],
                           RuntimeWarning, stacklevel=5)
     if stat in ("nanmin", "nanmax") and floating and bool(cupy.isnan(result).any()):
         warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=5)
@@ -329,7 +342,8 @@ def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
     keepdims = v.check_flag(keepdims, "keepdims", caller)
     v.fan_in(split_every, axes, caller)
     out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
-    plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind)
+    plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind,
+                    skipnan=stat.startswith("nan") and x.dtype.kind == "f")
     return _run(x, kind, plan, split_every, caller)
 
 
@@ -355,7 +369,13 @@ def nanstd(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None
 
 
 def nanmean(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
-    """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN."""
+    """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN.
+    Integer and bool input holds no NaN: it is ``mean`` (as NumPy hands it to ``np.mean``), bit for bit."""
+    caller = "multireduce.nanmean"
+    x, kind = _prepare(x, caller, "biuf")
+    if x.dtype.kind != "f":
+        return api._reduction(x, "sum", axis, dtype, keepdims, split_every, "auto", caller=caller, mean=True,
+                              label="nanmean")
     return _moment("nanmean", x, axis, dtype, 0, keepdims, split_every)
 
 
@@ -433,37 +453,33 @@ def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
 # ------------------------------------------------------------------------------------------------
 # NaN as the identity: nansum, nanprod, nancumsum, nancumprod
 # ------------------------------------------------------------------------------------------------
-def _nan_operator(x, dtype, plain: str, caller: str):
+def _nan_operator(x, dtype, plain: str, caller: str, axis, split_every, keepdims=None):
     """(``x`` as an array, the operator name): the nan-family's operator, which masks NaN as the kernels
     load each element (one pass), for floating input summed in a floating type; the plain operator for
     other input, which holds no NaN. A floating ``x`` with an integer or bool ``dtype=`` (NaN would be
-    converted before the mask could see it) and ``exact=True`` go through ``_without_nan``'s copy."""
+    converted before the mask could see it) goes through a copy with NaN replaced, made only after the
+    arguments are checked (``keepdims`` None: a scan), so bad input fails before that work."""
     x, kind = _prepare(x, caller, "biuf")
     if x.dtype.kind != "f":
         return x, plain
     requested = v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller)
-    if requested is not None and requested.kind not in "fc":
-        return _without_nan(x, caller, 0 if plain == "sum" else 1), plain
-    return x, "nan" + plain
+    if requested is None or requested.kind in "fc":
+        return x, "nan" + plain
+    if keepdims is None:
+        axes = (0 if axis is None else v.normalize_scan_axis(axis, x.ndim, caller),)
+    else:
+        axes = v.normalize_axes(axis, x.ndim, caller)
+        v.check_flag(keepdims, "keepdims", caller)
+    v.fan_in(split_every, axes, caller)
+    fill = 0 if plain == "sum" else 1
+    if kind.startswith("dask"):
+        return x.map_blocks(_nan_to, fill, dtype=x.dtype, meta=x._meta), plain
+    return _nan_to(x, fill), plain
 
 
 def _nan_to(block, fill):
-    if block.dtype.kind != "f":
-        return block
-    if is_cupy_array(block):
-        import cupy as xp
-    else:
-        xp = np
+    xp = _xp(block)
     return xp.where(xp.isnan(block), xp.asarray(fill, dtype=block.dtype), block)
-
-
-def _without_nan(x, caller, fill):
-    x, kind = _prepare(x, caller, "biuf")
-    if x.dtype.kind != "f":
-        return x
-    if kind.startswith("dask"):
-        return x.map_blocks(_nan_to, fill, dtype=x.dtype, meta=x._meta)
-    return _nan_to(x, fill)
 
 
 def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=False):
@@ -471,15 +487,15 @@ def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=
     kernels load each element; ``exact=True`` as in ``sum``."""
     caller = "multireduce.nansum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
-        return api.sum(_without_nan(x, caller, 0), axis, dtype, keepdims, split_every=split_every, exact=exact)
-    x, op = _nan_operator(x, dtype, "sum", caller)
+        return _exact.sum(x, axis, dtype, keepdims, split_every, skipnan=True, caller=caller)
+    x, op = _nan_operator(x, dtype, "sum", caller, axis, split_every, keepdims)
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
 def nanprod(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
     """``numpy.nanprod``: NaN counts as 1, masked as the kernels load each element."""
     caller = "multireduce.nanprod"
-    x, op = _nan_operator(x, dtype, "prod", caller)
+    x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every, keepdims)
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
@@ -488,15 +504,15 @@ def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
     scan kernels load each element; ``exact=True`` as in ``cumsum``."""
     caller = "multireduce.nancumsum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
-        return api.cumsum(_without_nan(x, caller, 0), axis, dtype, split_every=split_every, exact=exact)
-    x, op = _nan_operator(x, dtype, "sum", caller)
+        return _exact.cumsum(x, axis, dtype, split_every, skipnan=True, caller=caller)
+    x, op = _nan_operator(x, dtype, "sum", caller, axis, split_every)
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every)
 
 
 def nancumprod(x, axis=None, dtype=None, *, split_every=None):
     """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
     caller = "multireduce.nancumprod"
-    x, op = _nan_operator(x, dtype, "prod", caller)
+    x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every)
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every)
 
 
