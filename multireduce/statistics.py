@@ -443,11 +443,9 @@ def all(x, axis=None, keepdims=False, *, split_every=None):
 
 
 def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
-    """``numpy.count_nonzero``: an int for ``axis=None`` (NumPy input), else an intp array."""
-    result = _fold("count_nonzero", x, axis, keepdims, split_every, "biufc", np.intp)
-    if axis is None and not keepdims and isinstance(result, np.generic):
-        return int(result)
-    return result
+    """``numpy.count_nonzero``: an intp (NumPy 2 gives an ``np.intp`` scalar, not an int, for
+    ``axis=None`` too)."""
+    return _fold("count_nonzero", x, axis, keepdims, split_every, "biufc", np.intp)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -539,23 +537,31 @@ def _segment_args(x, offsets, op, dtype, caller, scan=False):
     elif v.is_dask_array(offsets):
         raise TypeError(f"{caller}: argument 'offsets' must be a NumPy array or a list; got a dask array "
                         "(the segment layout shapes the graph: compute it first)")
-    offsets = _integer_offsets(np.asarray(offsets), caller)
-    if offsets.size and (offsets[0] < 0 or offsets[-1] > n or (np.diff(offsets) < 0).any()):
-        raise _offsets_range_error(offsets, n, bool((np.diff(offsets) >= 0).all()), caller)
+    given = np.asarray(offsets)
+    offsets = _integer_offsets(given, caller)
+    # checked in the given dtype: a uint64 past 2**63 must not wrap to a negative int64 first, and
+    # np.diff of unsigned offsets wraps instead of going negative
+    ascending = bool((given[1:] >= given[:-1]).all())
+    if given.size and (given.min() < 0 or given.max() > n or not ascending):
+        raise _offsets_range_error(given, n, ascending, caller)
     return x, kind, offsets, op, _dt.accumulator_dtype(out), out
 
 
 def _integer_offsets(offsets, caller):
-    """NumPy or CuPy offsets as int64, after checking they are a 1-D array of integers."""
+    """NumPy or CuPy offsets as int64, after checking they are a 1-D array of integers (any width or
+    signedness; values past int64 are out of range for any ``x``, and the callers' range checks say so
+    in the given dtype)."""
     if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
         raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
                         f"{offsets.dtype}, shape {offsets.shape}")
     return offsets.astype(np.int64, copy=False)
 
 
-def _offsets_range_error(offsets, n, ascending, caller):
+def _offsets_range_error(given, n, ascending, caller):
+    """``given``: the offsets as the caller passed them (not the int64 copy), so the values in the
+    message are the caller's."""
     return ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
-                      f"values from {int(offsets.min())} to {int(offsets.max())}"
+                      f"values from {int(given.min())} to {int(given.max())}"
                       + ("" if ascending else ", not ascending"))
 
 
@@ -564,10 +570,13 @@ def _device_offsets(offsets, n, caller, op, dtype, acc, scan_out=None):
     of the module that reduces ``dtype`` into ``acc`` with ``op`` next (scans it into ``scan_out``)."""
     from .backends import cupy_segment
 
+    given = offsets
     offsets = _integer_offsets(offsets, caller)
     inside, ascending = cupy_segment.check_offsets(offsets, n, op, dtype, acc, scan_out)
     if not (inside and ascending):
-        raise _offsets_range_error(offsets, n, ascending, caller)
+        if given.dtype == np.uint64:  # the int64 copy wrapped values past 2**63: order them as given
+            ascending = bool((given[1:] >= given[:-1]).all())
+        raise _offsets_range_error(given, n, ascending, caller)
     return offsets
 
 
