@@ -357,6 +357,8 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
         if skipnan:  # the GPU path scans on the host from a copy anyway: the mask rides on that copy
             x = cupy.where(cupy.isnan(x), cupy.zeros((), dtype=x.dtype), x)
         return cupy_exact.cumsum(x, ax, dt)
+    if 0 in x.shape:  # nothing to scan, and dask cannot compute a block() of several zero-size delayed chunks
+        return x.astype(dt)
     import dask.array as da
     from dask import delayed
 
