@@ -184,7 +184,9 @@ class StatPlan:
 
 def _finish_arg(stat, partial):
     value, index = partial[0], partial[1]
-    if (index < 0).any():
+    if (index < 0).any():  # a (value, index) GPU partial marks an all-NaN slice so; empty input raised earlier
+        if stat.startswith("nan"):
+            raise ValueError("All-NaN slice encountered")
         raise ValueError(f"attempt to get {stat} of an empty sequence")
     if len(partial) == 3 and not partial[2].all():
         raise ValueError("All-NaN slice encountered")
