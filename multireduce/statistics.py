@@ -15,6 +15,10 @@ values:
   least as good as NumPy's own two-pass var in the input's dtype.
 * nanmin/nanmax (Dask input): (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
 
+Complex input: var/std/nanvar/nanstd/nanmean run the same moments with a complex mean and M2 = sum |x - mean|^2
+(NumPy's rule; the GPU kernels have no complex type, so CuPy chunks use the array-API code of numpy_stats);
+argmin/argmax and the NaN-as-identity family refuse complex with a TypeError naming ``x``.
+
 nansum/nanprod/nancumsum/nancumprod run the built-in operators of the same names (``operators.py``), whose
 kernels read NaN as the identity as they load each element (one pass; NumPy input: ``Operator.load``);
 so do nanmin/nanmax on NumPy and CuPy input (Dask input: the (extreme, count) partials above).
@@ -336,16 +340,20 @@ def nanargmin(x, axis=None, keepdims=False, *, split_every=None):
 # ------------------------------------------------------------------------------------------------
 def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
     caller = f"multireduce.{stat}"
-    x, kind = _prepare(x, caller, "biuf")
-    requested = v.requested_dtype(dtype, "f", caller)
+    x, kind = _prepare(x, caller, "biufc")
+    # NumPy: a complex var is real (|x - mean|^2), a complex nanmean complex; integers give float64
+    requested = v.requested_dtype(dtype, "fc" if stat == "nanmean" else "f", caller)
     if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Real) or not math.isfinite(ddof):
         raise TypeError(f"{caller}: argument 'ddof' must be a finite real number; got {ddof!r}")
     axes = v.normalize_axes(axis, x.ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
     v.fan_in(split_every, axes, caller)
-    out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
+    if x.dtype.kind == "c":
+        out = requested or (x.dtype if stat == "nanmean" else np.empty(0, x.dtype).real.dtype)
+    else:
+        out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
     plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind,
-                    skipnan=stat.startswith("nan") and x.dtype.kind == "f")
+                    skipnan=stat.startswith("nan") and x.dtype.kind in "fc")
     return _run(x, kind, plan, split_every, caller)
 
 
@@ -374,8 +382,8 @@ def nanmean(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
     """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN.
     Integer and bool input holds no NaN: it is ``mean`` (as NumPy hands it to ``np.mean``), bit for bit."""
     caller = "multireduce.nanmean"
-    x, kind = _prepare(x, caller, "biuf")
-    if x.dtype.kind != "f":
+    x, kind = _prepare(x, caller, "biufc")
+    if x.dtype.kind not in "fc":
         return api._reduction(x, "sum", axis, dtype, keepdims, split_every, "auto", caller=caller, mean=True,
                               label="nanmean")
     return _moment("nanmean", x, axis, dtype, 0, keepdims, split_every)

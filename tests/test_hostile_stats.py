@@ -468,7 +468,7 @@ def test_ddof_and_flags_are_checked_with_their_names():
         mr.nanmean(np.ones(3, dtype=np.int64), keepdims=None)
 
 
-@pytest.mark.parametrize("name", ["var", "nanvar", "nanargmax", "nansum", "nancumsum", "nanprod"])
+@pytest.mark.parametrize("name", ["argmax", "nanargmax", "nansum", "nancumsum", "nanprod", "nanmax"])
 def test_complex_input_is_a_clear_type_error_where_unsupported(name):
     with pytest.raises(TypeError, match=rf"multireduce\.{name}: argument 'x' has dtype complex128"):
         getattr(mr, name)(np.array([1 + 1j, 2]))
@@ -478,6 +478,27 @@ def test_complex_input_is_a_clear_type_error_where_unsupported(name):
 def test_complex_input_where_supported(name):
     x = np.array([1 + 2j, 3 - 1j, 0.5j, 2.0])
     check(name, x, rtol=1e-14)
+
+
+_Z = np.random.default_rng(2).standard_normal((7, 5)) + 1j * np.random.default_rng(3).standard_normal((7, 5))
+_ZN = _Z.copy()
+_ZN[1, 2] = complex(NAN, 1.0)
+_ZN[3, :] = NAN
+
+
+@pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd", "nanmean"])
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+@pytest.mark.parametrize("data", [_Z, _ZN], ids=["plain", "nan"])
+def test_complex_moments(name, dtype, axis, data):
+    kw = {} if name == "nanmean" else {"ddof": 1}
+    check(name, data.astype(dtype), axis=axis, rtol=1e-5 if dtype == np.complex64 else 1e-12, **kw)
+
+
+def test_complex_moments_of_ill_conditioned_and_infinite_data():
+    check("var", np.array([1e8 + 1j, 1e8 + 2j, 1e8 - 1j, 1e8 + 0.5j]), rtol=1e-9)
+    check("var", np.array([complex(INF, 1.0), 1j]))
+    check("nanmean", np.array([complex(INF, 1.0), 1j, NAN]))
 
 
 def test_nothing_passed_is_modified_by_the_nan_family():

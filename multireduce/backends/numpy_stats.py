@@ -90,10 +90,11 @@ def arg_merge(left, right, largest: bool):
 def moments_chunk(block, axes, skipnan: bool, xp=np):
     """(count, anchor, offset, M2) of the chunk over ``axes``, float64, corrected two-pass over the
     chunk (in cache, or on the GPU). ``skipnan``: NaNs do not count."""
-    x = block.astype(np.float64)
+    complex_ = block.dtype.kind == "c"  # complex: the mean is complex, M2 sums |x - mean|^2 (NumPy's var)
+    x = block.astype(np.complex128 if complex_ else np.float64)
     kept = _kept_shape(block, axes)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        if skipnan and block.dtype.kind == "f":
+        if skipnan and block.dtype.kind in "fc":
             valid = ~xp.isnan(x)
             count = valid.sum(axis=axes, keepdims=True).astype(np.float64)
             x = xp.where(valid, x, 0.0)
@@ -108,9 +109,18 @@ def moments_chunk(block, axes, skipnan: bool, xp=np):
             dev = xp.where(valid, dev, 0.0)
         total = dev.sum(axis=axes, keepdims=True)
         offset = total / per
-        m2 = (dev * dev).sum(axis=axes, keepdims=True) - offset * total
+        m2 = _square(dev, xp).sum(axis=axes, keepdims=True) - _times_conj(offset, total, xp)
         m2 = xp.maximum(m2, 0.0)  # the correction may round below zero; NaN stays NaN
     return count, anchor, offset, m2
+
+
+def _square(d, xp):
+    """|d|^2, real: d * d for real data (no conj copy), re^2 + im^2 for complex."""
+    return d.real * d.real + d.imag * d.imag if d.dtype.kind == "c" else d * d
+
+
+def _times_conj(a, b, xp):
+    return (a * xp.conj(b)).real if a.dtype.kind == "c" else a * b
 
 
 def moments_merge(left, right):
@@ -128,7 +138,7 @@ def moments_merge(left, right):
         share = np.where(n > 0, nb / np.where(n > 0, n, 1.0), 0.0)
         delta = (ab - aa) + (ob - oa)
         offset = oa + delta * share
-        m2 = qa + qb + delta * delta * na * share
+        m2 = qa + qb + _square(delta, np) * na * share
         anchor = aa
         ma, mb = aa + oa, ab + ob
         finite = np.isfinite(ma) & np.isfinite(mb)
