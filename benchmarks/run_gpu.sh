@@ -7,6 +7,8 @@
 # segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), stats (statistics GPU tests and bench_stats), seg (bench_segments), exact (bench_exact --gpu-exact --quick),
 # exactfull (bench_exact --gpu-exact, 2^20..2^30), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
 # lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
+# cub (CUB reduce / scan / segmented reduce through cuda.compute beside ours, CuPy, torch and the copy roof;
+# installs .whl-cccl/ first if it is there; CUB_ARGS="--quick" or "--sizes 26 --dtypes float32" narrow it).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests bench"
@@ -23,6 +25,17 @@ export MULTIREDUCE_KERNEL_CACHE=${MULTIREDUCE_KERNEL_CACHE:-/tmp/multireduce-ker
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; \
   python3 -c "import cupy, numpy, dask; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'dask', dask.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 rc=0
+# ncu over the kernels matching REGEX in `python3 SCRIPT [ARGS]`, all to $OUT/LOG; the profile steps read
+# the same six sections, and MORE_SECTIONS adds to them.
+#   ncu_run LIMIT_S REGEX LAUNCH_SKIP LAUNCH_COUNT LOG SCRIPT [ARGS...]
+ncu_run() {
+  local limit=$1 regex=$2 skip=$3 count=$4 log=$5; shift 5
+  # shellcheck disable=SC2086  # MORE_SECTIONS is a list of flags
+  timeout "$limit" ncu --kernel-name regex:"$regex" --launch-skip "$skip" --launch-count "$count" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats ${MORE_SECTIONS:-} \
+    python3 "$@" > "$OUT/$log" 2>&1 || rc=1
+}
 if has sweep; then
   timeout 300 python3 benchmarks/sweep_scan.py > "$OUT/sweep-scan.log" 2>&1 || rc=1
   grep -E "x copy" "$OUT/sweep-scan.log"; tail -n 2 "$OUT/sweep-scan.log" | grep -v "x copy"
@@ -37,17 +50,11 @@ if has first; then
   cat "$OUT/first-call.log"
 fi
 if has profile; then
-  timeout 240 ncu --kernel-name regex:"scan_lookback|reduce_vectorized" --launch-skip 2 --launch-count 2 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section SchedulerStats \
-    python3 benchmarks/profile_scan.py > "$OUT/ncu.txt" 2>&1 || rc=1
+  ncu_run 240 "scan_lookback|reduce_vectorized" 2 2 ncu.txt benchmarks/profile_scan.py
   grep -E "scan_lookback|reduce_vectorized|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|stall|Eligible Warps|No Eligible" "$OUT/ncu.txt" | head -60
 fi
 if has segprofile; then
-  timeout 300 ncu --kernel-name regex:"segment_" --launch-skip 0 --launch-count 24 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section SchedulerStats \
-    python3 benchmarks/profile_segments.py > "$OUT/ncu-segments.txt" 2>&1 || rc=1
+  ncu_run 300 "segment_" 0 24 ncu-segments.txt benchmarks/profile_segments.py
   grep -E "segment_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|No Eligible" "$OUT/ncu-segments.txt" | head -150
 fi
 if has stats; then
@@ -72,16 +79,26 @@ fi
 if has exactprofile; then
   timeout 300 python3 benchmarks/profile_exact.py > "$OUT/profile-exact.log" 2>&1 || rc=1
   tail -n 16 "$OUT/profile-exact.log"
-  timeout 200 ncu --kernel-name regex:"exact_sum_rows" --launch-skip 1 --launch-count 3 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
-    --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
-    python3 benchmarks/profile_exact.py --ncu > "$OUT/ncu-exact.txt" 2>&1 || rc=1
+  MORE_SECTIONS="--section ComputeWorkloadAnalysis --section InstructionStats" \
+    ncu_run 200 "exact_sum_rows" 1 3 ncu-exact.txt benchmarks/profile_exact.py --ncu
   grep -E "exact_sum_rows|Memory Throughput|DRAM Throughput|Compute \(SM\)|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|FP64|Executed Ipc" "$OUT/ncu-exact.txt" | head -60
 fi
 if has lookback; then
   { timeout 200 python3 benchmarks/bench_scan.py --lookback-only; timeout 200 python3 benchmarks/bench_reduce.py --accumulate-only; } \
     > "$OUT/bench-lookback.log" 2>&1 || rc=1
   tail -n 40 "$OUT/bench-lookback.log"
+fi
+if has cub; then
+  # cuda.compute goes into a folder of its own, --no-deps: --target would otherwise pull numpy and
+  # typing_extensions, which are already installed and not in .whl-cccl
+  if ls .whl-cccl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-cccl \
+      --find-links .whl-cccl cuda-cccl cuda-core cuda-bindings cuda-pathfinder > "$OUT/cub-install.log" 2>&1 \
+      || { rc=1; tail -n 5 "$OUT/cub-install.log"; }
+    export PYTHONPATH=/tmp/site-cccl:$PYTHONPATH
+  fi
+  timeout 500 python3 benchmarks/bench_cub.py ${CUB_ARGS:-} --json "$OUT/bench_cub.json" > "$OUT/bench-cub.log" 2>&1 || rc=1
+  tail -n 60 "$OUT/bench-cub.log"
 fi
 if has tests; then
   start=$(date +%s)

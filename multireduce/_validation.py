@@ -189,3 +189,16 @@ def known_empty(x, axes: tuple[int, ...]) -> bool:
     if any(isinstance(s, float) and math.isnan(s) for s in sizes):
         return False
     return math.prod(sizes) == 0
+
+
+def flattened(x, kind: str, caller: str):
+    """``x`` flattened in C order, for a scan over ``axis=None``. Dask: unknown chunk sizes cannot be
+    flattened (refused, naming ``x``), and zero-length chunks are dropped first, because dask's reshape
+    cannot line them up across dimensions (it raises on shapes NumPy flattens)."""
+    if kind.startswith("dask") and x.ndim > 1:
+        if any(isinstance(c, float) and math.isnan(c) for cs in x.chunks for c in cs):
+            raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes, so it cannot be flattened for "
+                             "axis=None; call x.compute_chunk_sizes() first or pass an axis")
+        if any(c == 0 for cs in x.chunks for c in cs):
+            x = x.rechunk(tuple(tuple(c for c in cs if c) or (0,) for cs in x.chunks))
+    return x.reshape(-1)

@@ -6,7 +6,6 @@ returns a lazy Dask array whose chunk type matches the input's (like ``dask.arra
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import functools
 
@@ -244,10 +243,7 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
     plan, fan_in = _resolve_scan(kind, op, x.dtype, x.ndim, axis, dtype, inclusive, algorithm, split_every, label,
                                  caller, accumulate)
     if axis is None:
-        if kind.startswith("dask") and x.ndim > 1 and builtins.any(np.isnan(c) for cs in x.chunks for c in cs):
-            raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes, so it cannot be flattened for "
-                             "axis=None; call x.compute_chunk_sizes() first or pass an axis")
-        x = x.reshape(-1)
+        x = v.flattened(x, kind, caller)
     if kind.startswith("dask"):
         # one totals task per worker holding chunks: each chunk's total is kept, so order survives any placement
         from . import graph, placement
@@ -257,14 +253,24 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         return plan(x)
 
 
-def _wants_exact(x, dtype, exact, caller: str) -> bool:
-    """``exact=True`` on floating data (requested or given): the exact path. Integer sums are exact anyway."""
+def _wants_exact(x, dtype, exact, caller: str, algorithm="auto", compute=False) -> bool:
+    """``exact=True`` on floating data (requested or given): the exact path. Integer sums are exact anyway.
+    Taking it, the arguments the exact path does not read are checked here, before any work, as the other
+    path checks them."""
     if not v.check_flag(exact, "exact", caller):
         return False
     if dtype is not None:
-        return v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller).kind == "f"
-    kind = getattr(getattr(x, "dtype", None), "kind", None) or np.asarray(x).dtype.kind
-    return kind == "f"
+        wanted = v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller).kind == "f"
+    else:
+        wanted = (getattr(getattr(x, "dtype", None), "kind", None) or np.asarray(x).dtype.kind) == "f"
+    if wanted:
+        v.check_flag(compute, "compute", caller)
+        if not isinstance(algorithm, str):
+            raise TypeError(f"{caller}: argument 'algorithm' must be a string; got {algorithm!r}")
+        if algorithm != "auto":
+            raise ValueError(f"{caller}: argument 'algorithm' is {algorithm!r}, but exact=True runs the exact "
+                             "kernels; use algorithm='auto'")
+    return wanted
 
 
 def _exact_now_or_lazy(result, compute, caller: str):
@@ -353,9 +359,9 @@ def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, spli
       _REDUCTION + ("exact",), _REDUCED)
 def sum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
         exact=False):
-    if exact is not False and _wants_exact(x, dtype, exact, "multireduce.sum"):
-        return _exact_now_or_lazy(_exact.sum(x, axis, dtype, keepdims, split_every=split_every), compute,
-                                  "multireduce.sum")
+    if exact is not False and _wants_exact(x, dtype, exact, "multireduce.sum", algorithm, compute):
+        return _exact_now_or_lazy(_exact.sum(x, axis, dtype, keepdims, split_every, caller="multireduce.sum"),
+                                  compute, "multireduce.sum")
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.sum", compute=compute)
 
 
@@ -380,9 +386,9 @@ def max(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm
       "``dtype=`` sums in that type and divides as NumPy does).", _REDUCTION + ("exact",), _REDUCED)
 def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
          exact=False):
-    if exact is not False and _wants_exact(x, dtype, exact, "multireduce.mean"):
-        return _exact_now_or_lazy(_exact.mean(x, axis, dtype, keepdims, split_every=split_every), compute,
-                                  "multireduce.mean")
+    if exact is not False and _wants_exact(x, dtype, exact, "multireduce.mean", algorithm, compute):
+        return _exact_now_or_lazy(_exact.mean(x, axis, dtype, keepdims, split_every, caller="multireduce.mean"),
+                                  compute, "multireduce.mean")
     return _reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.mean",
                       mean=True, label="mean", compute=compute)
 
@@ -403,8 +409,8 @@ def scan(x, op: str | Operator, axis=None, dtype=None, *, inclusive=True, split_
       "(``accumulate=``).", _SCAN + ("accumulate", "exact"), _SCANNED)
 def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto", exact=False):
     _check_accumulate(accumulate, "multireduce.cumsum")
-    if _wants_exact(x, dtype, exact, "multireduce.cumsum"):
-        return _exact.cumsum(x, axis, dtype)
+    if _wants_exact(x, dtype, exact, "multireduce.cumsum", algorithm):
+        return _exact.cumsum(x, axis, dtype, split_every, caller="multireduce.cumsum")
     return _scan(x, "sum", axis, dtype, True, algorithm, caller="multireduce.cumsum", label="cumsum",
                  split_every=split_every, accumulate=accumulate)
 

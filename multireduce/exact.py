@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ._validation import as_array, normalize_axes, normalize_scan_axis, requested_dtype
+from ._validation import as_array, check_flag, fan_in, flattened, normalize_axes, normalize_scan_axis, requested_dtype
 
 EBASE = -1127  # value of bin k's unit: 2**(k + EBASE); frexp's exponent e maps to k = e + 1074
 NBINS = 2100  # e + 1074 spans 0..2098 for float64
@@ -197,12 +197,13 @@ class ExactSumPlan:
 
     op = _Commutative()
 
-    def __init__(self, axes: tuple[int, ...], out_dtype: np.dtype, keepdims: bool, mean: bool):
+    def __init__(self, axes: tuple[int, ...], out_dtype: np.dtype, keepdims: bool, mean: bool, skipnan: bool = False):
         self.axes, self.out_dtype, self.keepdims, self.mean = axes, np.dtype(out_dtype), keepdims, mean
-        self.label = "exact-mean" if mean else "exact-sum"
+        self.skipnan = skipnan
+        self.label = "exact-mean" if mean else ("exact-nansum" if skipnan else "exact-sum")
 
     def __dask_tokenize__(self):
-        return ("ExactSumPlan", self.axes, str(self.out_dtype), self.keepdims, self.mean)
+        return ("ExactSumPlan", self.axes, str(self.out_dtype), self.keepdims, self.mean, self.skipnan)
 
     def partial(self, *blocks) -> ExactState:
         return self.combine(*(state_of(b, self.axes) for b in blocks))
@@ -214,7 +215,10 @@ class ExactSumPlan:
         return out
 
     def aggregate(self, *partials: ExactState):
-        value = finish(self.combine(*partials), self.out_dtype, self.mean)
+        state = self.combine(*partials)
+        if self.skipnan:  # nansum: a NaN adds 0 (its mantissa never entered the total); only its flag goes
+            state = ExactState(state.total, np.zeros_like(state.nan), state.pinf, state.ninf, state.count)
+        value = finish(state, self.out_dtype, self.mean)
         if self.keepdims:
             value = np.expand_dims(value, self.axes)
         return value
@@ -235,18 +239,16 @@ def _out_dtype(x_dtype: np.dtype, dtype, caller: str) -> np.dtype:
     return dt
 
 
-def _reduce(x, axis, dtype, keepdims, mean: bool, caller: str, split_every=None):
+def _reduce(x, axis, dtype, keepdims, mean: bool, caller: str, split_every=None, skipnan=False):
     x, kind = as_array(x, caller)
-    if not isinstance(keepdims, (bool, np.bool_)):
-        raise TypeError(f"{caller}: argument 'keepdims' must be True or False; got {keepdims!r}")
     out_dt = _out_dtype(np.dtype(x.dtype), dtype, caller)
     axes = normalize_axes(axis, x.ndim, caller)
-    plan = ExactSumPlan(axes, out_dt, bool(keepdims), mean)
+    plan = ExactSumPlan(axes, out_dt, check_flag(keepdims, "keepdims", caller), mean, skipnan)
+    fan = fan_in(split_every, axes, caller)  # checked for every input kind, as the other entry points do
     if kind.startswith("dask"):
         from . import graph
-        from ._validation import fan_in
 
-        return graph.reduction(x, plan, fan_in(split_every, axes, caller))
+        return graph.reduction(x, plan, fan)
     if kind == "cupy":
         from .backends import cupy_exact
 
@@ -255,23 +257,27 @@ def _reduce(x, axis, dtype, keepdims, mean: bool, caller: str, split_every=None)
     return value if value.ndim else value[()]
 
 
-def sum(x, axis=None, dtype=None, keepdims=False, split_every=None):  # noqa: A001 - mirrors np.sum
+def sum(x, axis=None, dtype=None, keepdims=False, split_every=None, *, skipnan=False,  # noqa: A001 - np.sum
+        caller="exact.sum"):
     """The correctly rounded sum of ``x`` over ``axis``: the exact sum, rounded once (half to even) to
-    ``dtype`` (default: ``x``'s float dtype). Bitwise the same for any chunking, fan-in and placement."""
-    return _reduce(x, axis, dtype, keepdims, False, "exact.sum", split_every)
+    ``dtype`` (default: ``x``'s float dtype). Bitwise the same for any chunking, fan-in and placement.
+    ``skipnan``: NaN counts as 0 (nansum), without a copy of ``x``. ``caller`` names the public function
+    in error messages (``multireduce.sum(..., exact=True)`` checks as ``multireduce.sum``)."""
+    return _reduce(x, axis, dtype, keepdims, False, caller, split_every, skipnan)
 
 
-def mean(x, axis=None, dtype=None, keepdims=False, split_every=None):
+def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, *, caller="exact.mean"):
     """The correctly rounded mean: exact sum / count, rounded once."""
-    return _reduce(x, axis, dtype, keepdims, True, "exact.mean", split_every)
+    return _reduce(x, axis, dtype, keepdims, True, caller, split_every)
 
 
 # -- cumulative sums ---------------------------------------------------------------------------------
 
 
-def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype) -> tuple[np.ndarray, ExactState]:
+def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype,
+                   skipnan: bool = False) -> tuple[np.ndarray, ExactState]:
     """Correctly rounded inclusive prefix sums of a 1-d float array, seeded with ``carry``; returns the
-    results and the state after the last element."""
+    results and the state after the last element. ``skipnan``: NaN adds 0 (nancumsum)."""
     v = values.astype(np.float64, copy=False)
     m, e = np.frexp(np.where(np.isfinite(v), v, 0.0))
     mant = np.ldexp(m, 53).astype(np.int64).tolist()
@@ -281,7 +287,8 @@ def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype) -
     pinf = bool(carry.pinf[()]) if carry is not None else False
     ninf = bool(carry.ninf[()]) if carry is not None else False
     out = np.empty(v.size, dtype=np.float64)
-    isnan, isp, isn = np.isnan(v).tolist(), (v == np.inf).tolist(), (v == -np.inf).tolist()
+    isnan = (np.zeros(v.shape, dtype=bool) if skipnan else np.isnan(v)).tolist()
+    isp, isn = (v == np.inf).tolist(), (v == -np.inf).tolist()
     for i, (mi, si) in enumerate(zip(mant, shifts)):
         total += mi << si
         nan |= isnan[i]
@@ -297,26 +304,25 @@ def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype) -
     return out.astype(dt), state
 
 
-def _cumsum_block(block, axis: int, dt: np.dtype, carry: np.ndarray | None = None):
+def _cumsum_block(block, axis: int, dt: np.dtype, carry: np.ndarray | None = None, skipnan: bool = False):
     """Exact cumsum of a NumPy block along ``axis``; ``carry``: object array of per-lane ExactStates."""
     x = np.moveaxis(_to_host(block), axis, -1)
     out = np.empty(x.shape, dtype=dt)
-    lanes = x.reshape(-1, x.shape[-1]) if x.shape[-1] else x.reshape(-1, 0)
+    lanes = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not (-1, n): n = 0 leaves -1 undefined
     res = out.reshape(lanes.shape)
     carries = carry.reshape(-1) if carry is not None else [None] * lanes.shape[0]
     for i in range(lanes.shape[0]):
-        res[i], _ = _exact_scan_1d(lanes[i], carries[i], dt)
+        res[i], _ = _exact_scan_1d(lanes[i], carries[i], dt, skipnan)
     return np.moveaxis(out, -1, axis)
 
 
-def _lane_states(block, axis: int) -> np.ndarray:
+def _lane_states(block, axis: int, skipnan: bool = False) -> np.ndarray:
     """Per-lane exact totals of a block along ``axis``, as an object array of ExactStates."""
     st = state_of(block, (axis,))
     out = np.empty(st.total.shape, dtype=object)
     for idx in np.ndindex(st.total.shape):
-        out[idx] = ExactState(
-            np.array(st.total[idx], dtype=object), np.array(st.nan[idx]), np.array(st.pinf[idx]), np.array(st.ninf[idx]), 0
-        )
+        out[idx] = ExactState(np.array(st.total[idx], dtype=object), np.array(st.nan[idx] and not skipnan),
+                              np.array(st.pinf[idx]), np.array(st.ninf[idx]), 0)
     return out
 
 
@@ -330,23 +336,29 @@ def _add_lanes(*states: np.ndarray) -> np.ndarray:
     return out
 
 
-def cumsum(x, axis=None, dtype=None):
+def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller="exact.cumsum"):
     """Inclusive cumulative sum whose every element is the correctly rounded exact prefix sum. ``axis=None``
-    flattens (as NumPy). Dask input: each chunk's exact totals are carried exactly to the chunks after it."""
-    caller = "exact.cumsum"
+    flattens (as NumPy). Dask input: each chunk's exact totals are carried exactly to the chunks after it.
+    ``skipnan``: NaN adds 0 (nancumsum); ``caller`` as in ``sum``. ``split_every`` is checked as every scan
+    checks it; the carries run chunk by chunk whatever it is."""
     x, kind = as_array(x, caller)
     dt = _out_dtype(np.dtype(x.dtype), dtype, caller)
+    ax = 0 if axis is None else normalize_scan_axis(axis, x.ndim, caller)
+    fan_in(split_every, (ax,), caller)
     if axis is None:
-        x = x.reshape(-1)
-        ax = 0
-    else:
-        ax = normalize_scan_axis(axis, x.ndim, caller)
+        x = flattened(x, kind, caller)
     if kind == "numpy":
-        return _cumsum_block(x, ax, dt)
+        return _cumsum_block(x, ax, dt, skipnan=skipnan)
     if kind == "cupy":
+        import cupy
+
         from .backends import cupy_exact
 
+        if skipnan:  # the GPU path scans on the host from a copy anyway: the mask rides on that copy
+            x = cupy.where(cupy.isnan(x), cupy.zeros((), dtype=x.dtype), x)
         return cupy_exact.cumsum(x, ax, dt)
+    if 0 in x.shape:  # nothing to scan, and dask cannot compute a block() of several zero-size delayed chunks
+        return x.astype(dt)
     import dask.array as da
     from dask import delayed
 
@@ -357,9 +369,9 @@ def cumsum(x, axis=None, dtype=None):
         for j in range(blocks.shape[ax]):
             idx = lane[:ax] + (j,) + lane[ax + 1 :]
             shape = tuple(x.chunks[d][idx[d]] for d in range(x.ndim))
-            scanned = delayed(_cumsum_block)(blocks[idx], ax, dt, carry)
+            scanned = delayed(_cumsum_block)(blocks[idx], ax, dt, carry, skipnan)
             out_blocks[idx] = da.from_delayed(scanned, shape, dtype=dt, meta=np.empty((0,) * x.ndim, dt))
-            total = delayed(_lane_states)(blocks[idx], ax)
+            total = delayed(_lane_states)(blocks[idx], ax, skipnan)
             carry = total if carry is None else delayed(_add_lanes)(carry, total)
     return da.block(out_blocks.tolist())
 

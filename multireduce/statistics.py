@@ -15,6 +15,10 @@ values:
   least as good as NumPy's own two-pass var in the input's dtype.
 * nanmin/nanmax (Dask input): (NaN-skipping extreme, count); any/all: a bool; count_nonzero: an int64 count.
 
+Complex input: var/std/nanvar/nanstd/nanmean run the same moments with a complex mean and M2 = sum |x - mean|^2
+(NumPy's rule; the GPU kernels have no complex type, so CuPy chunks use the array-API code of numpy_stats);
+argmin/argmax and the NaN-as-identity family refuse complex with a TypeError naming ``x``.
+
 nansum/nanprod/nancumsum/nancumprod run the built-in operators of the same names (``operators.py``), whose
 kernels read NaN as the identity as they load each element (one pass; NumPy input: ``Operator.load``);
 so do nanmin/nanmax on NumPy and CuPy input (Dask input: the (extreme, count) partials above).
@@ -45,6 +49,7 @@ import numpy as np
 
 from . import _validation as v
 from . import api
+from . import exact as _exact
 from . import dtypes as _dt
 from .operators import get_operator
 from .backends import is_cupy_array, numpy_stats
@@ -93,6 +98,7 @@ class StatPlan:
     ddof: float = 0.0
     shape: tuple = ()  # the whole array's shape (argmin/argmax over every axis)
     gpu: bool = False  # CuPy input: the result goes back to the GPU
+    skipnan: bool = False  # a nan-statistic of floating input (integers have no NaN: NumPy's plain rules)
     op: ClassVar[_Commutative] = _Commutative()
 
     @property
@@ -150,7 +156,7 @@ class StatPlan:
         if stat in _ARG:
             value = _finish_arg(stat, partial)
         elif stat in _MOMENTS:
-            value = _finish_moments(stat, partial, self.ddof)
+            value = _finish_moments(stat, partial, self.ddof, self.skipnan)
         elif stat in ("nanmin", "nanmax"):
             value, count = partial
             if count.size and not count.any():
@@ -177,30 +183,43 @@ class StatPlan:
 
     def __dask_tokenize__(self):
         return ("multireduce.StatPlan", self.stat, self.axes, self.keepdims, str(self.out_dtype), self.ddof,
-                self.shape, self.gpu)
+                self.shape, self.gpu, self.skipnan)
 
 
 def _finish_arg(stat, partial):
-    value, index = partial
-    if (index < 0).any():
+    value, index = partial[0], partial[1]
+    if (index < 0).any():  # a (value, index) GPU partial marks an all-NaN slice so; empty input raised earlier
         if stat.startswith("nan"):
             raise ValueError("All-NaN slice encountered")
         raise ValueError(f"attempt to get {stat} of an empty sequence")
+    if len(partial) == 3 and not partial[2].all():
+        raise ValueError("All-NaN slice encountered")
     return index
 
 
-def _finish_moments(stat, partial, ddof):
+# NumPy's texts: var/std warn without the full stop, nanvar/nanstd with it
+_DOF_WARNING = {False: "Degrees of freedom <= 0 for slice", True: "Degrees of freedom <= 0 for slice."}
+
+
+def _finish_moments(stat, partial, ddof, skipnan):
+    """``skipnan``: NaN-skipping statistic of floating input (integer input follows var and mean, as
+    NumPy's nanvar/nanmean hand it to them)."""
     count, m2 = partial[0], partial[3]
     if stat == "nanmean":
         if (count == 0).any():
             warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=4)
         return numpy_stats.moments_mean(partial)
     dof = count - ddof
-    if (dof <= 0).any():
-        warnings.warn("Degrees of freedom <= 0 for slice.", RuntimeWarning, stacklevel=4)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    short = dof <= 0
+    if short.any():
+        warnings.warn(_DOF_WARNING[skipnan], RuntimeWarning, stacklevel=4)
+    if skipnan:  # np.nanvar: NaN wherever dof <= 0, whatever M2 is
+        with np.errstate(invalid="ignore", divide="ignore"):
+            var = np.where(short, np.nan, m2 / np.where(short, 1.0, dof))
+    else:
+        # np.var: M2 / max(count - ddof, 0), under the caller's errstate as NumPy divides (0/0 = NaN, M2/0 =
+        # inf); an empty slice has M2 = 0, so ddof < 0 gives 0 there as in NumPy
         var = m2 / np.maximum(dof, 0.0)
-        var = np.where(count > 0, var, np.nan)
     return np.sqrt(var) if stat.endswith("std") else var
 
 
@@ -260,7 +279,7 @@ def _gpu_whole(plan, x, cupy_stats):
             count = math.prod(x.shape[a] for a in axes)
             short = stat != "nanmean" and count - plan.ddof <= 0
         if short:
-            warnings.warn("Mean of empty slice" if stat == "nanmean" else "Degrees of freedom <= 0 for slice.",
+            warnings.warn("Mean of empty slice" if stat == "nanmean" else _DOF_WARNING[plan.skipnan],
                           RuntimeWarning, stacklevel=5)
     if stat in ("nanmin", "nanmax") and floating and bool(cupy.isnan(result).any()):
         warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=5)
@@ -321,15 +340,20 @@ def nanargmin(x, axis=None, keepdims=False, *, split_every=None):
 # ------------------------------------------------------------------------------------------------
 def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
     caller = f"multireduce.{stat}"
-    x, kind = _prepare(x, caller, "biuf")
-    requested = v.requested_dtype(dtype, "f", caller)
+    x, kind = _prepare(x, caller, "biufc")
+    # NumPy: a complex var is real (|x - mean|^2), a complex nanmean complex; integers give float64
+    requested = v.requested_dtype(dtype, "fc" if stat == "nanmean" else "f", caller)
     if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Real) or not math.isfinite(ddof):
         raise TypeError(f"{caller}: argument 'ddof' must be a finite real number; got {ddof!r}")
     axes = v.normalize_axes(axis, x.ndim, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
     v.fan_in(split_every, axes, caller)
-    out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
-    plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind)
+    if x.dtype.kind == "c":
+        out = requested or (x.dtype if stat == "nanmean" else np.empty(0, x.dtype).real.dtype)
+    else:
+        out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
+    plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind,
+                    skipnan=stat.startswith("nan") and x.dtype.kind in "fc")
     return _run(x, kind, plan, split_every, caller)
 
 
@@ -355,7 +379,13 @@ def nanstd(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None
 
 
 def nanmean(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
-    """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN."""
+    """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN.
+    Integer and bool input holds no NaN: it is ``mean`` (as NumPy hands it to ``np.mean``), bit for bit."""
+    caller = "multireduce.nanmean"
+    x, kind = _prepare(x, caller, "biufc")
+    if x.dtype.kind not in "fc":
+        return api._reduction(x, "sum", axis, dtype, keepdims, split_every, "auto", caller=caller, mean=True,
+                              label="nanmean")
     return _moment("nanmean", x, axis, dtype, 0, keepdims, split_every)
 
 
@@ -423,47 +453,41 @@ def all(x, axis=None, keepdims=False, *, split_every=None):
 
 
 def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
-    """``numpy.count_nonzero``: an int for ``axis=None`` (NumPy input), else an intp array."""
-    result = _fold("count_nonzero", x, axis, keepdims, split_every, "biufc", np.intp)
-    if axis is None and not keepdims and isinstance(result, np.generic):
-        return int(result)
-    return result
+    """``numpy.count_nonzero``: an intp (NumPy 2 gives an ``np.intp`` scalar, not an int, for
+    ``axis=None`` too)."""
+    return _fold("count_nonzero", x, axis, keepdims, split_every, "biufc", np.intp)
 
 
 # ------------------------------------------------------------------------------------------------
 # NaN as the identity: nansum, nanprod, nancumsum, nancumprod
 # ------------------------------------------------------------------------------------------------
-def _nan_operator(x, dtype, plain: str, caller: str):
+def _nan_operator(x, dtype, plain: str, caller: str, axis, split_every, keepdims=None):
     """(``x`` as an array, the operator name): the nan-family's operator, which masks NaN as the kernels
     load each element (one pass), for floating input summed in a floating type; the plain operator for
     other input, which holds no NaN. A floating ``x`` with an integer or bool ``dtype=`` (NaN would be
-    converted before the mask could see it) and ``exact=True`` go through ``_without_nan``'s copy."""
+    converted before the mask could see it) goes through a copy with NaN replaced, made only after the
+    arguments are checked (``keepdims`` None: a scan), so bad input fails before that work."""
     x, kind = _prepare(x, caller, "biuf")
     if x.dtype.kind != "f":
         return x, plain
     requested = v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller)
-    if requested is not None and requested.kind not in "fc":
-        return _without_nan(x, caller, 0 if plain == "sum" else 1), plain
-    return x, "nan" + plain
+    if requested is None or requested.kind in "fc":
+        return x, "nan" + plain
+    if keepdims is None:
+        axes = (0 if axis is None else v.normalize_scan_axis(axis, x.ndim, caller),)
+    else:
+        axes = v.normalize_axes(axis, x.ndim, caller)
+        v.check_flag(keepdims, "keepdims", caller)
+    v.fan_in(split_every, axes, caller)
+    fill = 0 if plain == "sum" else 1
+    if kind.startswith("dask"):
+        return x.map_blocks(_nan_to, fill, dtype=x.dtype, meta=x._meta), plain
+    return _nan_to(x, fill), plain
 
 
 def _nan_to(block, fill):
-    if block.dtype.kind != "f":
-        return block
-    if is_cupy_array(block):
-        import cupy as xp
-    else:
-        xp = np
+    xp = _xp(block)
     return xp.where(xp.isnan(block), xp.asarray(fill, dtype=block.dtype), block)
-
-
-def _without_nan(x, caller, fill):
-    x, kind = _prepare(x, caller, "biuf")
-    if x.dtype.kind != "f":
-        return x
-    if kind.startswith("dask"):
-        return x.map_blocks(_nan_to, fill, dtype=x.dtype, meta=x._meta)
-    return _nan_to(x, fill)
 
 
 def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=False):
@@ -471,15 +495,15 @@ def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=
     kernels load each element; ``exact=True`` as in ``sum``."""
     caller = "multireduce.nansum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
-        return api.sum(_without_nan(x, caller, 0), axis, dtype, keepdims, split_every=split_every, exact=exact)
-    x, op = _nan_operator(x, dtype, "sum", caller)
+        return _exact.sum(x, axis, dtype, keepdims, split_every, skipnan=True, caller=caller)
+    x, op = _nan_operator(x, dtype, "sum", caller, axis, split_every, keepdims)
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
 def nanprod(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
     """``numpy.nanprod``: NaN counts as 1, masked as the kernels load each element."""
     caller = "multireduce.nanprod"
-    x, op = _nan_operator(x, dtype, "prod", caller)
+    x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every, keepdims)
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
@@ -488,15 +512,15 @@ def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
     scan kernels load each element; ``exact=True`` as in ``cumsum``."""
     caller = "multireduce.nancumsum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
-        return api.cumsum(_without_nan(x, caller, 0), axis, dtype, split_every=split_every, exact=exact)
-    x, op = _nan_operator(x, dtype, "sum", caller)
+        return _exact.cumsum(x, axis, dtype, split_every, skipnan=True, caller=caller)
+    x, op = _nan_operator(x, dtype, "sum", caller, axis, split_every)
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every)
 
 
 def nancumprod(x, axis=None, dtype=None, *, split_every=None):
     """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
     caller = "multireduce.nancumprod"
-    x, op = _nan_operator(x, dtype, "prod", caller)
+    x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every)
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every)
 
 
@@ -523,23 +547,31 @@ def _segment_args(x, offsets, op, dtype, caller, scan=False):
     elif v.is_dask_array(offsets):
         raise TypeError(f"{caller}: argument 'offsets' must be a NumPy array or a list; got a dask array "
                         "(the segment layout shapes the graph: compute it first)")
-    offsets = _integer_offsets(np.asarray(offsets), caller)
-    if offsets.size and (offsets[0] < 0 or offsets[-1] > n or (np.diff(offsets) < 0).any()):
-        raise _offsets_range_error(offsets, n, bool((np.diff(offsets) >= 0).all()), caller)
+    given = np.asarray(offsets)
+    offsets = _integer_offsets(given, caller)
+    # checked in the given dtype: a uint64 past 2**63 must not wrap to a negative int64 first, and
+    # np.diff of unsigned offsets wraps instead of going negative
+    ascending = bool((given[1:] >= given[:-1]).all())
+    if given.size and (given.min() < 0 or given.max() > n or not ascending):
+        raise _offsets_range_error(given, n, ascending, caller)
     return x, kind, offsets, op, _dt.accumulator_dtype(out), out
 
 
 def _integer_offsets(offsets, caller):
-    """NumPy or CuPy offsets as int64, after checking they are a 1-D array of integers."""
+    """NumPy or CuPy offsets as int64, after checking they are a 1-D array of integers (any width or
+    signedness; values past int64 are out of range for any ``x``, and the callers' range checks say so
+    in the given dtype)."""
     if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
         raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
                         f"{offsets.dtype}, shape {offsets.shape}")
     return offsets.astype(np.int64, copy=False)
 
 
-def _offsets_range_error(offsets, n, ascending, caller):
+def _offsets_range_error(given, n, ascending, caller):
+    """``given``: the offsets as the caller passed them (not the int64 copy), so the values in the
+    message are the caller's."""
     return ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
-                      f"values from {int(offsets.min())} to {int(offsets.max())}"
+                      f"values from {int(given.min())} to {int(given.max())}"
                       + ("" if ascending else ", not ascending"))
 
 
@@ -548,10 +580,13 @@ def _device_offsets(offsets, n, caller, op, dtype, acc, scan_out=None):
     of the module that reduces ``dtype`` into ``acc`` with ``op`` next (scans it into ``scan_out``)."""
     from .backends import cupy_segment
 
+    given = offsets
     offsets = _integer_offsets(offsets, caller)
     inside, ascending = cupy_segment.check_offsets(offsets, n, op, dtype, acc, scan_out)
     if not (inside and ascending):
-        raise _offsets_range_error(offsets, n, ascending, caller)
+        if given.dtype == np.uint64:  # the int64 copy wrapped values past 2**63: order them as given
+            ascending = bool((given[1:] >= given[:-1]).all())
+        raise _offsets_range_error(given, n, ascending, caller)
     return offsets
 
 

@@ -26,51 +26,48 @@ def _kept_shape(block, axes) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------
-# argmin / argmax: partial (value, index); index is global, -1 where the chunk had no candidate
+# argmin / argmax: partial (value, index, seen); index is global, -1 where the chunk had no candidate
 # ---------------------------------------------------------------------------------------------
 def arg_chunk(block, axes, largest: bool, skipnan: bool, offsets, shape, xp=np):
-    """The chunk's best (value, global index) per output element; ``offsets`` is the chunk's start in
-    the whole array of ``shape``. One axis: the index along it; every axis: the flat C index.
+    """The chunk's best (value, global index, seen) per output element; ``offsets`` is the chunk's start
+    in the whole array of ``shape``. One axis: the index along it; every axis: the flat C index.
 
-    ``skipnan`` (nanargmax/nanargmin): NaNs are not candidates, an all-NaN slice gives index -1.
-    Without it NumPy's rule holds: the first NaN wins."""
+    ``skipnan`` (nanargmax/nanargmin) is NumPy's rule: NaN reads as -inf (nanargmax) or +inf
+    (nanargmin), so a NaN still wins a tie with an infinity that comes after it
+    (``np.nanargmax([nan, -inf]) == 0``), also across chunks; ``seen`` says whether the slice held a
+    non-NaN element, and a slice that never did raises at the end. Without ``skipnan`` the first NaN
+    wins and ``seen`` is all True."""
     kept = _kept_shape(block, axes)
     if _size(block, axes) == 0:
-        return xp.zeros(kept, dtype=block.dtype), xp.full(kept, -1, dtype=np.int64)
-    floating = block.dtype.kind == "f"
-    pick = (xp.nanargmax if largest else xp.nanargmin) if skipnan and floating else (xp.argmax if largest else xp.argmin)
+        return (xp.zeros(kept, dtype=block.dtype), xp.full(kept, -1, dtype=np.int64),
+                xp.zeros(kept, dtype=bool))
+    if skipnan and block.dtype.kind == "f":
+        nan = xp.isnan(block)
+        seen = ~nan.all(axis=axes, keepdims=True)
+        block = xp.where(nan, xp.asarray(-np.inf if largest else np.inf, dtype=block.dtype), block)
+    else:
+        seen = xp.ones(kept, dtype=bool)
+    pick = xp.argmax if largest else xp.argmin
     if len(axes) == block.ndim:  # axis=None: flat positions
         flat = block.reshape(-1)
-        hollow = bool(xp.isnan(flat).all()) if skipnan and floating else False
-        if hollow:
-            return xp.zeros(kept, dtype=block.dtype), xp.full(kept, -1, dtype=np.int64)
         local = int(pick(flat))
         value = flat[local].reshape(kept)
         where = np.unravel_index(local, block.shape) if block.ndim else ()
         index = int(np.ravel_multi_index(tuple(w + o for w, o in zip(where, offsets)), shape)) if block.ndim else 0
-        return value, xp.full(kept, index, dtype=np.int64)
+        return value, xp.full(kept, index, dtype=np.int64), seen
     (axis,) = axes
-    hollow = None
-    if skipnan and floating:
-        hollow = xp.isnan(block).all(axis=axis, keepdims=True)
-        if bool(hollow.any()):  # nanarg* raise on an all-NaN slice: give those slices a stand-in
-            block = xp.where(hollow, xp.zeros((), dtype=block.dtype), block)
-        else:
-            hollow = None
     local = xp.expand_dims(pick(block, axis=axis), axis)
     value = xp.take_along_axis(block, local, axis=axis)
-    index = local.astype(np.int64) + offsets[axis]
-    if hollow is not None:
-        index = xp.where(hollow, -1, index)
-    return value, index
+    return value, local.astype(np.int64) + offsets[axis], seen
 
 
 def arg_merge(left, right, largest: bool):
-    """The better of two (value, index) partials elementwise: a candidate beats none; a NaN beats a
-    number (NumPy: the first NaN wins); a larger (smaller) value wins; equal values: the lower index.
-    Order-free, so partials may merge in any grouping."""
-    va, ia = left
-    vb, ib = right
+    """The better of two (value, index, seen) partials elementwise: a candidate beats none; a NaN beats
+    a number (NumPy: the first NaN wins; nanarg* partials hold no NaN); a larger (smaller) value wins;
+    equal values: the lower index. Order-free, so partials may merge in any grouping. A (value, index)
+    pair (a GPU chunk) counts as seen where it has a candidate."""
+    va, ia, sa = left if len(left) == 3 else (*left, left[1] >= 0)
+    vb, ib, sb = right if len(right) == 3 else (*right, right[1] >= 0)
     if va.dtype.kind == "f":
         an, bn = np.isnan(va), np.isnan(vb)
     else:
@@ -79,7 +76,7 @@ def arg_merge(left, right, largest: bool):
     tie = (vb == va) | (an & bn)
     both = (ia >= 0) & (ib >= 0)
     take = ((ia < 0) & (ib >= 0)) | (both & ((bn & ~an) | (~an & ~bn & beats) | (tie & (ib < ia))))
-    return np.where(take, vb, va), np.where(take, ib, ia)
+    return np.where(take, vb, va), np.where(take, ib, ia), sa | sb
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,10 +90,11 @@ def arg_merge(left, right, largest: bool):
 def moments_chunk(block, axes, skipnan: bool, xp=np):
     """(count, anchor, offset, M2) of the chunk over ``axes``, float64, corrected two-pass over the
     chunk (in cache, or on the GPU). ``skipnan``: NaNs do not count."""
-    x = block.astype(np.float64)
+    complex_ = block.dtype.kind == "c"  # complex: the mean is complex, M2 sums |x - mean|^2 (NumPy's var)
+    x = block.astype(np.complex128 if complex_ else np.float64)
     kept = _kept_shape(block, axes)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        if skipnan and block.dtype.kind == "f":
+        if skipnan and block.dtype.kind in "fc":
             valid = ~xp.isnan(x)
             count = valid.sum(axis=axes, keepdims=True).astype(np.float64)
             x = xp.where(valid, x, 0.0)
@@ -111,14 +109,28 @@ def moments_chunk(block, axes, skipnan: bool, xp=np):
             dev = xp.where(valid, dev, 0.0)
         total = dev.sum(axis=axes, keepdims=True)
         offset = total / per
-        m2 = (dev * dev).sum(axis=axes, keepdims=True) - offset * total
+        m2 = _square(dev, xp).sum(axis=axes, keepdims=True) - _times_conj(offset, total, xp)
         m2 = xp.maximum(m2, 0.0)  # the correction may round below zero; NaN stays NaN
     return count, anchor, offset, m2
 
 
+def _square(d, xp):
+    """|d|^2, real: d * d for real data (no conj copy), re^2 + im^2 for complex."""
+    return d.real * d.real + d.imag * d.imag if d.dtype.kind == "c" else d * d
+
+
+def _times_conj(a, b, xp):
+    return (a * xp.conj(b)).real if a.dtype.kind == "c" else a * b
+
+
 def moments_merge(left, right):
     """Chan, Golub and LeVeque's pairwise update: the correction term uses the difference of the two
-    means (from the anchors), never a difference of large sums of squares."""
+    means (from the anchors), never a difference of large sums of squares.
+
+    A partial whose mean is inf or NaN (data with inf or NaN: its anchor is 0, its offset the mean)
+    merges as NumPy's sum would: the means add (inf + 1 = inf, inf - inf = NaN) and M2 is NaN, as
+    NumPy's var of data holding inf or NaN is (x - inf). Chan's update would give inf - inf = NaN for
+    a mean of [inf, 1]. An empty partial changes nothing (its mean means nothing)."""
     na, aa, oa, qa = left
     nb, ab, ob, qb = right
     n = na + nb
@@ -126,9 +138,19 @@ def moments_merge(left, right):
         share = np.where(n > 0, nb / np.where(n > 0, n, 1.0), 0.0)
         delta = (ab - aa) + (ob - oa)
         offset = oa + delta * share
-        m2 = qa + qb + delta * delta * na * share
-    empty = na == 0  # nothing on the left: its anchor means nothing, keep the right's
-    return n, np.where(empty, ab, aa), np.where(empty, ob, offset), np.where(empty, qb, m2)
+        m2 = qa + qb + _square(delta, np) * na * share
+        anchor = aa
+        ma, mb = aa + oa, ab + ob
+        finite = np.isfinite(ma) & np.isfinite(mb)
+        if not finite.all():
+            anchor = np.where(finite, aa, 0.0)
+            offset = np.where(finite, offset, ma + mb)
+            m2 = np.where(finite, m2, np.nan)
+    left_empty, right_empty = na == 0, nb == 0
+    anchor = np.where(left_empty, ab, np.where(right_empty, aa, anchor))
+    offset = np.where(left_empty, ob, np.where(right_empty, oa, offset))
+    m2 = np.where(left_empty, qb, np.where(right_empty, qa, m2))
+    return n, anchor, offset, m2
 
 
 def moments_mean(partial):
