@@ -144,6 +144,17 @@ def test_moments_with_inf_merge_as_numpy_on_every_chunking(name, values):
     check(name, np.stack([x, x[::-1]]), axis=1, rtol=1e-12)
 
 
+# finite data near DBL_MAX whose differences or squares overflow: the variance is inf, as NumPy's is
+# (where NumPy's own sum overflows as well, NumPy's mean is inf and ours exact: not these cases)
+OVERFLOW_CASES = [[-1.6e308, -1.39e308], [1.7e308, -1.7e308, 1.0], [1e200, -1e200, 3.0, 1e154]]
+
+
+@pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd"])
+@pytest.mark.parametrize("values", OVERFLOW_CASES, ids=range(len(OVERFLOW_CASES)))
+def test_variance_of_finite_data_that_overflows_is_inf_on_every_chunking(name, values):
+    check(name, np.array(values), rtol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_mean_of_inf_keeps_the_input_dtype(dtype):
     check("nanmean", np.array([INF, 1, NAN, 2], dtype=dtype), rtol=1e-3)

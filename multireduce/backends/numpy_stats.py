@@ -103,13 +103,25 @@ def moments_chunk(block, axes, skipnan: bool, xp=np):
             count = xp.full(kept, float(_size(block, axes)), dtype=np.float64)
         per = xp.maximum(count, 1.0)
         anchor = x.sum(axis=axes, keepdims=True) / per
+        rare = xp is not np or not bool(np.isfinite(anchor).all())  # no sync per chunk on the GPU
+        if rare:  # finite data whose sum overflows still has a finite mean (|mean| <= max |x|)
+            anchor = xp.where(xp.isfinite(anchor), anchor, (x / per).sum(axis=axes, keepdims=True))
         anchor = xp.where(xp.isfinite(anchor), anchor, 0.0)  # inf/NaN data: the offset carries them
         dev = x - anchor
         if valid is not None:
             dev = xp.where(valid, dev, 0.0)
         total = dev.sum(axis=axes, keepdims=True)
         offset = total / per
-        m2 = _square(dev, xp).sum(axis=axes, keepdims=True) - _times_conj(offset, total, xp)
+        squares = _square(dev, xp).sum(axis=axes, keepdims=True)
+        m2 = squares - _times_conj(offset, total, xp)
+        if rare or not bool(np.isfinite(m2).all()):
+            # squares past DBL_MAX around a finite mean: M2 is inf, as NumPy's var is (inf - inf here)
+            m2 = xp.where(xp.isinf(squares) & xp.isfinite(offset), np.inf, m2)
+            # finite data spread past DBL_MAX: the differences overflow, and so does the variance
+            data_finite = xp.isfinite(x if valid is None else xp.where(valid, x, 0.0)).all(axis=axes, keepdims=True)
+            wide = xp.isfinite(anchor) & ~xp.isfinite(offset) & data_finite
+            offset = xp.where(wide, 0.0, offset)
+            m2 = xp.where(wide, np.inf, m2)
         m2 = xp.maximum(m2, 0.0)  # the correction may round below zero; NaN stays NaN
     return count, anchor, offset, m2
 
@@ -142,8 +154,15 @@ def moments_merge(left, right):
         anchor = aa
         ma, mb = aa + oa, ab + ob
         finite = np.isfinite(ma) & np.isfinite(mb)
+        wide = finite & ~np.isfinite(delta)  # finite means whose difference overflows in pieces
+        if wide.any():
+            plain = mb - ma
+            close = np.isfinite(plain)  # else the means are more than DBL_MAX apart: M2 is inf
+            anchor = np.where(wide, np.where(close, ma, ma * (na / np.where(n > 0, n, 1.0)) + mb * share), anchor)
+            offset = np.where(wide, np.where(close, plain * share, 0.0), offset)
+            m2 = np.where(wide, np.where(close, qa + qb + plain * plain * na * share, np.inf), m2)
         if not finite.all():
-            anchor = np.where(finite, aa, 0.0)
+            anchor = np.where(finite, anchor, 0.0)
             offset = np.where(finite, offset, ma + mb)
             m2 = np.where(finite, m2, np.nan)
     left_empty, right_empty = na == 0, nb == 0
