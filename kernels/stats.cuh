@@ -160,15 +160,17 @@ struct MomentsStat {
   }
   template <int R>
   __device__ __forceinline__ static void visit_some(State& s, const T* v) {
-    if (s.n == 0.0) {  // no anchor yet (once per thread, or while only NaN came): one by one
+    double w[R];
 #pragma unroll
-      for (int k = 0; k < R; ++k) visit(s, v[k], 0);
-      return;
+    for (int k = 0; k < R; ++k) w[k] = convert<double>(v[k]);
+    if (s.n == 0.0) {  // no anchor yet (once per thread, or while only NaN came): the run's first finite value
+#pragma unroll
+      for (int k = R - 1; k >= 0; --k) s.anchor = finite(w[k]) ? w[k] : s.anchor;
     }
     double d[R], sum = 0.0, count = 0.0;
 #pragma unroll
     for (int k = 0; k < R; ++k) {
-      d[k] = convert<double>(v[k]) - s.anchor;
+      d[k] = w[k] - s.anchor;
       if (SkipNan) {
         const bool ok = !is_nan(d[k]);
         sum += ok ? d[k] : 0.0;
@@ -177,9 +179,8 @@ struct MomentsStat {
         sum += d[k];
       }
     }
-    if (!finite(sum)) {  // inf or NaN in the run, or differences that overflow: one by one (rare)
-#pragma unroll
-      for (int k = 0; k < R; ++k) visit(s, v[k], 0);
+    if (!finite(sum)) {  // inf or NaN in the run, or differences past DBL_MAX (rare)
+      s = merge(s, wide_run<R>(w));
       return;
     }
     if (SkipNan && count == 0.0) return;
@@ -192,6 +193,27 @@ struct MomentsStat {
       q += (SkipNan && is_nan(e)) ? 0.0 : e * e;
     }
     s = merge(s, State{n, s.anchor, mean, q});
+  }
+  // A run holding inf or NaN, or finite values whose differences from the anchor pass DBL_MAX. NumPy's
+  // mean of it is the values' sum over the count (inf, -inf or NaN once inf or NaN came: the State keeps
+  // it as its offset over anchor 0) and its M2 NaN once inf or NaN came (x - mean = inf - inf), else inf:
+  // the anchor is one of this thread's values, and a difference past DBL_MAX / R from it makes M2 >=
+  // (DBL_MAX / R)^2 / 2. Straight-line code without calls, so the unrolled fast path stays lean.
+  template <int R>
+  __device__ __forceinline__ static State wide_run(const double (&w)[R]) {
+    double count = 0.0;
+    bool finite_data = true;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const bool ok = !(SkipNan && is_nan(w[k]));
+      count += ok ? 1.0 : 0.0;
+      finite_data = finite_data && (!ok || finite(w[k]));
+    }
+    const double n = SkipNan ? count : double(R);
+    double mean = 0.0;
+#pragma unroll
+    for (int k = 0; k < R; ++k) mean += (SkipNan && is_nan(w[k])) ? 0.0 : w[k] / n;
+    return State{n, 0.0, mean, finite_data ? positive_infinity<double>() : quiet_nan<double>()};
   }
   __device__ __forceinline__ static State merge(const State& a, const State& b) {
     if (b.n == 0.0) return a;
@@ -206,7 +228,7 @@ struct MomentsStat {
   // the plain difference may not; if it does too, the means are more than DBL_MAX apart, so M2 >=
   // delta^2 * a.n * b.n / n is inf, and their weighted mean cannot overflow (they have opposite signs)
   // and becomes the anchor.
-  __device__ __noinline__ static State merge_wide(const State& a, const State& b, double n, double share) {
+  __device__ __forceinline__ static State merge_wide(const State& a, const State& b, double n, double share) {
     const double ma = a.anchor + a.mean, mb = b.anchor + b.mean;
     if (!finite(ma) || !finite(mb)) return State{n, 0.0, ma + mb, quiet_nan<double>()};
     const double delta = mb - ma;

@@ -142,13 +142,13 @@ class MomentsStat:
 
     def visit_some(self, s, v):
         R = len(v)
+        w = [float(k) for k in v]
         if s[0] == 0.0:
-            for k in v:
-                s = self.visit(s, k)
-            return s
+            for wk in reversed(w):
+                s = (s[0], wk if finite(wk) else s[1], s[2], s[3])
         d, total, count = [], 0.0, 0.0
-        for k in v:
-            d.append(float(k) - s[1])
+        for wk in w:
+            d.append(wk - s[1])
             if self.skipnan:
                 ok = not is_nan(d[-1])
                 total += d[-1] if ok else 0.0
@@ -156,9 +156,7 @@ class MomentsStat:
             else:
                 total += d[-1]
         if not finite(total):
-            for k in v:
-                s = self.visit(s, k)
-            return s
+            return self.merge(s, self.wide_run(w))
         if self.skipnan and count == 0.0:
             return s
         n = count if self.skipnan else float(R)
@@ -168,6 +166,18 @@ class MomentsStat:
             e = dk - mean
             q += 0.0 if (self.skipnan and is_nan(e)) else e * e
         return self.merge(s, (n, s[1], mean, q))
+
+    def wide_run(self, w):  # MomentsStat::wide_run
+        count, finite_data = 0.0, True
+        for wk in w:
+            ok = not (self.skipnan and is_nan(wk))
+            count += 1.0 if ok else 0.0
+            finite_data = finite_data and (not ok or finite(wk))
+        n = count if self.skipnan else float(len(w))
+        mean = 0.0
+        for wk in w:
+            mean += 0.0 if (self.skipnan and is_nan(wk)) else wk / n
+        return (n, 0.0, mean, INF if finite_data else NAN)
 
     def merge(self, a, b):
         if b[0] == 0.0:
