@@ -274,7 +274,29 @@ def _compiled(text: str, names: dict[str, str], what: str) -> dict[str, "Kernel"
 STANDALONE = {
     "stats.cuh": "multireduce.backends.cupy_stats:all_stats_instantiations",
     "exact.cuh": "multireduce.backends.cupy_exact:all_exact_instantiations",
+    "finish.cuh": "multireduce.kernels:all_finish_instantiations",
 }
+FINISH_ENTRY = "finish.cuh"
+
+
+def division_dtype(acc) -> np.dtype:
+    """What numpy.mean divides a sum accumulated in ``acc`` by the count in: a float sum in its own type,
+    an integer (or bool) sum in float64, since the count need not fit a narrow type such as int8."""
+    acc = np.dtype(acc)
+    return acc if acc.kind in "fc" else np.dtype(np.float64)
+
+
+def finish_names(acc, out) -> dict[str, str]:
+    """The finishing kernel (kernels/finish.cuh) of a reduction accumulated in ``acc`` with result ``out``:
+    the cast, and a mean's division in ``division_dtype(acc)``."""
+    return {"finish": f"mr::reduce_finish<{ctype(acc)}, {ctype(division_dtype(acc))}, {ctype(out)}>"}
+
+
+def all_finish_instantiations() -> list[str]:
+    """Every finishing kernel a built-in reduction can ask for: each GPU result dtype (any ``dtype=``) with
+    each accumulator ``dtypes.accumulator_dtype`` may give it on the GPU, whatever WIDE_FLOAT32_ON_GPU is."""
+    return sorted({finish_names(_dt.accumulator_dtype(out, accumulate, "gpu"), out)["finish"]
+                   for out in _dt.GPU_DTYPES for accumulate in ("input", "wide")})
 
 
 def standalone_instantiations(entry: str) -> list[str]:
