@@ -350,6 +350,17 @@ def fixed_lookback(op: Operator, acc) -> bool:
     return np.dtype(acc).kind in "fc" and op.cuda_functor not in ("mr::Min", "mr::Max", "mr::NanMin", "mr::NanMax")
 
 
+def _scan_passes(op: Operator, dtype: np.dtype, acc: np.dtype, out: np.dtype, policy: Policy) -> set[str]:
+    """The production scans of one (input, accumulator, result) triple, each with the policy's tile: the
+    scan itself, the carries (totals scanned in the accumulator) and the passes over accumulator data."""
+    names: set[str] = set()
+    for t_in, t_out in [(dtype, out), (dtype, acc), (acc, acc), (acc, out)]:
+        shape = policy.scan_shape(t_in.itemsize, acc.itemsize, t_out.itemsize)
+        names.update(scan_names(ctype(t_in), ctype(acc), ctype(t_out), op.cuda_functor, policy, shape,
+                                fixed_lookback(op, acc)).names.values())
+    return names
+
+
 def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[str, str, list[str]]]:
     """Every (operator name, entry, name expressions) group the dtype table produces, production and
     catalogue apart, for CI's nvcc check; ``candidates`` adds every look-back tile the sweep may pick
@@ -371,27 +382,15 @@ def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[st
             for t_in in (T, A):  # later passes run over partials in the accumulator
                 prod.update(reduce_names(t_in, A, F, policy).names.values())
                 cat.update(reduce_catalogue_names(t_in, A, F, policy).names.values())
-            # the scan itself, the carries (totals scanned in the accumulator) and the accumulator passes
-            for t_in, t_out, size_in, size_out in [(T, O, dtype.itemsize, out.itemsize),
-                                                   (T, A, dtype.itemsize, acc.itemsize),
-                                                   (A, A, acc.itemsize, acc.itemsize),
-                                                   (A, O, acc.itemsize, out.itemsize)]:
-                shape = policy.scan_shape(size_in, acc.itemsize, size_out)
-                prod.update(scan_names(t_in, A, t_out, F, policy, shape, fixed_lookback(op, acc)).names.values())
+            prod.update(_scan_passes(op, dtype, acc, out, policy))
             if opname == "sum" and candidates:  # every look-back tile the sweep may pick for these sizes
                 for candidate in SCAN_SHAPE_CANDIDATES[scan_size_class(dtype.itemsize, acc.itemsize, out.itemsize)]:
                     for fixed in {False, fixed_lookback(op, acc)}:
                         prod.add(scan_names(T, A, O, F, policy, candidate, fixed).names["lookback"])
             wide = _dt.wide_accumulator(out)
             if wide is not None and opname == "sum":  # float32 accumulated in float64 (dtypes.WIDE_FLOAT32)
-                W = ctype(wide)
-                prod.update(reduce_names(T, W, F, policy).names.values())
-                for t_in, t_out, size_in, size_out in [(T, O, dtype.itemsize, out.itemsize),
-                                                       (T, W, dtype.itemsize, wide.itemsize),
-                                                       (W, W, wide.itemsize, wide.itemsize),
-                                                       (W, O, wide.itemsize, out.itemsize)]:
-                    shape = policy.scan_shape(size_in, wide.itemsize, size_out)
-                    prod.update(scan_names(t_in, W, t_out, F, policy, shape, True).names.values())
+                prod.update(reduce_names(T, ctype(wide), F, policy).names.values())
+                prod.update(_scan_passes(op, dtype, wide, out, policy))
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = ctype(_dt.accumulator_dtype(_dt.result_dtype("mean", dtype)))
                 prod.update(reduce_names(T, mean_acc, F, policy).names.values())
