@@ -56,16 +56,13 @@ def accumulators(cupy, quick: bool, roof: dict[int, float]) -> list:
 
 
 def main(argv=None) -> list:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    accumulate_only = "--accumulate-only" in argv
-    argv = [a for a in argv if a != "--accumulate-only"]
-    cupy, torch, args, env = h.setup("reductions side by side", argv)
+    cupy, torch, args, env = h.setup("reductions side by side", argv, only="accumulate")
     roof: dict[int, float] = {}
     rows: list[h.Row] = accumulators(cupy, args.quick, roof)
     for r in rows:
         print(f"sum float32 2^{int(np.log2(r.n))} {r.impl}: {r.ratio_copy:.3f} x copy"
               + (f", {r.extra['time_vs_float32_acc']:.3f} x the float32 accumulator's time" if "time_vs_float32_acc" in r.extra else ""))
-    if accumulate_only:
+    if args.only:
         h.save(rows, "bench_reduce_accumulator", env)
         return rows
     sizes = [10, 14, 18, 20, 22, 24, 26, 28, 30] if not args.quick else [20, 26]

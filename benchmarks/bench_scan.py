@@ -101,14 +101,11 @@ def summary(rows: list) -> str:
 
 
 def main(argv=None) -> list:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    lookback_only = "--lookback-only" in argv
-    argv = [a for a in argv if a != "--lookback-only"]
-    cupy, torch, args, env = h.setup("scans side by side", argv)
+    cupy, torch, args, env = h.setup("scans side by side", argv, only="lookback")
     roof: dict[int, float] = {}
     rows: list[h.Row] = lookback_variants(cupy, args.quick, roof)
     print(summary(rows))
-    if lookback_only:
+    if args.only:
         h.save(rows, "bench_scan_lookback", env)
         return rows
     sizes = [16, 20, 22, 24, 26, 28, 30] if not args.quick else [20, 26]

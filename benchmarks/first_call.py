@@ -5,7 +5,8 @@ CuPy's own function in the same conditions, and what ``import multireduce`` adds
 
 Every measurement runs in its own subprocess whose CUPY_CACHE_DIR (and MULTIREDUCE_KERNEL_CACHE) is a new
 empty directory, so nothing compiled by an earlier run is reused. "first call" is the wall time of the
-first call plus a device synchronize; "second call" the same for the next call. ``--no-prebuilt`` sets
+first call plus a device synchronize; "second call" the same for the next call; "NVRTC runs" counts the
+compiles during both (0 for ours: the built-ins and what finishes them are prebuilt). ``--no-prebuilt`` sets
 MULTIREDUCE_NO_PREBUILT=1, to see what the run-time compiler costs without the shipped binaries.
 """
 
@@ -32,6 +33,10 @@ which, name, dtype, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 x = (cupy.random.random(n) * 2 + 0.5).astype(dtype)
 cupy.cuda.get_current_stream().synchronize()
 fn = getattr(mr if which == "multireduce" else cupy, name)
+from cupy.cuda import compiler  # every NVRTC run, ours and CuPy's elementwise kernels, goes through here
+compiles = []
+compile_using_nvrtc = compiler.compile_using_nvrtc
+compiler.compile_using_nvrtc = lambda *a, **k: compiles.append(1) or compile_using_nvrtc(*a, **k)
 times = []
 for _ in range(2):
     s = time.perf_counter()
@@ -40,7 +45,7 @@ for _ in range(2):
     times.append(time.perf_counter() - s)
 from multireduce import kernels
 print(json.dumps({"import_cupy": t1 - t0, "import_multireduce": t2 - t1, "first": times[0],
-                  "second": times[1], "prebuilt_modules": sum(map(bool, kernels._prebuilt_modules.values()))}))
+                  "second": times[1], "nvrtc": len(compiles), "prebuilt_modules": sum(map(bool, kernels._prebuilt_modules.values()))}))
 """
 
 FUNCTIONS = ["sum", "prod", "min", "max", "mean", "cumsum", "cumprod"]
@@ -66,8 +71,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-prebuilt", action="store_true")
     args = parser.parse_args(argv)
     print(f"| function ({args.dtype}, n={args.n}) | multireduce first ms | CuPy first ms | ratio | "
-          f"multireduce second ms | prebuilt modules loaded |")
-    print("|---|---|---|---|---|---|")
+          f"multireduce second ms | prebuilt modules loaded | NVRTC runs (ours / CuPy's) |")
+    print("|---|---|---|---|---|---|---|")
     imports = []
     for name in FUNCTIONS:
         ours = run("multireduce", name, args.dtype, args.n, not args.no_prebuilt)
@@ -75,7 +80,8 @@ def main(argv=None) -> int:
         imports.append(ours["import_multireduce"])
         ratio = ours["first"] / theirs["first"] if theirs["first"] > 0 else float("inf")
         print(f"| {name} | {ours['first'] * 1e3:.1f} | {theirs['first'] * 1e3:.1f} | {ratio:.2f} | "
-              f"{ours['second'] * 1e3:.2f} | {ours['prebuilt_modules']} |", flush=True)
+              f"{ours['second'] * 1e3:.2f} | {ours['prebuilt_modules']} | {ours['nvrtc']} / {theirs['nvrtc']} |",
+              flush=True)
     imports.sort()
     print(f"\nimport multireduce after import cupy: median {imports[len(imports) // 2]:.3f} s "
           f"(min {imports[0]:.3f}, max {imports[-1]:.3f})")

@@ -38,8 +38,9 @@ class Row:
         self.ms, self.gbps, self.ratio_copy = float(self.ms), float(self.gbps), float(self.ratio_copy)
 
 
-def setup(description: str, argv=None):
-    """(cupy, torch or None, parsed args with --quick, environment) for a benchmark script."""
+def setup(description: str, argv=None, only: str | None = None):
+    """(cupy, torch or None, parsed args with --quick, environment) for a benchmark script; ``only`` names
+    the script's first table, which ``--<only>-only`` runs alone (``args.only``)."""
     import argparse
 
     import cupy
@@ -50,6 +51,8 @@ def setup(description: str, argv=None):
         torch = None
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="two sizes only")
+    if only:
+        parser.add_argument(f"--{only}-only", dest="only", action="store_true", help=f"the {only} table only")
     return cupy, torch, parser.parse_args(argv), environment()
 
 

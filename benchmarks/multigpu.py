@@ -108,6 +108,17 @@ def breakdown(stream, wall: float, moved) -> dict:
                 outside_tasks_ms=max(wall - covered, 0.0) * 1e3)
 
 
+def float32_sizes(args, n_workers: int):
+    """(GiB per worker, log2 of the chunk, chunk, n) for each --per-gpu-gib x --chunk-log2 pair: n float32
+    elements, a whole number of chunks, skipped where not one chunk fits."""
+    for gib in [float(g) for g in args.per_gpu_gib.split(",")]:
+        for log2 in [int(c) for c in args.chunk_log2.split(",")]:
+            chunk = 2**log2
+            n = int(gib * n_workers * 2**30 // 4) // chunk * chunk
+            if n:
+                yield gib, log2, chunk, n
+
+
 def persist_placed(client, make, n_chunks: int, chunk: int, meta, kind: str):
     """The benchmark's data, generated where it will stay: with ``kind == "dask"``, Dask's own placement
     of ``map_blocks(...).persist()``; with ``"contiguous"``, worker w generates the w-th run of chunks.
@@ -297,24 +308,19 @@ def main(argv=None):
             skipped.append(f"{n_gpus} workers")
             continue
         with cluster_for(n_gpus) as cluster, distributed.Client(cluster) as client:
-            for gib in [float(g) for g in args.per_gpu_gib.split(",")]:
-                for log2 in [int(c) for c in args.chunk_log2.split(",")]:
-                    chunk = 2**log2
-                    n = int(gib * n_gpus * 2**30 // 4) // chunk * chunk
-                    if n == 0:
+            for gib, log2, chunk, n in float32_sizes(args, n_gpus):
+                for placement_kind in args.placements.split(","):
+                    if placement_kind == "contiguous" and n_gpus == 1:
+                        continue  # one worker: the same as Dask's placement
+                    if args.budget_s and time.time() - started > args.budget_s:
+                        skipped.append(f"{n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind}")
                         continue
-                    for placement_kind in args.placements.split(","):
-                        if placement_kind == "contiguous" and n_gpus == 1:
-                            continue  # one worker: the same as Dask's placement
-                        if args.budget_s and time.time() - started > args.budget_s:
-                            skipped.append(f"{n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind}")
-                            continue
-                        x, runs = persist_placed(client, make, n // chunk, chunk, meta, placement_kind)
-                        rows.extend(_measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args))
-                        wait_released(client, [x.name])
-                        del x
-                        if not args.cpu:
-                            client.run(lambda: __import__("cupy").get_default_memory_pool().free_all_blocks())
+                    x, runs = persist_placed(client, make, n // chunk, chunk, meta, placement_kind)
+                    rows.extend(_measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args))
+                    wait_released(client, [x.name])
+                    del x
+                    if not args.cpu:
+                        client.run(lambda: __import__("cupy").get_default_memory_pool().free_all_blocks())
     env = {"date": time.strftime("%Y-%m-%d %H:%M"), "workers": n_avail, "device": device,
            "seconds": round(time.time() - started, 1), "args": vars(args), "skipped_for_budget": skipped}
     _write(rows, env, out_dirs)

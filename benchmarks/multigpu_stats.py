@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "benchmarks"))
 
-from multigpu import _bounded, _make_block, _make_host_block, persist_placed, wait_released  # noqa: E402
+from multigpu import _bounded, _make_block, _make_host_block, float32_sizes, persist_placed, wait_released  # noqa: E402
 
 
 def _measure(client, x, args):
@@ -106,20 +106,15 @@ def main(argv=None):
     rows, started = [], time.time()
     for n_workers in [int(g) for g in args.gpus.split(",") if 0 < int(g) <= n_avail]:
         with cluster_for(n_workers) as cluster, distributed.Client(cluster) as client:
-            for gib in [float(g) for g in args.per_gpu_gib.split(",")]:
-                for log2 in [int(c) for c in args.chunk_log2.split(",")]:
-                    chunk = 2**log2
-                    n = int(gib * n_workers * 2**30 // 4) // chunk * chunk
-                    if n == 0:
-                        continue
-                    x, _runs = persist_placed(client, make, n // chunk, chunk, meta, "dask")
-                    for row in _measure(client, x, args):
-                        row.update(workers=n_workers, gib_per_worker=gib, chunk_log2=log2)
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-                    del x
-                    if not args.cpu:
-                        client.run(lambda: __import__("cupy").get_default_memory_pool().free_all_blocks())
+            for gib, log2, chunk, n in float32_sizes(args, n_workers):
+                x, _runs = persist_placed(client, make, n // chunk, chunk, meta, "dask")
+                for row in _measure(client, x, args):
+                    row.update(workers=n_workers, gib_per_worker=gib, chunk_log2=log2)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                del x
+                if not args.cpu:
+                    client.run(lambda: __import__("cupy").get_default_memory_pool().free_all_blocks())
     env = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "seconds": round(time.time() - started, 1),
            "args": vars(args)}
     out_dirs = ([] if args.cpu else [ROOT / "docs"]) + [Path(os.environ.get("OUT", "/tmp"))]

@@ -21,6 +21,7 @@ import numpy as np
 
 from .backends import backend_for
 from .errors import gpu_memory_guard
+from .kernels import division_dtype
 from .operators import Operator
 
 
@@ -74,17 +75,20 @@ class ReductionPlan:
         value = partial.value
         if partial.count == 0 and self.op.empty_is_error:
             raise ValueError(empty_error(self.op))
+        divisor = None
         if self.mean:
             if partial.count == 0:
                 warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
-                value = value * np.nan
-            else:
-                # as numpy.mean: integer and bool sums are divided in float64 and cast back (unsafe), since
-                # the count need not fit a narrow result type such as int8
-                count = self.acc_dtype.type(partial.count) if self.acc_dtype.kind in "fc" else float(partial.count)
-                value = value / count
+            # as numpy.mean, cast back unsafely; an empty mean divides by NaN, which gives NaN without
+            # numpy's divide-by-zero warning
+            divisor = division_dtype(self.acc_dtype).type(partial.count or np.nan)
         if not self.keepdims:
             value = value.squeeze(axis=self.axes)
+        finish = getattr(backend_for(value), "finish", None)
+        if finish is not None:  # the GPU's, prebuilt: CuPy's divide and astype would compile at first use
+            return finish(value, divisor, self.out_dtype)
+        if divisor is not None:
+            value = value / divisor
         return value.astype(self.out_dtype, copy=False)
 
     def aggregate(self, *partials: Partial):

@@ -274,7 +274,29 @@ def _compiled(text: str, names: dict[str, str], what: str) -> dict[str, "Kernel"
 STANDALONE = {
     "stats.cuh": "multireduce.backends.cupy_stats:all_stats_instantiations",
     "exact.cuh": "multireduce.backends.cupy_exact:all_exact_instantiations",
+    "finish.cuh": "multireduce.kernels:all_finish_instantiations",
 }
+FINISH_ENTRY = "finish.cuh"
+
+
+def division_dtype(acc) -> np.dtype:
+    """What numpy.mean divides a sum accumulated in ``acc`` by the count in: a float sum in its own type,
+    an integer (or bool) sum in float64, since the count need not fit a narrow type such as int8."""
+    acc = np.dtype(acc)
+    return acc if acc.kind in "fc" else np.dtype(np.float64)
+
+
+def finish_names(acc, out) -> dict[str, str]:
+    """The finishing kernel (kernels/finish.cuh) of a reduction accumulated in ``acc`` with result ``out``:
+    the cast, and a mean's division in ``division_dtype(acc)``."""
+    return {"finish": f"mr::reduce_finish<{ctype(acc)}, {ctype(division_dtype(acc))}, {ctype(out)}>"}
+
+
+def all_finish_instantiations() -> list[str]:
+    """Every finishing kernel a built-in reduction can ask for: each GPU result dtype (any ``dtype=``) with
+    each accumulator ``dtypes.accumulator_dtype`` may give it on the GPU, whatever WIDE_FLOAT32_ON_GPU is."""
+    return sorted({finish_names(_dt.accumulator_dtype(out, accumulate, "gpu"), out)["finish"]
+                   for out in _dt.GPU_DTYPES for accumulate in ("input", "wide")})
 
 
 def standalone_instantiations(entry: str) -> list[str]:
@@ -328,6 +350,17 @@ def fixed_lookback(op: Operator, acc) -> bool:
     return np.dtype(acc).kind in "fc" and op.cuda_functor not in ("mr::Min", "mr::Max", "mr::NanMin", "mr::NanMax")
 
 
+def _scan_passes(op: Operator, dtype: np.dtype, acc: np.dtype, out: np.dtype, policy: Policy) -> set[str]:
+    """The production scans of one (input, accumulator, result) triple, each with the policy's tile: the
+    scan itself, the carries (totals scanned in the accumulator) and the passes over accumulator data."""
+    names: set[str] = set()
+    for t_in, t_out in [(dtype, out), (dtype, acc), (acc, acc), (acc, out)]:
+        shape = policy.scan_shape(t_in.itemsize, acc.itemsize, t_out.itemsize)
+        names.update(scan_names(ctype(t_in), ctype(acc), ctype(t_out), op.cuda_functor, policy, shape,
+                                fixed_lookback(op, acc)).names.values())
+    return names
+
+
 def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[str, str, list[str]]]:
     """Every (operator name, entry, name expressions) group the dtype table produces, production and
     catalogue apart, for CI's nvcc check; ``candidates`` adds every look-back tile the sweep may pick
@@ -349,27 +382,15 @@ def all_instantiations(policy: Policy, candidates: bool = True) -> list[tuple[st
             for t_in in (T, A):  # later passes run over partials in the accumulator
                 prod.update(reduce_names(t_in, A, F, policy).names.values())
                 cat.update(reduce_catalogue_names(t_in, A, F, policy).names.values())
-            # the scan itself, the carries (totals scanned in the accumulator) and the accumulator passes
-            for t_in, t_out, size_in, size_out in [(T, O, dtype.itemsize, out.itemsize),
-                                                   (T, A, dtype.itemsize, acc.itemsize),
-                                                   (A, A, acc.itemsize, acc.itemsize),
-                                                   (A, O, acc.itemsize, out.itemsize)]:
-                shape = policy.scan_shape(size_in, acc.itemsize, size_out)
-                prod.update(scan_names(t_in, A, t_out, F, policy, shape, fixed_lookback(op, acc)).names.values())
+            prod.update(_scan_passes(op, dtype, acc, out, policy))
             if opname == "sum" and candidates:  # every look-back tile the sweep may pick for these sizes
                 for candidate in SCAN_SHAPE_CANDIDATES[scan_size_class(dtype.itemsize, acc.itemsize, out.itemsize)]:
                     for fixed in {False, fixed_lookback(op, acc)}:
                         prod.add(scan_names(T, A, O, F, policy, candidate, fixed).names["lookback"])
             wide = _dt.wide_accumulator(out)
             if wide is not None and opname == "sum":  # float32 accumulated in float64 (dtypes.WIDE_FLOAT32)
-                W = ctype(wide)
-                prod.update(reduce_names(T, W, F, policy).names.values())
-                for t_in, t_out, size_in, size_out in [(T, O, dtype.itemsize, out.itemsize),
-                                                       (T, W, dtype.itemsize, wide.itemsize),
-                                                       (W, W, wide.itemsize, wide.itemsize),
-                                                       (W, O, wide.itemsize, out.itemsize)]:
-                    shape = policy.scan_shape(size_in, wide.itemsize, size_out)
-                    prod.update(scan_names(t_in, W, t_out, F, policy, shape, True).names.values())
+                prod.update(reduce_names(T, ctype(wide), F, policy).names.values())
+                prod.update(_scan_passes(op, dtype, wide, out, policy))
             if opname == "sum":  # mean accumulates integers in float64
                 mean_acc = ctype(_dt.accumulator_dtype(_dt.result_dtype("mean", dtype)))
                 prod.update(reduce_names(T, mean_acc, F, policy).names.values())

@@ -141,3 +141,32 @@ def test_prebuilt_kernels_match_the_current_source():
         assert not missing, f"{entry}: {len(missing)} instantiations not prebuilt, e.g. {missing[0]}"
         total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
     assert total < 24e6, f"prebuilt binaries take {total / 1e6:.1f} MB"
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_prebuilt_finishing_kernels_cover_every_eager_reduction(monkeypatch, wide):
+    """Every (accumulator, result) pair a built-in reduction of CuPy data resolves to, any dtype= included,
+    names a finishing kernel (cast, mean's division) that the prebuilt list holds: one CuPy would compile
+    at first call otherwise. The names come from kernels.finish_names, as in cupy_backend.finish."""
+    import numpy as np
+
+    from multireduce import api, dtypes, kernels
+    from multireduce.operators import get_operator
+
+    monkeypatch.setattr(dtypes, "WIDE_FLOAT32_ON_GPU", wide)
+    built = set(kernels.standalone_instantiations(kernels.FINISH_ENTRY))
+    asked = set()
+    for name, mean in [("sum", False), ("prod", False), ("min", False), ("max", False), ("sum", True)]:
+        op = get_operator(name)
+        kinds = dtypes.ARITHMETIC_KINDS if mean else op.kinds
+        for dtype in dtypes.GPU_DTYPES:
+            if dtype.kind not in kinds:
+                continue
+            for requested in (None,) + tuple(d for d in dtypes.GPU_DTYPES if d.kind in kinds):
+                # a dict split_every is unhashable: the resolver's cache is bypassed, so `wide` is seen
+                plans, *_ = api._resolve_reduction("cupy", op, dtype, 1, None, requested, False, {0: 4}, "auto",
+                                                   mean, None, "test")
+                asked.add(kernels.finish_names(plans[-1].acc_dtype, plans[-1].out_dtype)["finish"])
+    assert "mr::reduce_finish<float, float, mr::half>" in asked and "mr::reduce_finish<double, double, double>" in asked
+    assert asked <= built, sorted(asked - built)
+    assert ("mr::reduce_finish<double, double, float>" in asked) == wide

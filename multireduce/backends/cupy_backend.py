@@ -271,7 +271,32 @@ class Launcher:
             space = spaces[stream] = (cupy.empty(rule[1], self.acc), cupy.zeros(1, dtype=np.uint32))
         out = cupy.empty((), self.acc)
         _launch_vectorized(kernel, rule, x, x.size, self.identity, out, space)
-        return out if self.cast is None else out.astype(self.cast)
+        return out if self.cast is None else finish(out, None, self.cast)
+
+
+@functools.lru_cache(maxsize=256)
+def _finish_kernel(device: int, acc: np.dtype, out: np.dtype):
+    return _k.get_standalone_kernels(_k.FINISH_ENTRY, _k.finish_names(acc, out))["finish"]
+
+
+def finish(value, divisor, out_dtype):
+    """``value`` (an accumulator array) as ``out_dtype``, divided first by ``divisor`` (a scalar of
+    ``kernels.division_dtype(value.dtype)``; None: no division): ``(value / divisor).astype(out_dtype)``
+    through our prebuilt kernel, since CuPy's would compile at first use. ``value`` itself where nothing
+    is to be done, as astype(copy=False)."""
+    out_dtype = np.dtype(out_dtype)
+    if divisor is None and value.dtype == out_dtype:
+        return value
+    value = cupy.ascontiguousarray(value)
+    out = cupy.empty(value.shape, out_dtype)
+    n = value.size
+    if n:
+        sms, p = _facts()
+        kernel = _finish_kernel(cupy.cuda.runtime.getDevice(), value.dtype, out_dtype)
+        grid = max(1, min(-(-n // p.elementwise_block), sms * 8))
+        kernel(grid, p.elementwise_block, (value, np.int64(n), _k.division_dtype(value.dtype).type(0 if divisor is None else divisor),
+                                           np.int32(divisor is not None), out))
+    return out
 
 
 def combine(op: Operator, values: list):
