@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends import backend_for
+from .dtypes import division_dtype
 from .errors import gpu_memory_guard
-from .kernels import division_dtype
 from .operators import Operator
 
 
@@ -78,7 +78,7 @@ class ReductionPlan:
         divisor = None
         if self.mean:
             if partial.count == 0:
-                warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
+                warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=2)
             # as numpy.mean, cast back unsafely; an empty mean divides by NaN, which gives NaN without
             # numpy's divide-by-zero warning
             divisor = division_dtype(self.acc_dtype).type(partial.count or np.nan)

@@ -115,3 +115,10 @@ def result_dtype(family: str, dtype: np.dtype, requested: np.dtype | None = None
 
 def gpu_supported(dtype: np.dtype) -> bool:
     return np.dtype(dtype) in CUDA_TYPE_NAMES
+
+
+def division_dtype(acc) -> np.dtype:
+    """What numpy.mean divides a sum accumulated in ``acc`` by the count in: a float sum in its own type,
+    an integer (or bool) sum in float64, since the count need not fit a narrow type such as int8."""
+    acc = np.dtype(acc)
+    return acc if acc.kind in "fc" else np.dtype(np.float64)

@@ -279,17 +279,10 @@ STANDALONE = {
 FINISH_ENTRY = "finish.cuh"
 
 
-def division_dtype(acc) -> np.dtype:
-    """What numpy.mean divides a sum accumulated in ``acc`` by the count in: a float sum in its own type,
-    an integer (or bool) sum in float64, since the count need not fit a narrow type such as int8."""
-    acc = np.dtype(acc)
-    return acc if acc.kind in "fc" else np.dtype(np.float64)
-
-
 def finish_names(acc, out) -> dict[str, str]:
     """The finishing kernel (kernels/finish.cuh) of a reduction accumulated in ``acc`` with result ``out``:
     the cast, and a mean's division in ``division_dtype(acc)``."""
-    return {"finish": f"mr::reduce_finish<{ctype(acc)}, {ctype(division_dtype(acc))}, {ctype(out)}>"}
+    return {"finish": f"mr::reduce_finish<{ctype(acc)}, {ctype(_dt.division_dtype(acc))}, {ctype(out)}>"}
 
 
 def all_finish_instantiations() -> list[str]:

@@ -20,6 +20,7 @@ import os
 import cupy
 import numpy as np
 
+from .. import dtypes as _dt
 from .. import kernels as _k
 from ..operators import Operator
 from ..tuning import policy as _policy
@@ -281,7 +282,7 @@ def _finish_kernel(device: int, acc: np.dtype, out: np.dtype):
 
 def finish(value, divisor, out_dtype):
     """``value`` (an accumulator array) as ``out_dtype``, divided first by ``divisor`` (a scalar of
-    ``kernels.division_dtype(value.dtype)``; None: no division): ``(value / divisor).astype(out_dtype)``
+    ``dtypes.division_dtype(value.dtype)``; None: no division): ``(value / divisor).astype(out_dtype)``
     through our prebuilt kernel, since CuPy's would compile at first use. ``value`` itself where nothing
     is to be done, as astype(copy=False)."""
     out_dtype = np.dtype(out_dtype)
@@ -294,7 +295,7 @@ def finish(value, divisor, out_dtype):
         sms, p = _facts()
         kernel = _finish_kernel(cupy.cuda.runtime.getDevice(), value.dtype, out_dtype)
         grid = max(1, min(-(-n // p.elementwise_block), sms * 8))
-        kernel(grid, p.elementwise_block, (value, np.int64(n), _k.division_dtype(value.dtype).type(0 if divisor is None else divisor),
+        kernel(grid, p.elementwise_block, (value, np.int64(n), _dt.division_dtype(value.dtype).type(0 if divisor is None else divisor),
                                            np.int32(divisor is not None), out))
     return out
 
