@@ -4,7 +4,7 @@
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
-# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), stats (statistics GPU tests and bench_stats), seg (bench_segments), exact (bench_exact --gpu-exact --quick),
+# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick),
 # exactfull (bench_exact --gpu-exact, 2^20..2^30), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
 # lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 # cub (CUB reduce / scan / segmented reduce through cuda.compute beside ours, CuPy, torch and the copy roof;
@@ -60,6 +60,8 @@ fi
 if has stats; then
   timeout 200 python3 -m pytest tests/gpu/test_gpu_statistics.py -m "gpu and not large" -q -p no:cacheprovider -p no:benchmark > "$OUT/gpu-stats.log" 2>&1 || rc=1
   grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu-stats.log" | head -20; tail -n 3 "$OUT/gpu-stats.log"
+fi
+if has stats || has statsbench; then
   timeout 200 python3 benchmarks/bench_stats.py > "$OUT/bench-stats.log" 2>&1 || rc=1
   tail -n 30 "$OUT/bench-stats.log"
 fi
