@@ -81,6 +81,82 @@ __device__ __forceinline__ T load_readonly(const T* p) {
   }
 }
 
+// ---- coalesced tile loads --------------------------------------------------------------------------
+// A thread folds ITEMS consecutive elements, but reading them straight from global memory makes a warp's
+// load touch 32 lines at a stride of ITEMS elements (L1 saturated, DRAM half idle). So each warp loads its
+// kWarp * ITEMS elements with consecutive lanes on consecutive 16-byte vectors (scalars where the warp's
+// part is not whole and aligned), stages them in a per-warp shared buffer and each thread reads its run
+// back (CUB's BLOCK_LOAD_WARP_TRANSPOSE). The buffer is counted in 32-bit words with one pad word per 32:
+// a thread's run is kWords words, so without the pad lanes reading word k of their runs would all hit one
+// bank. fetch() only issues the global loads, so callers can search offsets while they are in flight.
+template <class T, int ITEMS>
+struct WarpTransposeLoad {
+  static_assert((ITEMS * sizeof(T)) % 16 == 0, "a thread's items are whole 16-byte vectors");
+  static constexpr int kWords = ITEMS * sizeof(T) / 4;            // one thread's run
+  static constexpr int kVectors = kWords / 4;
+  static constexpr int kSharedWords = kWarp * kWords + kWords;     // one warp's buffer, pads included
+  union {
+    uint4 raw[kVectors];
+    T e[ITEMS];
+    unsigned w[kWords];
+  } u;
+  bool vectors;
+
+  __device__ __forceinline__ static int padded(int word) { return word + word / kWarp; }
+
+  // The warp's elements [warp_start, warp_start + kWarp * ITEMS) of ``in`` (those below n).
+  __device__ __forceinline__ void fetch(const T* in, index_t warp_start, index_t n) {
+    const int lane = threadIdx.x % kWarp;
+    vectors = warp_start + kWarp * ITEMS <= n && reinterpret_cast<unsigned long long>(in + warp_start) % 16 == 0;
+    if (vectors) {
+      const uint4* v = reinterpret_cast<const uint4*>(in + warp_start);
+#pragma unroll
+      for (int q = 0; q < kVectors; ++q) u.raw[q] = __ldg(v + q * kWarp + lane);
+    } else {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (warp_start + k * kWarp + lane < n) u.e[k] = in[warp_start + k * kWarp + lane];
+      }
+    }
+  }
+
+  // Afterwards u.e holds this thread's ITEMS consecutive elements (those past n undefined). ``buffer``:
+  // the warp's kSharedWords words, free on entry and on return.
+  __device__ __forceinline__ void transpose(unsigned* buffer) {
+    const int lane = threadIdx.x % kWarp;
+    if (vectors) {
+#pragma unroll
+      for (int q = 0; q < kVectors; ++q) {
+        const int word = 4 * (q * kWarp + lane);
+        buffer[padded(word)] = u.raw[q].x;
+        buffer[padded(word + 1)] = u.raw[q].y;
+        buffer[padded(word + 2)] = u.raw[q].z;
+        buffer[padded(word + 3)] = u.raw[q].w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) put(buffer, k * kWarp + lane, u.e[k]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) u.w[k] = buffer[padded(lane * kWords + k)];
+    __syncwarp();
+  }
+
+  // Element e of the warp's part at its padded place: sizes divide 4 or are multiples of it, so an
+  // element never straddles a pad; wide ones go word by word (a pad breaks their alignment).
+  __device__ __forceinline__ static void put(unsigned* buffer, int e, const T& v) {
+    if constexpr (sizeof(T) >= 4) {
+      const unsigned* words = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+      for (int j = 0; j < (int)(sizeof(T) / 4); ++j) buffer[padded(e * (int)(sizeof(T) / 4) + j)] = words[j];
+    } else {
+      const int byte = e * (int)sizeof(T);
+      *reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(buffer + padded(byte / 4)) + byte % 4) = v;
+    }
+  }
+};
+
 // ---- 1. where each tile's offsets begin --------------------------------------------------------------
 // tile_first[b] (b in [0, tiles]) = lower_bound(offsets, b * tile).
 __global__ void segment_tile_starts(const index_t* offsets, index_t m, index_t tile, index_t tiles,
@@ -107,33 +183,20 @@ __global__ void __launch_bounds__(BLOCK)
     segment_reduce_tiles(const T* in, index_t n, const index_t* offsets, index_t m, const index_t* tile_first,
                          Acc identity, Acc* out, int* tile_flag, Acc* tile_value, index_t* head_seg,
                          Acc* head_value) {
-  static_assert((ITEMS * sizeof(T)) % 16 == 0, "a thread's items are whole 16-byte vectors");
+  using Load = WarpTransposeLoad<T, ITEMS>;
   constexpr index_t kTile = (index_t)BLOCK * ITEMS;
-  constexpr int kVectors = ITEMS * sizeof(T) / 16;
   __shared__ int scratch_f[BLOCK / kWarp];
   __shared__ Acc scratch_v[BLOCK / kWarp];
   __shared__ index_t shared_head_seg;
   __shared__ Acc shared_head_value;
+  __shared__ unsigned staging[BLOCK / kWarp][Load::kSharedWords];
   Op op;
   const index_t tile_start = (index_t)blockIdx.x * kTile;
   const index_t a = tile_start + (index_t)threadIdx.x * ITEMS;  // this thread's first element
 
   // issue the loads first: the offset search below runs while they are in flight
-  union {
-    uint4 raw[kVectors];
-    T e[ITEMS];
-  } u;
-  const bool whole = tile_start + kTile <= n && reinterpret_cast<unsigned long long>(in) % 16 == 0;
-  if (whole) {
-    const uint4* v = reinterpret_cast<const uint4*>(in + a);
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) u.raw[k] = __ldg(v + k);
-  } else {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (a + k < n) u.e[k] = in[a + k];
-    }
-  }
+  Load load;
+  load.fetch(in, tile_start + (index_t)(threadIdx.x / kWarp) * kWarp * ITEMS, n);
 
   // s = the segment of element a - 1 (-1: before offsets[0]); the first head at or after a is
   // offsets[s + 1]. Offsets in [k_lo, k_hi) lie inside this tile.
@@ -145,6 +208,8 @@ __global__ void __launch_bounds__(BLOCK)
   }
   index_t s = lo - 1;
   index_t next = s + 1 < m ? __ldg(offsets + s + 1) : n;  // n: no head ahead
+  load.transpose(staging[threadIdx.x / kWarp]);
+  const auto& u = load.u;
 
   Acc acc = identity;
   bool closed = false;  // has this thread finished a segment?
@@ -280,12 +345,20 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   static_assert((ITEMS * sizeof(T)) % 16 == 0 && (ITEMS * sizeof(Out)) % 16 == 0,
                 "a thread's items are whole 16-byte vectors in and out");
   static_assert(ITEMS <= 32, "a thread's heads fit one 32-bit mask");
+  using Load = WarpTransposeLoad<T, ITEMS>;
   constexpr index_t kTile = (index_t)BLOCK * ITEMS;
-  constexpr int kVectors = ITEMS * sizeof(T) / 16;
   constexpr int kPerOut = 16 / sizeof(Out);
+  // Staged stores (pass 2) need BLOCK x (ITEMS x sizeof(Out) + 16) bytes of static shared memory (at most
+  // 48 KB): wider outputs go straight. They reuse the warp's load buffer, free again by then.
+  constexpr bool kStage = STAGED && BLOCK * (ITEMS * sizeof(Out) + 16) <= 48 * 1024;
+  constexpr int kRow = ITEMS + kPerOut;  // elements per lane's row in the store buffer
+  constexpr int kStageBytes = kStage ? kWarp * kRow * (int)sizeof(Out) : 0;
+  constexpr int kLoadBytes = Load::kSharedWords * 4;
+  constexpr int kWarpBytes = (kStageBytes > kLoadBytes ? kStageBytes : kLoadBytes) + 15 & ~15;
   __shared__ int scratch_f[BLOCK / kWarp];
   __shared__ Acc scratch_v[BLOCK / kWarp];
   __shared__ Acc tile_exclusive;
+  __shared__ __align__(16) unsigned char warp_space[BLOCK / kWarp][kWarpBytes];
   Op op;
   const LookbackState<Acc> st{words};
   const index_t tile = blockIdx.x;
@@ -293,21 +366,9 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   const index_t a = tile_start + (index_t)threadIdx.x * ITEMS;  // this thread's first element
   const int valid = (int)(n - a <= 0 ? 0 : (n - a < ITEMS ? n - a : ITEMS));
 
-  union {
-    uint4 raw[kVectors];
-    T e[ITEMS];
-  } u;
   const bool whole = tile_start + kTile <= n;
-  if (whole && reinterpret_cast<unsigned long long>(in) % 16 == 0) {
-    const uint4* v = reinterpret_cast<const uint4*>(in + a);
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) u.raw[k] = __ldg(v + k);
-  } else {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (k < valid) u.e[k] = in[a + k];
-    }
-  }
+  Load load;
+  load.fetch(in, tile_start + (index_t)(threadIdx.x / kWarp) * kWarp * ITEMS, n);
 
   // my heads, while the loads are in flight: the first offset at or after a, then each distinct one
   // below a + ITEMS (a run of repeats is skipped by one binary search, so a million equal offsets cost
@@ -337,6 +398,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     }
     if (a == 0 && !has_carry && valid > 0) heads |= 1u;  // nothing runs into element 0
   }
+  load.transpose(reinterpret_cast<unsigned*>(warp_space[threadIdx.x / kWarp]));
+  const auto& u = load.u;
 
   // pass 1: my (any head?, fold since my last head)
   Acc acc = identity;
@@ -390,14 +453,11 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     // results leave in 16-byte vectors: straight from each thread (its ITEMS consecutive outputs, so a
     // warp's store touches 32 lines, each only in part) or, STAGED, through a per-warp shared buffer
     // read back so that a warp's store is 512 contiguous bytes; rows padded by one vector so the lanes
-    // of a quarter-warp write distinct banks. Staging needs BLOCK x (ITEMS x sizeof(Out) + 16) bytes of
-    // static shared memory (at most 48 KB): wider outputs go straight.
-    constexpr bool kStage = STAGED && BLOCK * (ITEMS * sizeof(Out) + 16) <= 48 * 1024;
+    // of a quarter-warp write distinct banks.
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    constexpr int kRow = ITEMS + kPerOut;  // elements per lane's row in the buffer
     constexpr int kRowVectors = ITEMS / kPerOut;
-    __shared__ __align__(16) Out stage[kStage ? BLOCK / kWarp : 1][kStage ? kWarp * kRow : 1];
-    uint4* dst = kStage ? reinterpret_cast<uint4*>(&stage[warp][lane * kRow]) : reinterpret_cast<uint4*>(out + a);
+    Out* stage = reinterpret_cast<Out*>(warp_space[warp]);
+    uint4* dst = kStage ? reinterpret_cast<uint4*>(stage + lane * kRow) : reinterpret_cast<uint4*>(out + a);
 #pragma unroll
     for (int q = 0; q < kRowVectors; ++q) {
       union {
@@ -419,7 +479,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
 #pragma unroll
       for (int q = 0; q < kRowVectors; ++q) {
         const int v = q * kWarp + lane;  // the warp's v-th output vector: row v / kRowVectors of the buffer
-        warp_out[v] = reinterpret_cast<const uint4*>(&stage[warp][(v / kRowVectors) * kRow])[v % kRowVectors];
+        warp_out[v] = reinterpret_cast<const uint4*>(stage + (v / kRowVectors) * kRow)[v % kRowVectors];
       }
     }
   } else {
