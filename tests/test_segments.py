@@ -446,6 +446,6 @@ def test_segment_scan_form_follows_the_lookback_environment(monkeypatch):
     with pytest.raises(ValueError, match=LOOKBACK_ENV):
         cupy_segment.deterministic_scan()
     names = cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"), deterministic=True)
-    assert set(names) == {"starts", "check", "totals", "rescan", "prefixes"}
+    assert set(names) == {"starts", "check", "totals", "rescan", "group_totals", "carry_apply"}
     assert set(cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"))) == {
         "starts", "check", "scan"}
