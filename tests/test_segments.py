@@ -132,7 +132,41 @@ def _exclusive_seg_scan(pairs, op, identity):
     return out, run
 
 
-def _replay_segment_kernels(x, offsets, op, identity, block, items):
+def _replay_carry_pass(pairs, op, identity, seed, block, items):
+    """segment_carry_totals then segment_carry_apply: the pair entering each tile (seed before tile 0),
+    from groups of block * items consecutive tiles, each thread folding ``items`` of them, each block
+    folding the totals of the groups before it ``block`` at a time; the kernels' combination order."""
+    group = block * items
+    groups = -(-len(pairs) // group)
+
+    def thread_folds(g):
+        folds = []
+        for t in range(block):
+            mine = (False, identity)
+            for j in range(g * group + t * items, min(g * group + (t + 1) * items, len(pairs))):
+                mine = _seg_combine(mine, pairs[j], op)
+            folds.append(mine)
+        return folds
+
+    totals = [_exclusive_seg_scan(thread_folds(g), op, identity)[1] for g in range(groups - 1)]
+    entering = []
+    for g in range(groups):
+        group_carry = (False, seed)
+        for base in range(0, g, block):  # a round: one group total per thread, identities past g
+            chunk = totals[base:min(base + block, g)]
+            chunk += [(False, identity)] * (block - len(chunk))
+            group_carry = _seg_combine(group_carry, _exclusive_seg_scan(chunk, op, identity)[1], op)
+        befores, _ = _exclusive_seg_scan(thread_folds(g), op, identity)
+        for t, before in enumerate(befores):
+            carry = _seg_combine(group_carry, before, op)
+            for j in range(g * group + t * items, min(g * group + (t + 1) * items, len(pairs))):
+                entering.append(carry)
+                carry = _seg_combine(carry, pairs[j], op)
+    assert len(entering) == len(pairs)
+    return entering
+
+
+def _replay_segment_kernels(x, offsets, op, identity, block, items, carry_block=2, carry_items=2):
     n, m = len(x), len(offsets)
     out = [None] * m
     if m == 0 or n == 0:
@@ -191,7 +225,8 @@ def _replay_segment_kernels(x, offsets, op, identity, block, items):
         tile_pairs.append(total)
         heads.append(head)
     if tiles > 1:
-        carries, _ = _exclusive_seg_scan(tile_pairs, op, identity)
+        carries = _replay_carry_pass(tile_pairs, op, identity, identity, carry_block, carry_items)
+        assert carries == _exclusive_seg_scan(tile_pairs, op, identity)[0]
         for (seg, v), (_, carry) in zip(heads, carries):
             if seg >= 0:
                 assert out[seg] is None, "a segment written twice"
@@ -200,9 +235,10 @@ def _replay_segment_kernels(x, offsets, op, identity, block, items):
     return out
 
 
-@pytest.mark.parametrize("block,items", [(1, 1), (2, 3), (4, 2), (8, 4)])
+@pytest.mark.parametrize("block,items,carry_block,carry_items", [(1, 1, 1, 1), (2, 3, 2, 2), (4, 2, 2, 3), (8, 4, 4, 1),
+                                                                 (1, 1, 3, 2), (1, 2, 8, 8)])
 @pytest.mark.parametrize("n,m", [(1, 1), (1, 4), (31, 5), (33, 40), (97, 12), (200, 3), (257, 257)])
-def test_kernel_decomposition_replayed_on_cpu(n, m, block, items):
+def test_kernel_decomposition_replayed_on_cpu(n, m, block, items, carry_block, carry_items):
     rng = np.random.default_rng(n * 31 + m + block)
     op = matmul_operator()  # non-commutative: any reordering shows
     x = random_matrices(rng, n)
@@ -213,7 +249,8 @@ def test_kernel_decomposition_replayed_on_cpu(n, m, block, items):
         def mul(left, right):
             return int(op.combine(np.asarray([left], np.uint64), np.asarray([right], np.uint64))[0])
 
-        got = _replay_segment_kernels(x, offsets, mul, int(op.identity(np.dtype(np.uint64))), block, items)
+        got = _replay_segment_kernels(x, offsets, mul, int(op.identity(np.dtype(np.uint64))), block, items,
+                                      carry_block, carry_items)
         ends = np.append(offsets[1:], n)
         assert got == [sequential_fold(x[s:e]) for s, e in zip(offsets, ends)]
 
@@ -268,7 +305,8 @@ def _thread_heads(offsets, lo, hi, a, valid):
     return mask
 
 
-def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, rng, lookback=True):
+def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, rng, lookback=True, carry_block=2,
+                         carry_items=2):
     n = len(x)
     tile = block * items
     tiles = -(-n // tile)
@@ -328,8 +366,8 @@ def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, 
 
     if not lookback:  # the deterministic form: tile pairs, their exclusive scan from (no head, carry), rescan
         passes = [tile_pass_one(b) for b in range(tiles)]
-        entering, _ = _exclusive_seg_scan([total for _, _, total in passes], op, identity)
-        entering = [(False, seed)] + [_seg_combine((False, seed), e, op) for e in entering[1:]]
+        entering = _replay_carry_pass([total for _, _, total in passes], op, identity, seed, carry_block, carry_items)
+        entering[0] = (False, seed)  # the rescan takes the seed itself into tile 0: no identity folded in
         for (threads, befores, _), (_, value) in zip(passes, entering):
             tile_pass_two(threads, befores, value)
         assert all(o is not None for o in out)
@@ -381,10 +419,11 @@ def _segment_scan_reference(x, offsets, carry, mul, identity):
     return out
 
 
-@pytest.mark.parametrize("block,items,window,lookback", [(1, 1, 1, True), (2, 3, 2, True), (4, 2, 3, True),
-                                                         (4, 4, 32, True), (1, 1, 0, False), (4, 2, 0, False)])
+@pytest.mark.parametrize("block,items,window,lookback,carry_block,carry_items", [
+    (1, 1, 1, True, 2, 2), (2, 3, 2, True, 2, 2), (4, 2, 3, True, 2, 2), (4, 4, 32, True, 2, 2),
+    (1, 1, 0, False, 1, 1), (1, 1, 0, False, 2, 3), (4, 2, 0, False, 2, 2), (1, 2, 0, False, 8, 8)])
 @pytest.mark.parametrize("n", [1, 31, 97, 257])
-def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback):
+def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback, carry_block, carry_items):
     rng = np.random.default_rng(n * 13 + block + window)
     op = matmul_operator()  # non-commutative: any reordering shows
     x = [int(v) for v in random_matrices(rng, n)]
@@ -397,7 +436,8 @@ def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback):
                np.arange(n), np.sort(rng.integers(n // 2, n + 1, 4)))
     for offsets in layouts:
         for carry in (None, x[0]):
-            got = _replay_segment_scan(x, offsets, mul, identity, carry, block, items, window, rng, lookback)
+            got = _replay_segment_scan(x, offsets, mul, identity, carry, block, items, window, rng, lookback,
+                                       carry_block, carry_items)
             assert got == _segment_scan_reference(x, offsets, carry, mul, identity), (list(offsets), carry)
 
 
