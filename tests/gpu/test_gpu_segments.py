@@ -1,7 +1,7 @@
 """segment_reduce and segment_scan on the GPU (kernels/segment.cuh through backends/cupy_segment) against
 NumPy: reduceat semantics (empty segments give the identity) and per-segment cumsum / cumprod /
 accumulate; built-in operators over several dtypes, the nan-family, a non-commutative user operator,
-empty / single / one-element segments, segments straddling threads, tiles, fix-up rounds, look-back
+empty / single / one-element segments, segments straddling threads, tiles, carry groups, look-back
 windows and Dask chunks (carries), misaligned views, offsets on the GPU, and cases past 2^31 elements
 (``large``). The kernels' decompositions are replayed on the CPU in tests/test_segments.py."""
 
@@ -101,7 +101,7 @@ def test_builtin_operators_match_reduceat(opname, dtype, n):
 
 
 def test_float32_sum_at_2_24_plus_7_with_device_offsets():
-    """2049 tiles: segments cut by tile boundaries in the thousands, one fix-up round; offsets on the GPU."""
+    """2049 tiles (three carry groups): segments cut by tile boundaries in the thousands; offsets on the GPU."""
     n = (1 << 24) + 7
     rng = np.random.default_rng(24)
     host = rng.random(n, dtype=np.float32)
@@ -116,10 +116,10 @@ def test_float32_sum_at_2_24_plus_7_with_device_offsets():
         assert (err <= 1e-5 * (ref + 1.0)).all(), f"m={m}: worst {err.max()}"  # data >= 0: ref is the mass
 
 
-def test_many_tiles_and_fixup_rounds_exact():
-    """uint8 sums (uint64, exact) over 2^28 + 5 elements: 32769 tiles of 8192, so the fix-up block runs
-    three rounds (16384 tiles each); one segment spanning every tile, one starting late, and a million
-    short ones."""
+def test_many_tiles_and_carry_groups_exact():
+    """uint8 sums (uint64, exact) over 2^28 + 5 elements: 32769 tiles of 8192, so the carry pass runs 33
+    groups of 1024 tiles, the last holding one; one segment spanning every tile, one starting late, and
+    a million short ones."""
     n = (1 << 28) + 5
     rng = np.random.default_rng(28)
     x = cupy.random.randint(0, 256, n, dtype=cupy.uint8)
@@ -197,7 +197,7 @@ def test_segment_sum_past_2_31():
     free, _ = cupy.cuda.runtime.memGetInfo()
     if free < 12 * 2**30:
         pytest.skip(f"needs ~12 GiB of free GPU memory; {free / 2**30:.1f} GiB free")
-    n = (1 << 31) + 7  # uint8: 262145 tiles, 17 fix-up rounds; offsets and indices past 2^31
+    n = (1 << 31) + 7  # uint8: 262145 tiles, 257 carry groups (the last block folds 256 group totals); offsets and indices past 2^31
     x = cupy.random.randint(0, 256, size=n, dtype=cupy.uint8)
     host = cupy.asnumpy(x)
     rng = np.random.default_rng(31)
