@@ -489,3 +489,56 @@ def test_segment_scan_form_follows_the_lookback_environment(monkeypatch):
     assert set(names) == {"starts", "check", "totals", "rescan", "group_totals", "carry_apply"}
     assert set(cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"))) == {
         "starts", "check", "scan"}
+
+
+# ------------------------------------------------------------------------------------------------
+# WarpTransposeLoad (kernels/segment.cuh), replayed on bytes: a warp's part of the tile loaded by
+# consecutive lanes (16-byte vectors, or scalars in the partial / misaligned case) into the padded
+# per-warp buffer, then each thread's run read back. Every thread must get its ITEMS consecutive
+# elements, the buffer must hold everything, and no shared access of a warp may conflict on a bank.
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_warp_transpose_load_replayed_on_bytes(itemsize):
+    from multireduce.backends import cupy_segment
+
+    warp = 32
+    items = cupy_segment.items_per_thread(itemsize)
+    words = items * itemsize // 4  # kWords
+    assert items * itemsize % 16 == 0 and warp % words == 0  # the kernel's static_asserts
+    shared_words = warp * words + words  # kSharedWords
+
+    def padded(word):
+        return word + word // warp
+
+    data = np.random.default_rng(itemsize).integers(0, 256, warp * items * itemsize, dtype=np.uint8)
+    want = [data[t * items * itemsize:(t + 1) * items * itemsize] for t in range(warp)]
+    for vectors in (True, False):
+        buffer = np.full(shared_words * 4, -1, dtype=np.int64)  # bytes; -1: never written
+        if vectors:
+            for q in range(words // 4):
+                at = [padded(4 * (q * warp + lane)) for lane in range(warp)]
+                for j in range(4):
+                    assert len({(w + j) % warp for w in at}) == warp, "bank conflict writing vectors"
+                for lane, w in enumerate(at):
+                    v = q * warp + lane  # the lane's 16 bytes of global memory
+                    buffer[4 * w:4 * w + 16] = data[16 * v:16 * v + 16]
+        else:
+            for k in range(items):
+                for lane in range(warp):
+                    e = k * warp + lane
+                    src = data[e * itemsize:(e + 1) * itemsize]
+                    if itemsize >= 4:
+                        for j in range(itemsize // 4):
+                            w = padded(e * itemsize // 4 + j)
+                            buffer[4 * w:4 * w + 4] = src[4 * j:4 * j + 4]
+                    else:
+                        byte = e * itemsize
+                        at = 4 * padded(byte // 4) + byte % 4
+                        buffer[at:at + itemsize] = src
+        assert (buffer >= 0).sum() == warp * words * 4, "elements overlap or fall outside the buffer"
+        runs = [padded(lane * words) for lane in range(warp)]
+        for k in range(words):
+            assert len({(r + k) % warp for r in runs}) == warp, "bank conflict reading runs"
+        for lane, r in enumerate(runs):
+            assert padded(lane * words + words - 1) == r + words - 1  # a run never straddles a pad
+            np.testing.assert_array_equal(buffer[4 * r:4 * (r + words)], want[lane])
