@@ -8,14 +8,15 @@
 //   1. segment_tile_starts: tile_first[b] = first offset index with offsets[k] >= b*TILE (one binary
 //      search per tile, so no thread of step 2 searches the whole offset array).
 //   2. segment_reduce_tiles: thread t of block b folds ITEMS consecutive elements (coalesced loads
-//      through shared memory, WarpTransposeLoad), walking the segment heads that fall among them. A segment
-//      closes at the next head (or at n): closures the thread saw wholly are written at once; the
+//      through shared memory, WarpTransposeLoad), walking the segment heads that fall among them. A
+//      segment closes at the next head (or at n): closures the thread saw wholly are written at once; the
 //      thread's first closure (its segment began in an earlier thread) waits for a block-wide segmented
 //      exclusive scan of the threads' (closed anything?, fold since the last head) pairs. The one first
 //      closure whose chain reaches the tile start (the segment began in an earlier tile) is the tile's
 //      "head": its partial is stored with the tile's own (flag, fold) pair.
 //   3. segment_carry_totals / segment_carry_apply: the tiles' pairs scanned in tile order (segmented,
-//      exclusive) by many blocks in a fixed tree, finishing every tile's head: out[seg] = op(carry, partial).
+//      exclusive) by many blocks in a fixed tree, finishing every tile's head: out[seg] = op(carry,
+//      partial).
 // Every combination is op(earlier, later), so non-commutative operators are exact.
 //
 // The segmented inclusive scan (segment_scan_tiles, below) is one pass with decoupled look-back.
@@ -114,7 +115,7 @@ struct WarpTransposeLoad {
       const uint4* v = reinterpret_cast<const uint4*>(in + warp_start);
 #pragma unroll
       for (int q = 0; q < kVectors; ++q) u.raw[q] = __ldg(v + q * kWarp + lane);
-    } else {  // int bounds: a 64-bit compare per item costs the scan kernels registers they lack
+    } else {  // int bounds: the part is at most kWarp * ITEMS long
       const int rest = (int)(n - warp_start < kWarp * ITEMS ? n - warp_start : kWarp * ITEMS) - lane;
       const T* from = in + warp_start + lane;
 #pragma unroll
@@ -359,9 +360,10 @@ __global__ void __launch_bounds__(BLOCK)
 // out[i] = the fold of x[h..i], h the last head at or before i (a head: a start offset below n; repeats
 // count once); elements before the first head continue the running value ``carry`` handed on by
 // earlier Dask chunks (has_carry), else element 0 is a head. Balanced by elements as the reduction:
-// block b scans the tile [b*TILE, (b+1)*TILE), thread t ITEMS consecutive elements (16-byte loads and
-// stores where the tile is whole and aligned; loads through WarpTransposeLoad; STAGED: stores through shared memory, see pass 2), its
-// heads a bit mask (ITEMS <= 32) built from the offsets tile_first (segment_tile_starts) gives the tile.
+// block b scans the tile [b*TILE, (b+1)*TILE), thread t ITEMS consecutive elements (coalesced loads
+// through WarpTransposeLoad; 16-byte stores where the tile is whole and aligned, STAGED: through shared
+// memory, see pass 2), its heads a bit mask (ITEMS <= 32) built from the offsets tile_first
+// (segment_tile_starts) gives the tile.
 // The look-back is scan.cuh's over plain values, because a tile holding a head knows its inclusive
 // prefix without looking back (the fold since its last head): it publishes PREFIX at once, so a chain
 // of AGGREGATEs never crosses a head, and folding plain values from the nearest PREFIX is the
