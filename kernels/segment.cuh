@@ -4,18 +4,19 @@
 // Work is balanced by ELEMENTS, not by segments: block b takes the tile [b*TILE, (b+1)*TILE) whatever
 // the segments, so 10^7 segments of ~27 elements cost what one segment of 2^28 does (a segment per
 // block or warp, as CUB's DeviceSegmentedReduce and torch.segment_reduce do, starves the GPU on small
-// segments and on one huge one). Three launches:
+// segments and on one huge one). Four launches (three while the tiles fit one carry group):
 //   1. segment_tile_starts: tile_first[b] = first offset index with offsets[k] >= b*TILE (one binary
 //      search per tile, so no thread of step 2 searches the whole offset array).
-//   2. segment_reduce_tiles: thread t of block b folds ITEMS consecutive elements (16-byte vector loads
-//      where the tile is whole and aligned), walking the segment heads that fall among them. A segment
-//      closes at the next head (or at n): closures the thread saw wholly are written at once; the
+//   2. segment_reduce_tiles: thread t of block b folds ITEMS consecutive elements (coalesced loads
+//      through shared memory, WarpTransposeLoad), walking the segment heads that fall among them. A
+//      segment closes at the next head (or at n): closures the thread saw wholly are written at once; the
 //      thread's first closure (its segment began in an earlier thread) waits for a block-wide segmented
 //      exclusive scan of the threads' (closed anything?, fold since the last head) pairs. The one first
 //      closure whose chain reaches the tile start (the segment began in an earlier tile) is the tile's
 //      "head": its partial is stored with the tile's own (flag, fold) pair.
-//   3. segment_fixup: one block scans the tiles' pairs in tile order (segmented, exclusive) and
-//      finishes every tile's head: out[seg] = op(carry, partial).
+//   3. segment_carry_totals / segment_carry_apply: the tiles' pairs scanned in tile order (segmented,
+//      exclusive) by many blocks in a fixed tree, finishing every tile's head: out[seg] = op(carry,
+//      partial).
 // Every combination is op(earlier, later), so non-commutative operators are exact.
 //
 // The segmented inclusive scan (segment_scan_tiles, below) is one pass with decoupled look-back.
@@ -81,6 +82,87 @@ __device__ __forceinline__ T load_readonly(const T* p) {
   }
 }
 
+// ---- coalesced tile loads --------------------------------------------------------------------------
+// A thread folds ITEMS consecutive elements, but reading them straight from global memory makes a warp's
+// load touch 32 lines at a stride of ITEMS elements (L1 saturated, DRAM half idle). So each warp loads its
+// kWarp * ITEMS elements with consecutive lanes on consecutive 16-byte vectors (scalars where the warp's
+// part is not whole and aligned), stages them in a per-warp shared buffer and each thread reads its run
+// back (CUB's BLOCK_LOAD_WARP_TRANSPOSE). The buffer is counted in 32-bit words with one pad word per 32:
+// a thread's run is kWords words, so without the pad lanes reading word k of their runs would all hit one
+// bank. fetch() only issues the global loads, so callers can search offsets while they are in flight.
+template <class T, int ITEMS>
+struct WarpTransposeLoad {
+  static_assert((ITEMS * sizeof(T)) % 16 == 0, "a thread's items are whole 16-byte vectors");
+  static constexpr int kWords = ITEMS * sizeof(T) / 4;            // one thread's run
+  static constexpr int kVectors = kWords / 4;
+  static constexpr int kSharedWords = kWarp * kWords + kWords;     // one warp's buffer, pads included
+  static_assert(kWarp % kWords == 0, "a thread's run (and each 16-byte vector) lies within one padded row,"
+                " so its words sit at constant offsets from one address");
+  union {
+    uint4 raw[kVectors];
+    T e[ITEMS];
+    unsigned w[kWords];
+  } u;
+  bool vectors;
+
+  __device__ __forceinline__ static int padded(int word) { return word + word / kWarp; }
+
+  // The warp's elements [warp_start, warp_start + kWarp * ITEMS) of ``in`` (those below n).
+  __device__ __forceinline__ void fetch(const T* in, index_t warp_start, index_t n) {
+    const int lane = threadIdx.x % kWarp;
+    vectors = warp_start + kWarp * ITEMS <= n && reinterpret_cast<unsigned long long>(in + warp_start) % 16 == 0;
+    if (vectors) {
+      const uint4* v = reinterpret_cast<const uint4*>(in + warp_start);
+#pragma unroll
+      for (int q = 0; q < kVectors; ++q) u.raw[q] = __ldg(v + q * kWarp + lane);
+    } else {  // int bounds: the part is at most kWarp * ITEMS long
+      const int rest = (int)(n - warp_start < kWarp * ITEMS ? n - warp_start : kWarp * ITEMS) - lane;
+      const T* from = in + warp_start + lane;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (k * kWarp < rest) u.e[k] = from[k * kWarp];
+      }
+    }
+  }
+
+  // Afterwards u.e holds this thread's ITEMS consecutive elements (those past n undefined). ``buffer``:
+  // the warp's kSharedWords words, free on entry and on return.
+  __device__ __forceinline__ void transpose(unsigned* buffer) {
+    const int lane = threadIdx.x % kWarp;
+    if (vectors) {
+#pragma unroll
+      for (int q = 0; q < kVectors; ++q) {
+        unsigned* to = buffer + padded(4 * (q * kWarp + lane));
+        to[0] = u.raw[q].x;
+        to[1] = u.raw[q].y;
+        to[2] = u.raw[q].z;
+        to[3] = u.raw[q].w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) put(buffer, k * kWarp + lane, u.e[k]);
+    }
+    __syncwarp();
+    const unsigned* run = buffer + padded(lane * kWords);
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) u.w[k] = run[k];
+    __syncwarp();
+  }
+
+  // Element e of the warp's part at its padded place: sizes divide 4 or are multiples of it, so an
+  // element never straddles a pad; wide ones go word by word (a pad breaks their alignment).
+  __device__ __forceinline__ static void put(unsigned* buffer, int e, const T& v) {
+    if constexpr (sizeof(T) >= 4) {
+      const unsigned* words = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+      for (int j = 0; j < (int)(sizeof(T) / 4); ++j) buffer[padded(e * (int)(sizeof(T) / 4) + j)] = words[j];
+    } else {
+      const int byte = e * (int)sizeof(T);
+      *reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(buffer + padded(byte / 4)) + byte % 4) = v;
+    }
+  }
+};
+
 // ---- 1. where each tile's offsets begin --------------------------------------------------------------
 // tile_first[b] (b in [0, tiles]) = lower_bound(offsets, b * tile).
 __global__ void segment_tile_starts(const index_t* offsets, index_t m, index_t tile, index_t tiles,
@@ -107,33 +189,20 @@ __global__ void __launch_bounds__(BLOCK)
     segment_reduce_tiles(const T* in, index_t n, const index_t* offsets, index_t m, const index_t* tile_first,
                          Acc identity, Acc* out, int* tile_flag, Acc* tile_value, index_t* head_seg,
                          Acc* head_value) {
-  static_assert((ITEMS * sizeof(T)) % 16 == 0, "a thread's items are whole 16-byte vectors");
+  using Load = WarpTransposeLoad<T, ITEMS>;
   constexpr index_t kTile = (index_t)BLOCK * ITEMS;
-  constexpr int kVectors = ITEMS * sizeof(T) / 16;
   __shared__ int scratch_f[BLOCK / kWarp];
   __shared__ Acc scratch_v[BLOCK / kWarp];
   __shared__ index_t shared_head_seg;
   __shared__ Acc shared_head_value;
+  __shared__ unsigned staging[BLOCK / kWarp][Load::kSharedWords];
   Op op;
   const index_t tile_start = (index_t)blockIdx.x * kTile;
   const index_t a = tile_start + (index_t)threadIdx.x * ITEMS;  // this thread's first element
 
   // issue the loads first: the offset search below runs while they are in flight
-  union {
-    uint4 raw[kVectors];
-    T e[ITEMS];
-  } u;
-  const bool whole = tile_start + kTile <= n && reinterpret_cast<unsigned long long>(in) % 16 == 0;
-  if (whole) {
-    const uint4* v = reinterpret_cast<const uint4*>(in + a);
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) u.raw[k] = __ldg(v + k);
-  } else {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (a + k < n) u.e[k] = in[a + k];
-    }
-  }
+  Load load;
+  load.fetch(in, tile_start + (index_t)(threadIdx.x / kWarp) * kWarp * ITEMS, n);
 
   // s = the segment of element a - 1 (-1: before offsets[0]); the first head at or after a is
   // offsets[s + 1]. Offsets in [k_lo, k_hi) lie inside this tile.
@@ -145,6 +214,8 @@ __global__ void __launch_bounds__(BLOCK)
   }
   index_t s = lo - 1;
   index_t next = s + 1 < m ? __ldg(offsets + s + 1) : n;  // n: no head ahead
+  load.transpose(staging[threadIdx.x / kWarp]);
+  const auto& u = load.u;
 
   Acc acc = identity;
   bool closed = false;  // has this thread finished a segment?
@@ -211,41 +282,77 @@ __global__ void __launch_bounds__(BLOCK)
   }
 }
 
-// ---- 3. the cut segments ---------------------------------------------------------------------------
-// One block walks the tiles in order, ITEMS per thread per round: the carry into tile j is the
-// segmented fold of tiles [0, j); tile j's head segment gets op(carry, head_value[j]). The pairs are
-// read twice (fold, then walk) rather than held: at 1024 threads registers are short, and the second
-// read hits L2. Read-only loads (written by the previous launch) and unrolled walks, so the compiler
-// issues a thread's loads together instead of one L2 round trip per tile behind each store to out.
+// ---- 3. the carries between tiles ----------------------------------------------------------------------
+// The running (flag, value) pair entering each tile is the segmented fold of the pairs of the tiles
+// before it, in tile order. Two launches, each a fixed combination tree, so the same bits on every run:
+//   segment_carry_totals: block g folds the pairs of its group, tiles [g*GROUP, (g+1)*GROUP) (GROUP =
+//     BLOCK x ITEMS, ITEMS consecutive tiles per thread), into group_flag[g] / group_value[g];
+//   segment_carry_apply: block g folds the totals of groups [0, g) (BLOCK at a time), scans its group's
+//     pairs and hands each tile j the pair entering it. HEADS (the reduction): tile j's head segment gets
+//     op(entering, head_value[j]). Else (the deterministic scan): tile_value[j] becomes the entering
+//     value, in place (a thread reads each of its pairs before it overwrites it, and no other reads them).
+// With one group the first launch is skipped. seed: the value entering tile 0 (a Dask chunk's carry).
+template <class Acc, class Op, int ITEMS>
+__device__ __forceinline__ Seg<Acc> fold_tile_pairs(index_t j0, index_t tiles, const int* tile_flag,
+                                                    const Acc* tile_value, Acc identity, Op op) {
+  Seg<Acc> mine{0, identity};
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    if (j0 + k < tiles) mine = seg_combine(mine, Seg<Acc>{tile_flag[j0 + k], tile_value[j0 + k]}, op);
+  }
+  return mine;
+}
+
 template <class Acc, class Op, int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK)
-    segment_fixup(index_t tiles, const int* tile_flag, const Acc* tile_value, const index_t* head_seg,
-                  const Acc* head_value, Acc identity, Acc* out) {
+    segment_carry_totals(index_t tiles, const int* tile_flag, const Acc* tile_value, Acc identity, int* group_flag,
+                         Acc* group_value) {
   __shared__ int scratch_f[BLOCK / kWarp];
   __shared__ Acc scratch_v[BLOCK / kWarp];
   Op op;
-  Seg<Acc> running{0, identity};  // the fold of the tiles of earlier rounds (same in every thread)
-  for (index_t base = 0; base < tiles; base += (index_t)BLOCK * ITEMS) {
-    const index_t j0 = base + (index_t)threadIdx.x * ITEMS;
-    Seg<Acc> mine{0, identity};
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (j0 + k < tiles) {
-        mine = seg_combine(mine, Seg<Acc>{__ldg(tile_flag + j0 + k), load_readonly(tile_value + j0 + k)}, op);
-      }
-    }
+  const index_t j0 = ((index_t)blockIdx.x * BLOCK + threadIdx.x) * ITEMS;
+  const Seg<Acc> mine = fold_tile_pairs<Acc, Op, ITEMS>(j0, tiles, tile_flag, tile_value, identity, op);
+  Seg<Acc> total;
+  block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
+  if (threadIdx.x == 0) {
+    group_flag[blockIdx.x] = total.flag;
+    group_value[blockIdx.x] = total.value;
+  }
+}
+
+template <class Acc, class Op, int BLOCK, int ITEMS, bool HEADS>
+__global__ void __launch_bounds__(BLOCK)
+    segment_carry_apply(index_t tiles, const int* tile_flag, Acc* tile_value, const index_t* head_seg,
+                        const Acc* head_value, const int* group_flag, const Acc* group_value, Acc identity,
+                        Acc seed, Acc* out) {
+  __shared__ int scratch_f[BLOCK / kWarp];
+  __shared__ Acc scratch_v[BLOCK / kWarp];
+  Op op;
+  Seg<Acc> entering{0, seed};  // the fold of the earlier groups (same in every thread)
+  for (index_t base = 0; base < (index_t)blockIdx.x; base += BLOCK) {
+    const index_t g = base + threadIdx.x;
+    const Seg<Acc> pair = g < (index_t)blockIdx.x ? Seg<Acc>{group_flag[g], group_value[g]} : Seg<Acc>{0, identity};
     Seg<Acc> total;
-    const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
-    Seg<Acc> carry = seg_combine(running, before, op);
+    block_segmented_exclusive_scan<BLOCK>(pair, op, identity, scratch_f, scratch_v, &total);
+    entering = seg_combine(entering, total, op);
+  }
+  const index_t j0 = ((index_t)blockIdx.x * BLOCK + threadIdx.x) * ITEMS;
+  const Seg<Acc> mine = fold_tile_pairs<Acc, Op, ITEMS>(j0, tiles, tile_flag, tile_value, identity, op);
+  Seg<Acc> total;
+  const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
+  Seg<Acc> carry = seg_combine(entering, before, op);
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (j0 + k < tiles) {
-        const index_t seg = __ldg(head_seg + j0 + k);
-        if (seg >= 0) out[seg] = op(carry.value, load_readonly(head_value + j0 + k));
-        carry = seg_combine(carry, Seg<Acc>{__ldg(tile_flag + j0 + k), load_readonly(tile_value + j0 + k)}, op);
+  for (int k = 0; k < ITEMS; ++k) {
+    if (j0 + k < tiles) {
+      const Seg<Acc> pair{tile_flag[j0 + k], tile_value[j0 + k]};
+      if constexpr (HEADS) {
+        const index_t seg = head_seg[j0 + k];
+        if (seg >= 0) out[seg] = op(carry.value, head_value[j0 + k]);
+      } else {
+        tile_value[j0 + k] = carry.value;
       }
+      carry = seg_combine(carry, pair, op);
     }
-    running = seg_combine(running, total, op);
   }
 }
 
@@ -253,9 +360,10 @@ __global__ void __launch_bounds__(BLOCK)
 // out[i] = the fold of x[h..i], h the last head at or before i (a head: a start offset below n; repeats
 // count once); elements before the first head continue the running value ``carry`` handed on by
 // earlier Dask chunks (has_carry), else element 0 is a head. Balanced by elements as the reduction:
-// block b scans the tile [b*TILE, (b+1)*TILE), thread t ITEMS consecutive elements (16-byte loads and
-// stores where the tile is whole and aligned; STAGED: stores through shared memory, see pass 2), its
-// heads a bit mask (ITEMS <= 32) built from the offsets tile_first (segment_tile_starts) gives the tile.
+// block b scans the tile [b*TILE, (b+1)*TILE), thread t ITEMS consecutive elements (coalesced loads
+// through WarpTransposeLoad; 16-byte stores where the tile is whole and aligned, STAGED: through shared
+// memory, see pass 2), its heads a bit mask (ITEMS <= 32) built from the offsets tile_first
+// (segment_tile_starts) gives the tile.
 // The look-back is scan.cuh's over plain values, because a tile holding a head knows its inclusive
 // prefix without looking back (the fold since its last head): it publishes PREFIX at once, so a chain
 // of AGGREGATEs never crosses a head, and folding plain values from the nearest PREFIX is the
@@ -265,7 +373,8 @@ __global__ void __launch_bounds__(BLOCK)
 // last bits run to run (exact combines do not). Words must be zero before the launch.
 // MODE 0 is that one pass. The same code also runs the deterministic three-pass form (reduce, then
 // scan): MODE 1 only writes each tile's (any head?, fold since its last head) pair to tile_flag /
-// tile_value; segment_scan_prefixes turns those into the running value entering each tile, in place;
+// tile_value; the carry pass (segment_carry_totals / _apply) turns those into the running value entering
+// each tile, in place;
 // MODE 2 rescans each tile from it. Every fold there has a fixed shape: the same bits on every run,
 // for the price of reading the data twice.
 // Four blocks of 256 per SM (64 registers): 128 KB of loads in flight per SM; ptxas left alone takes 70
@@ -280,12 +389,20 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   static_assert((ITEMS * sizeof(T)) % 16 == 0 && (ITEMS * sizeof(Out)) % 16 == 0,
                 "a thread's items are whole 16-byte vectors in and out");
   static_assert(ITEMS <= 32, "a thread's heads fit one 32-bit mask");
+  using Load = WarpTransposeLoad<T, ITEMS>;
   constexpr index_t kTile = (index_t)BLOCK * ITEMS;
-  constexpr int kVectors = ITEMS * sizeof(T) / 16;
   constexpr int kPerOut = 16 / sizeof(Out);
+  // Staged stores (pass 2) need BLOCK x (ITEMS x sizeof(Out) + 16) bytes of static shared memory (at most
+  // 48 KB): wider outputs go straight. They reuse the warp's load buffer, free again by then.
+  constexpr bool kStage = STAGED && BLOCK * (ITEMS * sizeof(Out) + 16) <= 48 * 1024;
+  constexpr int kRow = ITEMS + kPerOut;  // elements per lane's row in the store buffer
+  constexpr int kStageBytes = kStage ? kWarp * kRow * (int)sizeof(Out) : 0;
+  constexpr int kLoadBytes = Load::kSharedWords * 4;
+  constexpr int kWarpBytes = (kStageBytes > kLoadBytes ? kStageBytes : kLoadBytes) + 15 & ~15;
   __shared__ int scratch_f[BLOCK / kWarp];
   __shared__ Acc scratch_v[BLOCK / kWarp];
   __shared__ Acc tile_exclusive;
+  __shared__ __align__(16) unsigned char warp_space[BLOCK / kWarp][kWarpBytes];
   Op op;
   const LookbackState<Acc> st{words};
   const index_t tile = blockIdx.x;
@@ -293,21 +410,9 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   const index_t a = tile_start + (index_t)threadIdx.x * ITEMS;  // this thread's first element
   const int valid = (int)(n - a <= 0 ? 0 : (n - a < ITEMS ? n - a : ITEMS));
 
-  union {
-    uint4 raw[kVectors];
-    T e[ITEMS];
-  } u;
   const bool whole = tile_start + kTile <= n;
-  if (whole && reinterpret_cast<unsigned long long>(in) % 16 == 0) {
-    const uint4* v = reinterpret_cast<const uint4*>(in + a);
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) u.raw[k] = __ldg(v + k);
-  } else {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (k < valid) u.e[k] = in[a + k];
-    }
-  }
+  Load load;
+  load.fetch(in, tile_start + (index_t)(threadIdx.x / kWarp) * kWarp * ITEMS, n);
 
   // my heads, while the loads are in flight: the first offset at or after a, then each distinct one
   // below a + ITEMS (a run of repeats is skipped by one binary search, so a million equal offsets cost
@@ -337,6 +442,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     }
     if (a == 0 && !has_carry && valid > 0) heads |= 1u;  // nothing runs into element 0
   }
+  load.transpose(reinterpret_cast<unsigned*>(warp_space[threadIdx.x / kWarp]));
+  const auto& u = load.u;
 
   // pass 1: my (any head?, fold since my last head)
   Acc acc = identity;
@@ -390,14 +497,11 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     // results leave in 16-byte vectors: straight from each thread (its ITEMS consecutive outputs, so a
     // warp's store touches 32 lines, each only in part) or, STAGED, through a per-warp shared buffer
     // read back so that a warp's store is 512 contiguous bytes; rows padded by one vector so the lanes
-    // of a quarter-warp write distinct banks. Staging needs BLOCK x (ITEMS x sizeof(Out) + 16) bytes of
-    // static shared memory (at most 48 KB): wider outputs go straight.
-    constexpr bool kStage = STAGED && BLOCK * (ITEMS * sizeof(Out) + 16) <= 48 * 1024;
+    // of a quarter-warp write distinct banks.
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    constexpr int kRow = ITEMS + kPerOut;  // elements per lane's row in the buffer
     constexpr int kRowVectors = ITEMS / kPerOut;
-    __shared__ __align__(16) Out stage[kStage ? BLOCK / kWarp : 1][kStage ? kWarp * kRow : 1];
-    uint4* dst = kStage ? reinterpret_cast<uint4*>(&stage[warp][lane * kRow]) : reinterpret_cast<uint4*>(out + a);
+    Out* stage = reinterpret_cast<Out*>(warp_space[warp]);
+    uint4* dst = kStage ? reinterpret_cast<uint4*>(stage + lane * kRow) : reinterpret_cast<uint4*>(out + a);
 #pragma unroll
     for (int q = 0; q < kRowVectors; ++q) {
       union {
@@ -419,7 +523,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
 #pragma unroll
       for (int q = 0; q < kRowVectors; ++q) {
         const int v = q * kWarp + lane;  // the warp's v-th output vector: row v / kRowVectors of the buffer
-        warp_out[v] = reinterpret_cast<const uint4*>(&stage[warp][(v / kRowVectors) * kRow])[v % kRowVectors];
+        warp_out[v] = reinterpret_cast<const uint4*>(stage + (v / kRowVectors) * kRow)[v % kRowVectors];
       }
     }
   } else {
@@ -431,38 +535,6 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
         out[a + k] = convert<Out>(running);
       }
     }
-  }
-}
-
-// The deterministic form's middle pass, one block: tile_value[j] becomes the running value entering tile
-// j, the segmented fold of (no head, carry) and the pairs of tiles [0, j), in tile order, ITEMS tiles per
-// thread per round (as segment_fixup). In place: a thread reads each of its pairs before it overwrites it.
-template <class Acc, class Op, int BLOCK, int ITEMS>
-__global__ void __launch_bounds__(BLOCK)
-    segment_scan_prefixes(index_t tiles, const int* tile_flag, Acc* tile_value, Acc identity, Acc carry) {
-  __shared__ int scratch_f[BLOCK / kWarp];
-  __shared__ Acc scratch_v[BLOCK / kWarp];
-  Op op;
-  Seg<Acc> running{0, carry};  // the fold of the tiles of earlier rounds (same in every thread)
-  for (index_t base = 0; base < tiles; base += (index_t)BLOCK * ITEMS) {
-    const index_t j0 = base + (index_t)threadIdx.x * ITEMS;
-    Seg<Acc> mine{0, identity};
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (j0 + k < tiles) mine = seg_combine(mine, Seg<Acc>{__ldg(tile_flag + j0 + k), tile_value[j0 + k]}, op);
-    }
-    Seg<Acc> total;
-    const Seg<Acc> before = block_segmented_exclusive_scan<BLOCK>(mine, op, identity, scratch_f, scratch_v, &total);
-    Seg<Acc> entering = seg_combine(running, before, op);
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (j0 + k < tiles) {
-        const Seg<Acc> pair{__ldg(tile_flag + j0 + k), tile_value[j0 + k]};
-        tile_value[j0 + k] = entering.value;
-        entering = seg_combine(entering, pair, op);
-      }
-    }
-    running = seg_combine(running, total, op);
   }
 }
 

@@ -132,7 +132,41 @@ def _exclusive_seg_scan(pairs, op, identity):
     return out, run
 
 
-def _replay_segment_kernels(x, offsets, op, identity, block, items):
+def _replay_carry_pass(pairs, op, identity, seed, block, items):
+    """segment_carry_totals then segment_carry_apply: the pair entering each tile (seed before tile 0),
+    from groups of block * items consecutive tiles, each thread folding ``items`` of them, each block
+    folding the totals of the groups before it ``block`` at a time; the kernels' combination order."""
+    group = block * items
+    groups = -(-len(pairs) // group)
+
+    def thread_folds(g):
+        folds = []
+        for t in range(block):
+            mine = (False, identity)
+            for j in range(g * group + t * items, min(g * group + (t + 1) * items, len(pairs))):
+                mine = _seg_combine(mine, pairs[j], op)
+            folds.append(mine)
+        return folds
+
+    totals = [_exclusive_seg_scan(thread_folds(g), op, identity)[1] for g in range(groups - 1)]
+    entering = []
+    for g in range(groups):
+        group_carry = (False, seed)
+        for base in range(0, g, block):  # a round: one group total per thread, identities past g
+            chunk = totals[base:min(base + block, g)]
+            chunk += [(False, identity)] * (block - len(chunk))
+            group_carry = _seg_combine(group_carry, _exclusive_seg_scan(chunk, op, identity)[1], op)
+        befores, _ = _exclusive_seg_scan(thread_folds(g), op, identity)
+        for t, before in enumerate(befores):
+            carry = _seg_combine(group_carry, before, op)
+            for j in range(g * group + t * items, min(g * group + (t + 1) * items, len(pairs))):
+                entering.append(carry)
+                carry = _seg_combine(carry, pairs[j], op)
+    assert len(entering) == len(pairs)
+    return entering
+
+
+def _replay_segment_kernels(x, offsets, op, identity, block, items, carry_block=2, carry_items=2):
     n, m = len(x), len(offsets)
     out = [None] * m
     if m == 0 or n == 0:
@@ -191,7 +225,8 @@ def _replay_segment_kernels(x, offsets, op, identity, block, items):
         tile_pairs.append(total)
         heads.append(head)
     if tiles > 1:
-        carries, _ = _exclusive_seg_scan(tile_pairs, op, identity)
+        carries = _replay_carry_pass(tile_pairs, op, identity, identity, carry_block, carry_items)
+        assert carries == _exclusive_seg_scan(tile_pairs, op, identity)[0]
         for (seg, v), (_, carry) in zip(heads, carries):
             if seg >= 0:
                 assert out[seg] is None, "a segment written twice"
@@ -200,9 +235,10 @@ def _replay_segment_kernels(x, offsets, op, identity, block, items):
     return out
 
 
-@pytest.mark.parametrize("block,items", [(1, 1), (2, 3), (4, 2), (8, 4)])
+@pytest.mark.parametrize("block,items,carry_block,carry_items", [(1, 1, 1, 1), (2, 3, 2, 2), (4, 2, 2, 3), (8, 4, 4, 1),
+                                                                 (1, 1, 3, 2), (1, 2, 8, 8)])
 @pytest.mark.parametrize("n,m", [(1, 1), (1, 4), (31, 5), (33, 40), (97, 12), (200, 3), (257, 257)])
-def test_kernel_decomposition_replayed_on_cpu(n, m, block, items):
+def test_kernel_decomposition_replayed_on_cpu(n, m, block, items, carry_block, carry_items):
     rng = np.random.default_rng(n * 31 + m + block)
     op = matmul_operator()  # non-commutative: any reordering shows
     x = random_matrices(rng, n)
@@ -213,7 +249,8 @@ def test_kernel_decomposition_replayed_on_cpu(n, m, block, items):
         def mul(left, right):
             return int(op.combine(np.asarray([left], np.uint64), np.asarray([right], np.uint64))[0])
 
-        got = _replay_segment_kernels(x, offsets, mul, int(op.identity(np.dtype(np.uint64))), block, items)
+        got = _replay_segment_kernels(x, offsets, mul, int(op.identity(np.dtype(np.uint64))), block, items,
+                                      carry_block, carry_items)
         ends = np.append(offsets[1:], n)
         assert got == [sequential_fold(x[s:e]) for s, e in zip(offsets, ends)]
 
@@ -268,7 +305,8 @@ def _thread_heads(offsets, lo, hi, a, valid):
     return mask
 
 
-def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, rng, lookback=True):
+def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, rng, lookback=True, carry_block=2,
+                         carry_items=2):
     n = len(x)
     tile = block * items
     tiles = -(-n // tile)
@@ -328,8 +366,8 @@ def _replay_segment_scan(x, offsets, op, identity, carry, block, items, window, 
 
     if not lookback:  # the deterministic form: tile pairs, their exclusive scan from (no head, carry), rescan
         passes = [tile_pass_one(b) for b in range(tiles)]
-        entering, _ = _exclusive_seg_scan([total for _, _, total in passes], op, identity)
-        entering = [(False, seed)] + [_seg_combine((False, seed), e, op) for e in entering[1:]]
+        entering = _replay_carry_pass([total for _, _, total in passes], op, identity, seed, carry_block, carry_items)
+        entering[0] = (False, seed)  # the rescan takes the seed itself into tile 0: no identity folded in
         for (threads, befores, _), (_, value) in zip(passes, entering):
             tile_pass_two(threads, befores, value)
         assert all(o is not None for o in out)
@@ -381,10 +419,11 @@ def _segment_scan_reference(x, offsets, carry, mul, identity):
     return out
 
 
-@pytest.mark.parametrize("block,items,window,lookback", [(1, 1, 1, True), (2, 3, 2, True), (4, 2, 3, True),
-                                                         (4, 4, 32, True), (1, 1, 0, False), (4, 2, 0, False)])
+@pytest.mark.parametrize("block,items,window,lookback,carry_block,carry_items", [
+    (1, 1, 1, True, 2, 2), (2, 3, 2, True, 2, 2), (4, 2, 3, True, 2, 2), (4, 4, 32, True, 2, 2),
+    (1, 1, 0, False, 1, 1), (1, 1, 0, False, 2, 3), (4, 2, 0, False, 2, 2), (1, 2, 0, False, 8, 8)])
 @pytest.mark.parametrize("n", [1, 31, 97, 257])
-def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback):
+def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback, carry_block, carry_items):
     rng = np.random.default_rng(n * 13 + block + window)
     op = matmul_operator()  # non-commutative: any reordering shows
     x = [int(v) for v in random_matrices(rng, n)]
@@ -397,7 +436,8 @@ def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback):
                np.arange(n), np.sort(rng.integers(n // 2, n + 1, 4)))
     for offsets in layouts:
         for carry in (None, x[0]):
-            got = _replay_segment_scan(x, offsets, mul, identity, carry, block, items, window, rng, lookback)
+            got = _replay_segment_scan(x, offsets, mul, identity, carry, block, items, window, rng, lookback,
+                                       carry_block, carry_items)
             assert got == _segment_scan_reference(x, offsets, carry, mul, identity), (list(offsets), carry)
 
 
@@ -446,6 +486,59 @@ def test_segment_scan_form_follows_the_lookback_environment(monkeypatch):
     with pytest.raises(ValueError, match=LOOKBACK_ENV):
         cupy_segment.deterministic_scan()
     names = cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"), deterministic=True)
-    assert set(names) == {"starts", "check", "totals", "rescan", "prefixes"}
+    assert set(names) == {"starts", "check", "totals", "rescan", "group_totals", "carry_apply"}
     assert set(cupy_segment.scan_names(np.float32, np.float32, np.float32, get_operator("sum"))) == {
         "starts", "check", "scan"}
+
+
+# ------------------------------------------------------------------------------------------------
+# WarpTransposeLoad (kernels/segment.cuh), replayed on bytes: a warp's part of the tile loaded by
+# consecutive lanes (16-byte vectors, or scalars in the partial / misaligned case) into the padded
+# per-warp buffer, then each thread's run read back. Every thread must get its ITEMS consecutive
+# elements, the buffer must hold everything, and no shared access of a warp may conflict on a bank.
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_warp_transpose_load_replayed_on_bytes(itemsize):
+    from multireduce.backends import cupy_segment
+
+    warp = 32
+    items = cupy_segment.items_per_thread(itemsize)
+    words = items * itemsize // 4  # kWords
+    assert items * itemsize % 16 == 0 and warp % words == 0  # the kernel's static_asserts
+    shared_words = warp * words + words  # kSharedWords
+
+    def padded(word):
+        return word + word // warp
+
+    data = np.random.default_rng(itemsize).integers(0, 256, warp * items * itemsize, dtype=np.uint8)
+    want = [data[t * items * itemsize:(t + 1) * items * itemsize] for t in range(warp)]
+    for vectors in (True, False):
+        buffer = np.full(shared_words * 4, -1, dtype=np.int64)  # bytes; -1: never written
+        if vectors:
+            for q in range(words // 4):
+                at = [padded(4 * (q * warp + lane)) for lane in range(warp)]
+                for j in range(4):
+                    assert len({(w + j) % warp for w in at}) == warp, "bank conflict writing vectors"
+                for lane, w in enumerate(at):
+                    v = q * warp + lane  # the lane's 16 bytes of global memory
+                    buffer[4 * w:4 * w + 16] = data[16 * v:16 * v + 16]
+        else:
+            for k in range(items):
+                for lane in range(warp):
+                    e = k * warp + lane
+                    src = data[e * itemsize:(e + 1) * itemsize]
+                    if itemsize >= 4:
+                        for j in range(itemsize // 4):
+                            w = padded(e * itemsize // 4 + j)
+                            buffer[4 * w:4 * w + 4] = src[4 * j:4 * j + 4]
+                    else:
+                        byte = e * itemsize
+                        at = 4 * padded(byte // 4) + byte % 4
+                        buffer[at:at + itemsize] = src
+        assert (buffer >= 0).sum() == warp * words * 4, "elements overlap or fall outside the buffer"
+        runs = [padded(lane * words) for lane in range(warp)]
+        for k in range(words):
+            assert len({(r + k) % warp for r in runs}) == warp, "bank conflict reading runs"
+        for lane, r in enumerate(runs):
+            assert padded(lane * words + words - 1) == r + words - 1  # a run never straddles a pad
+            np.testing.assert_array_equal(buffer[4 * r:4 * (r + words)], want[lane])

@@ -1,6 +1,6 @@
 """Segmented reduction and scan of one 1-D CuPy array on its GPU: the element-balanced kernels of
-``kernels/segment.cuh`` (reduction: tile starts, tiles, one fix-up block; scan: tile starts, one
-look-back pass), one module per operator (user operators too) and element / accumulator (/ output) type,
+``kernels/segment.cuh`` (reduction: tile starts, tiles, the two-launch carry pass between tiles; scan:
+tile starts, one look-back pass, or the deterministic tile totals, carry pass and rescan), one module per operator (user operators too) and element / accumulator (/ output) type,
 as ``kernels.get_kernels`` does for the reductions.
 
 The launcher keeps everything on the device: offsets may be a CuPy array (no host round trip for 10^7
@@ -26,15 +26,15 @@ from .. import kernels as _kernels
 from ..operators import Operator
 
 BLOCK = 256  # threads per tile
-FIX_BLOCK = 512  # the fix-up's one block (at 1024 threads, 64 registers: the unrolled walk spills)
-FIX_ITEMS = 32  # tiles per fix-up thread per round: 16384 tiles (2^27 float32 elements) per round
+CARRY_BLOCK = 256  # the carry pass between tiles: threads per block
+CARRY_ITEMS = 4  # consecutive tiles per carry thread: 1024 tiles (2^23 float32 elements) per block, so
+#                  2^28 float32 elements take 32 blocks and no thread waits on a long serial walk
 SEARCH_BLOCK = 256
 #: The scan's stores: through a per-warp shared buffer, coalesced (True), or straight from each thread's
 #: registers (False); bench_segments times both ("multireduce kernels" / "... direct stores").
 STAGED_STORES = True
 #: cupy_backend.LOOKBACK_ENV (which imports CuPy; this module must import without it)
 LOOKBACK_ENV = "MULTIREDUCE_SCAN_LOOKBACK"
-PREFIX_ITEMS = 8  # tiles per thread per round of the deterministic scan's middle pass (4096 per round)
 
 
 def items_per_thread(itemsize: int) -> int:
@@ -52,15 +52,28 @@ def tile_count(n: int, itemsize: int) -> int:
 
 
 def segment_names(dtype, acc, op: Operator) -> dict[str, str]:
-    """The three kernels for element dtype ``dtype`` and accumulator ``acc``, by role."""
+    """The kernels for element dtype ``dtype`` and accumulator ``acc``, by role."""
     dtype, acc = np.dtype(dtype), np.dtype(acc)
     T, A, F = _kernels.ctype(dtype), _kernels.ctype(acc), op.cuda_functor
     return {
         "starts": "mr::segment_tile_starts",
         "check": "mr::segment_check_offsets",
         "tiles": f"mr::segment_reduce_tiles<{T}, {A}, {F}, {BLOCK}, {items_per_thread(dtype.itemsize)}>",
-        "fixup": f"mr::segment_fixup<{A}, {F}, {FIX_BLOCK}, {FIX_ITEMS}>",
+        **carry_names(A, F, heads=True),
     }
+
+
+def carry_names(A: str, F: str, heads: bool) -> dict[str, str]:
+    """The carry pass between tiles (accumulator ctype ``A``, functor ``F``): finishing the reduction's
+    tile heads (``heads``) or writing the deterministic scan's entering values."""
+    return {"group_totals": f"mr::segment_carry_totals<{A}, {F}, {CARRY_BLOCK}, {CARRY_ITEMS}>",
+            "carry_apply": f"mr::segment_carry_apply<{A}, {F}, {CARRY_BLOCK}, {CARRY_ITEMS}, "
+                           f"{'true' if heads else 'false'}>"}
+
+
+def carry_groups(tiles: int) -> int:
+    """Blocks of the carry pass (each CARRY_BLOCK x CARRY_ITEMS consecutive tiles)."""
+    return -(-tiles // (CARRY_BLOCK * CARRY_ITEMS))
 
 
 def scan_names(dtype, acc, out, op: Operator, staged: bool | None = None, deterministic: bool = False) -> dict[str, str]:
@@ -75,7 +88,7 @@ def scan_names(dtype, acc, out, op: Operator, staged: bool | None = None, determ
     names = {"starts": "mr::segment_tile_starts", "check": "mr::segment_check_offsets"}
     if deterministic:
         names.update(totals=tiles + "mr::kScanTotals>", rescan=tiles + "mr::kScanRescan>",
-                     prefixes=f"mr::segment_scan_prefixes<{A}, {F}, {FIX_BLOCK}, {PREFIX_ITEMS}>")
+                     **carry_names(A, F, heads=False))
     else:
         names["scan"] = tiles + "mr::kScanLookback>"
     return names
@@ -171,8 +184,21 @@ def segment_reduce(x, offsets, op: Operator, acc):
         ks["tiles"](tiles, BLOCK, (x, i64(n), offsets, i64(m), tile_first, identity, out, tile_flag, tile_value,
                                    head_seg, head_value))
         if tiles > 1:
-            ks["fixup"](1, FIX_BLOCK, (i64(tiles), tile_flag, tile_value, head_seg, head_value, identity, out))
+            _carry_pass(ks, tiles, tile_flag, tile_value, head_seg, head_value, identity, identity, out)
         return out
+
+
+def _carry_pass(ks, tiles: int, tile_flag, tile_value, head_seg, head_value, identity, seed, out) -> None:
+    """segment_carry_totals (skipped for one group) then segment_carry_apply over ``tiles`` tile pairs."""
+    groups = carry_groups(tiles)
+    acc = tile_value.dtype
+    group_flag = cupy.empty(max(groups - 1, 1), dtype=np.int32)  # the last group's total is never read
+    group_value = cupy.empty(max(groups - 1, 1), dtype=acc)
+    if groups > 1:
+        ks["group_totals"](groups - 1, CARRY_BLOCK, (np.int64(tiles), tile_flag, tile_value, identity, group_flag,
+                                                      group_value))
+    ks["carry_apply"](groups, CARRY_BLOCK, (np.int64(tiles), tile_flag, tile_value, head_seg, head_value, group_flag,
+                                             group_value, identity, seed, out))
 
 
 def _tile_starts(ks, offsets, tile: int, tiles: int, device: int):
@@ -222,7 +248,8 @@ def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=No
             tile_flag, tile_value = cupy.empty(tiles, dtype=np.int32), cupy.empty(tiles, dtype=acc)
             unused = cupy.empty(1, dtype=np.uint64)
             ks["totals"](tiles, BLOCK, head + (unused, tile_flag, tile_value))
-            ks["prefixes"](1, FIX_BLOCK, (np.int64(tiles), tile_flag, tile_value, identity, seed))
+            empty_seg, empty_acc = cupy.empty(1, dtype=np.int64), cupy.empty(1, dtype=acc)  # no heads here
+            _carry_pass(ks, tiles, tile_flag, tile_value, empty_seg, empty_acc, identity, seed, empty_acc)
             ks["rescan"](tiles, BLOCK, head + (unused, tile_flag, tile_value))
         else:
             words = cupy.zeros(tiles * (1 if acc.itemsize <= 4 else 2), dtype=np.uint64)  # look-back descriptors

@@ -1,7 +1,7 @@
 """segment_reduce and segment_scan on the GPU (kernels/segment.cuh through backends/cupy_segment) against
 NumPy: reduceat semantics (empty segments give the identity) and per-segment cumsum / cumprod /
 accumulate; built-in operators over several dtypes, the nan-family, a non-commutative user operator,
-empty / single / one-element segments, segments straddling threads, tiles, fix-up rounds, look-back
+empty / single / one-element segments, segments straddling threads, tiles, carry groups, look-back
 windows and Dask chunks (carries), misaligned views, offsets on the GPU, and cases past 2^31 elements
 (``large``). The kernels' decompositions are replayed on the CPU in tests/test_segments.py."""
 
@@ -101,7 +101,7 @@ def test_builtin_operators_match_reduceat(opname, dtype, n):
 
 
 def test_float32_sum_at_2_24_plus_7_with_device_offsets():
-    """2049 tiles: segments cut by tile boundaries in the thousands, one fix-up round; offsets on the GPU."""
+    """2049 tiles (three carry groups): segments cut by tile boundaries in the thousands; offsets on the GPU."""
     n = (1 << 24) + 7
     rng = np.random.default_rng(24)
     host = rng.random(n, dtype=np.float32)
@@ -116,10 +116,10 @@ def test_float32_sum_at_2_24_plus_7_with_device_offsets():
         assert (err <= 1e-5 * (ref + 1.0)).all(), f"m={m}: worst {err.max()}"  # data >= 0: ref is the mass
 
 
-def test_many_tiles_and_fixup_rounds_exact():
-    """uint8 sums (uint64, exact) over 2^28 + 5 elements: 32769 tiles of 8192, so the fix-up block runs
-    three rounds (16384 tiles each); one segment spanning every tile, one starting late, and a million
-    short ones."""
+def test_many_tiles_and_carry_groups_exact():
+    """uint8 sums (uint64, exact) over 2^28 + 5 elements: 32769 tiles of 8192, so the carry pass runs 33
+    groups of 1024 tiles, the last holding one; one segment spanning every tile, one starting late, and
+    a million short ones."""
     n = (1 << 28) + 5
     rng = np.random.default_rng(28)
     x = cupy.random.randint(0, 256, n, dtype=cupy.uint8)
@@ -197,7 +197,7 @@ def test_segment_sum_past_2_31():
     free, _ = cupy.cuda.runtime.memGetInfo()
     if free < 12 * 2**30:
         pytest.skip(f"needs ~12 GiB of free GPU memory; {free / 2**30:.1f} GiB free")
-    n = (1 << 31) + 7  # uint8: 262145 tiles, 17 fix-up rounds; offsets and indices past 2^31
+    n = (1 << 31) + 7  # uint8: 262145 tiles, 257 carry groups (the last block folds 256 group totals); offsets and indices past 2^31
     x = cupy.random.randint(0, 256, size=n, dtype=cupy.uint8)
     host = cupy.asnumpy(x)
     rng = np.random.default_rng(31)
@@ -209,16 +209,23 @@ def test_segment_sum_past_2_31():
     cupy.get_default_memory_pool().free_all_blocks()
 
 
-@pytest.mark.parametrize("opname,fill", [("nansum", 0.0), ("nanprod", 1.0), ("nanmin", np.inf), ("nanmax", -np.inf)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_nan_operators_read_nan_as_identity_in_the_kernel(opname, fill, dtype):
-    rng = np.random.default_rng(3)
+def _nan_case(seed, opname, dtype, fill):
+    """40000 values, a quarter NaN and an all-NaN segment [1000, 1300) (its running value stays the
+    identity), 300 random starts: (data, offsets, data with NaN read as ``fill``)."""
+    rng = np.random.default_rng(seed)
     n = 40_000
     host = (rng.uniform(0.99, 1.01, n) if opname == "nanprod" else rng.standard_normal(n)).astype(dtype)
     host[rng.random(n) < 0.25] = np.nan
     host[1000:1300] = np.nan
     offsets = np.sort(np.concatenate([rng.integers(0, n + 1, 300), [1000, 1000, 1300]]))
-    filled = np.where(np.isnan(host), fill, host).astype(np.float64)
+    return host, offsets, np.where(np.isnan(host), fill, host)
+
+
+@pytest.mark.parametrize("opname,fill", [("nansum", 0.0), ("nanprod", 1.0), ("nanmin", np.inf), ("nanmax", -np.inf)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_operators_read_nan_as_identity_in_the_kernel(opname, fill, dtype):
+    host, offsets, filled = _nan_case(3, opname, dtype, fill)
+    filled = filled.astype(np.float64)
     want = _reference(filled, offsets, opname[3:], np.float64)
     got = mr.segment_reduce(cupy.asarray(host), offsets, opname)
     assert isinstance(got, cupy.ndarray)
@@ -247,12 +254,13 @@ def _scan_reference(host, offsets, accumulate, out_dtype):
     return np.concatenate(parts).astype(out_dtype) if parts else np.zeros(0, out_dtype)
 
 
-def _sum_scan_reference(host, offsets):
-    """The float64 segmented running sum, vectorised (one cumsum, minus its value before each segment)
-    for sizes where per-segment calls are too many; the same of |x| is the running mass."""
+def _sum_scan_reference(host, offsets, dtype=np.float64):
+    """The segmented running sum in ``dtype`` (float64: within rounding; int64: exact), vectorised (one
+    cumsum, minus its value before each segment) for sizes where per-segment calls are too many; the
+    same of |x| is the running mass."""
     starts, _ = _segment_bounds(host.size, offsets)
     seg = np.repeat(np.arange(starts.size), np.diff(np.append(starts, host.size)))
-    c = np.concatenate([[0.0], np.cumsum(host, dtype=np.float64)])
+    c = np.concatenate([np.zeros(1, dtype), np.cumsum(host, dtype=dtype)])
     return c[1:] - c[starts][seg]
 
 
@@ -387,13 +395,7 @@ def test_segment_scan_non_commutative_user_operator_keeps_order(n):
 @pytest.mark.parametrize("opname,fill", [("nansum", 0.0), ("nanprod", 1.0), ("nanmin", np.inf), ("nanmax", -np.inf)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_segment_scan_nan_operators_read_nan_as_identity(opname, fill, dtype):
-    rng = np.random.default_rng(7)
-    n = 40_000
-    host = (rng.uniform(0.99, 1.01, n) if opname == "nanprod" else rng.standard_normal(n)).astype(dtype)
-    host[rng.random(n) < 0.25] = np.nan
-    host[1000:1300] = np.nan  # an all-NaN segment: its running value stays the identity
-    offsets = np.sort(np.concatenate([rng.integers(0, n + 1, 300), [1000, 1000, 1300]]))
-    filled = np.where(np.isnan(host), fill, host)
+    host, offsets, filled = _nan_case(7, opname, dtype, fill)
     got = mr.segment_scan(cupy.asarray(host), offsets, opname)
     assert isinstance(got, cupy.ndarray) and got.dtype == dtype
     _check_scan(got, filled.astype(dtype), offsets, opname[3:], np.dtype(dtype), opname,
@@ -488,3 +490,96 @@ def test_segment_scan_past_2_31():
         del out, heads
     del x
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+# ---- tile and carry-group boundaries ---------------------------------------------------------------
+# The carry pass between tiles runs in groups of CARRY_BLOCK x CARRY_ITEMS tiles (a first launch folds
+# each group, a second scans every group from the totals before it): these layouts cut segments at every
+# tile boundary and around every group boundary, and run single segments over several groups.
+def _boundary_layouts(n, itemsize):
+    from multireduce.backends import cupy_segment
+
+    tile = cupy_segment.tile_elements(itemsize)
+    group = cupy_segment.CARRY_BLOCK * cupy_segment.CARRY_ITEMS * tile
+    tiles = np.arange(1, -(-n // tile)) * tile
+    groups = np.arange(1, -(-n // group)) * group
+    yield "every tile", np.clip(np.sort(np.concatenate([tiles - 1, tiles + 2])), 0, n)
+    yield "group edges", np.clip(np.sort(np.concatenate([groups - 5, groups, groups, groups + 1, [n, n]])), 0, n)
+    yield "one huge", np.array([3, n - 2])
+    yield "late huge", np.array([group + 7])
+    yield "tiny", np.arange(0, n, 3)
+
+
+def _groups_n(itemsize, groups=3, extra=77):
+    """An n whose tiles fill ``groups`` - 1 carry groups and part of one more, ending mid-tile."""
+    from multireduce.backends import cupy_segment
+
+    return ((groups - 1) * cupy_segment.CARRY_BLOCK * cupy_segment.CARRY_ITEMS + 5) * \
+        cupy_segment.tile_elements(itemsize) + extra
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64])
+def test_reduce_exact_across_tile_and_carry_group_boundaries(dtype):
+    n = _groups_n(np.dtype(dtype).itemsize)
+    rng = np.random.default_rng(n % 1000)
+    host = rng.integers(0, 100, n).astype(dtype)
+    x = cupy.asarray(host)
+    out = np.dtype(np.uint64) if dtype == np.uint8 else np.dtype(np.int64)
+    for name, offsets in _boundary_layouts(n, np.dtype(dtype).itemsize):
+        for opname, want in (("sum", out), ("max", np.dtype(dtype)), ("min", np.dtype(dtype))):
+            got = mr.segment_reduce(x, cupy.asarray(offsets), opname)
+            _check(got, host, offsets, opname, want, f"{np.dtype(dtype)} {opname} {name}")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_scan_exact_across_tile_and_carry_group_boundaries(deterministic):
+    from multireduce.backends import cupy_segment
+
+    n = _groups_n(4)
+    rng = np.random.default_rng(5)
+    host = rng.integers(-100, 100, n).astype(np.int32)
+    x = cupy.asarray(host)
+    op = get_operator("sum")
+    for name, offsets in _boundary_layouts(n, 4):
+        got = cupy_segment.segment_scan(x, offsets, op, np.int64, np.int64, deterministic=deterministic)
+        np.testing.assert_array_equal(cupy.asnumpy(got), _sum_scan_reference(host, offsets, np.int64), err_msg=name)
+        carried = cupy_segment.segment_scan(x, offsets, op, np.int64, np.int64, carry=11, deterministic=deterministic)
+        # the carry is one more element in front, so the run before the first start continues it
+        want = _sum_scan_reference(np.concatenate([[11], host]).astype(np.int64), offsets + 1, np.int64)[1:]
+        np.testing.assert_array_equal(cupy.asnumpy(carried), want, err_msg=f"{name} carry")
+
+
+def test_float_results_are_the_same_bits_on_every_run():
+    """The reduction (tiles, then the carry pass: fixed trees, no look-back) and the deterministic scan,
+    over several carry groups: two runs, identical bits."""
+    from multireduce.backends import cupy_segment
+
+    n = (1 << 24) + 7
+    rng = np.random.default_rng(247)
+    host = rng.standard_normal(n).astype(np.float32)
+    x = cupy.asarray(host)
+    op = get_operator("sum")
+    layouts = list(_boundary_layouts(n, 4)) + [("random", np.sort(rng.integers(0, n + 1, 100_000)))]
+    for name, offsets in layouts:
+        offsets = cupy.asarray(offsets)
+        a, b = (mr.segment_reduce(x, offsets) for _ in range(2))
+        assert bool((a.view(cupy.uint32) == b.view(cupy.uint32)).all()), name
+        _check(a, host, cupy.asnumpy(offsets), "sum", np.dtype(np.float32), name)
+        a, b = (cupy_segment.segment_scan(x, offsets, op, np.float32, np.float32, deterministic=True) for _ in range(2))
+        assert bool((a.view(cupy.uint32) == b.view(cupy.uint32)).all()), f"scan {name}"
+
+
+def test_user_operator_across_tile_and_carry_group_boundaries():
+    """The non-commutative user operator (uint64: 4096 per tile, 2^22 per carry group) over three carry
+    groups: any reordering of tiles, groups or group totals shows."""
+    op = matmul_operator()
+    rng = np.random.default_rng(41)
+    n = _groups_n(8)
+    host = random_matrices(rng, n)
+    x = cupy.asarray(host)
+    for name, offsets in _boundary_layouts(n, 8):
+        if name == "tiny":  # 4 million Python folds: covered by the exact built-in sums above
+            continue
+        got = cupy.asnumpy(mr.segment_reduce(x, cupy.asarray(offsets), op))
+        ends = np.append(offsets[1:], n)
+        assert [int(v) for v in got] == [sequential_fold(host[s:e]) for s, e in zip(offsets, ends)], name
