@@ -11,6 +11,19 @@
 // integer atomics, which is associative: the row's words do not depend on the grid or the schedule.
 // The host folds the words into exact.py's integer state (backends/cupy_exact.py), so GPU, CPU and
 // any chunking give the same bits. NaN/+inf/-inf are flags ORed into word kWords.
+//
+// Pack sums (float32, float16): a 16-byte pack is first summed in double when that sum is provably
+// exact, and only that one double enters the expansion (4x / 8x fewer TwoSum cascades). Bound: let the
+// pack's nonzero values have exponent fields in [lo, hi] (a subnormal counts as field 1, since its ulp is
+// that of field 1). Every value is an integer multiple of u = ulp(field lo) = 2^(lo - bias - m), m = 23
+// (float32) / 10 (float16), and |value| < 2^(hi - bias + 1). Any partial sum of j <= k values is then an
+// integer multiple of u below k 2^(hi - bias + 1), i.e. fewer than 2^(hi - lo + m + 1 + ceil(log2 k)) units
+// of u: a double holds it exactly when hi - lo + (m + 1) + ceil(log2 k) <= 53, and u >= 2^-149 is far
+// above the double subnormal range, so no addition of the pack rounds. float32, k = 4: hi - lo <= 27,
+// tested from the max and min nonzero |bits| of the pack; a wider pack, or one with inf/NaN, takes the
+// per-element path. float16, k = 8: hi - lo <= 29 < 53 - 11 - 3 always holds, only inf/NaN fall back.
+// The pack sum is < 2^131 in magnitude, far below kBig, and it is the same real number as its elements'
+// sum, so the words (the exact sum) do not change: only how many cascades produce them.
 #pragma once
 #include "common.cuh"
 
@@ -31,6 +44,51 @@ template <class T> struct alignas(16) Aligned : Pack<T> {};
 __device__ __forceinline__ double to_double(double v) { return v; }
 __device__ __forceinline__ double to_double(float v) { return static_cast<double>(v); }
 __device__ __forceinline__ double to_double(half v) { return static_cast<double>(half_to_float(v.bits)); }
+
+__device__ __forceinline__ unsigned float_bits(float v) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(v);
+#else
+  unsigned u;
+  __builtin_memcpy(&u, &v, sizeof u);
+  return u;
+#endif
+}
+
+// The exact sum of a pack in double, or false when the bound of the header does not prove it (the
+// caller then adds the elements one by one). float64 packs never take this path.
+__device__ __forceinline__ bool pack_sum(const Pack<double>&, double&) { return false; }
+
+constexpr int kF32PackSpread = 53 - 24 - 2;  // hi - lo limit for 4 float32 values (header's bound)
+
+__device__ __forceinline__ bool pack_sum(const Pack<float>& p, double& sum) {
+  unsigned hi = 0, lo = 0x7f800000u;  // lo: the smallest nonzero |bits|; an all-zero pack keeps lo > hi
+#pragma unroll
+  for (int k = 0; k < Pack<float>::kCount; ++k) {
+    const unsigned a = float_bits(p.v[k]) & 0x7fffffffu;
+    hi = a > hi ? a : hi;
+    const unsigned nz = a ? a : 0x7f800000u;
+    lo = nz < lo ? nz : lo;
+  }
+  const int fhi = static_cast<int>(hi >> 23), flo = static_cast<int>(lo >> 23);
+  if (fhi == 0xff || fhi - (flo ? flo : 1) > kF32PackSpread) return false;
+  double s = 0.0;
+#pragma unroll
+  for (int k = 0; k < Pack<float>::kCount; ++k) s = __dadd_rn(s, static_cast<double>(p.v[k]));
+  sum = s;
+  return true;
+}
+
+__device__ __forceinline__ bool pack_sum(const Pack<half>& p, double& sum) {
+  double s = 0.0;
+#pragma unroll
+  for (int k = 0; k < Pack<half>::kCount; ++k) {
+    if ((p.v[k].bits & 0x7c00u) == 0x7c00u) return false;  // inf/NaN: the per-element path sets the flags
+    s = __dadd_rn(s, to_double(p.v[k]));
+  }
+  sum = s;
+  return true;
+}
 
 // Adds the finite double d exactly into the superaccumulator acc (shared or global words).
 __device__ __forceinline__ void deposit(long long* acc, double d) {
@@ -110,10 +168,26 @@ __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Ex
   const Aligned<T>* body = reinterpret_cast<const Aligned<T>*>(x + head);
   for (index_t p = thread; p < packs; p += threads) {
     const Aligned<T> pack = body[p];
+    double sum;
+    if (pack_sum(pack, sum)) {
+      ex.add(sum, acc);
+      continue;
+    }
 #pragma unroll
     for (int k = 0; k < P; ++k) ex.add(to_double(pack.v[k]), acc);
   }
   for (index_t i = head + packs * P + thread; i < n; i += threads) ex.add(to_double(x[i]), acc);
+}
+
+// Digits in [0, 2^32) for every word but the last, so the grid's sum of digits cannot overflow.
+__device__ __forceinline__ void propagate_carries(long long* acc) {
+  long long carry = 0;
+  for (int j = 0; j < kWords - 1; ++j) {
+    const long long v = acc[j] + carry;
+    acc[j] = v & 0xffffffffll;
+    carry = v >> 32;  // arithmetic shift: floor division, negative values borrow
+  }
+  acc[kWords - 1] += carry;
 }
 
 // x: rows x n, row r at x + r * row_stride (elements). out: rows x kOut words, zeroed by the caller;
@@ -134,15 +208,7 @@ __global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x,
     ex.flush(acc);
     if (ex.flags) atomicOr(&block_flags, ex.flags);
     __syncthreads();
-    if (threadIdx.x == 0) {  // carries: digits in [0, 2^32), so the grid's sum of digits cannot overflow
-      long long carry = 0;
-      for (int j = 0; j < kWords - 1; ++j) {
-        const long long v = acc[j] + carry;
-        acc[j] = v & 0xffffffffll;
-        carry = v >> 32;  // arithmetic shift: floor division, negative values borrow
-      }
-      acc[kWords - 1] += carry;
-    }
+    if (threadIdx.x == 0) propagate_carries(acc);
     __syncthreads();
     long long* dst = out + row * kOut;
     for (int j = threadIdx.x; j < kWords; j += Block) {
