@@ -152,9 +152,22 @@ struct Expansion {
   }
 };
 
-// One row: the elements head-first (scalars up to the 16-byte boundary), then 16-byte packs
-// grid-stride over blockIdx.x, then the scalar tail.
 template <class T, int Terms>
+__device__ __forceinline__ void add_pack(const Pack<T>& pack, Expansion<Terms>& ex, long long* acc) {
+  double sum;
+  if (pack_sum(pack, sum)) {
+    ex.add(sum, acc);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < Pack<T>::kCount; ++k) ex.add(to_double(pack.v[k]), acc);
+}
+
+// One row: the elements head-first (scalars up to the 16-byte boundary), then 16-byte packs
+// grid-stride over blockIdx.x, then the scalar tail. Pack p always goes to thread p mod (grid threads);
+// Unroll only loads that thread's next packs before adding any, since the kernel is latency-bound (one
+// 16-byte load in flight per thread does not cover DRAM latency at a few blocks per SM).
+template <class T, int Terms, int Unroll>
 __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Expansion<Terms>& ex,
                                           long long* acc) {
   const index_t thread = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -166,16 +179,15 @@ __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Ex
   for (index_t i = thread; i < head; i += threads) ex.add(to_double(x[i]), acc);
   const index_t packs = (n - head) / P;
   const Aligned<T>* body = reinterpret_cast<const Aligned<T>*>(x + head);
-  for (index_t p = thread; p < packs; p += threads) {
-    const Aligned<T> pack = body[p];
-    double sum;
-    if (pack_sum(pack, sum)) {
-      ex.add(sum, acc);
-      continue;
-    }
+  index_t p = thread;
+  for (; p + (Unroll - 1) * threads < packs; p += Unroll * threads) {
+    Aligned<T> pk[Unroll];
 #pragma unroll
-    for (int k = 0; k < P; ++k) ex.add(to_double(pack.v[k]), acc);
+    for (int u = 0; u < Unroll; ++u) pk[u] = body[p + u * threads];
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) add_pack<T, Terms>(pk[u], ex, acc);
   }
+  for (; p < packs; p += threads) add_pack<T, Terms>(body[p], ex, acc);
   for (index_t i = head + packs * P + thread; i < n; i += threads) ex.add(to_double(x[i]), acc);
 }
 
@@ -193,7 +205,7 @@ __device__ __forceinline__ void propagate_carries(long long* acc) {
 // x: rows x n, row r at x + r * row_stride (elements). out: rows x kOut words, zeroed by the caller;
 // words 0..kWords-1 receive the block digits (sum of words[j] * 2^(32 j - 1074) = the exact row sum),
 // word kWords the ORed flags.
-template <class T, int Terms, int Block>
+template <class T, int Terms, int Block, int Unroll = 1>  // the default: tests/test_exact.py names <T, 4, 1>
 __global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x, index_t rows, index_t n,
                                                         index_t row_stride, long long* __restrict__ out) {
   __shared__ long long acc[kWords];
@@ -204,7 +216,7 @@ __global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x,
     __syncthreads();
     Expansion<Terms> ex;
     ex.init();
-    visit_row(x + row * row_stride, n, ex, acc);
+    visit_row<T, Terms, Unroll>(x + row * row_stride, n, ex, acc);
     ex.flush(acc);
     if (ex.flags) atomicOr(&block_flags, ex.flags);
     __syncthreads();

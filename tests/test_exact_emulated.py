@@ -34,12 +34,13 @@ def exact_total(x: np.ndarray) -> tuple[int, bool, bool, bool]:
     return total, bool(np.isnan(v).any()), bool((v == np.inf).any()), bool((v == -np.inf).any())
 
 
-def check(x, grid=1, block=32, terms=cupy_exact.TERMS, byte_offset=0):
-    words = exact_emulate.emulate_words(x, grid=grid, block=block, terms=terms, byte_offset=byte_offset)
+def check(x, grid=1, block=32, terms=cupy_exact.TERMS, unroll=None, byte_offset=0):
+    unroll = cupy_exact.UNROLL[x.dtype.name] if unroll is None else unroll
+    words = exact_emulate.emulate_words(x, grid=grid, block=block, terms=terms, unroll=unroll, byte_offset=byte_offset)
     totals, nan, pinf, ninf = cupy_exact.fold_words(words[None, :])
     want = exact_total(x)
     got = (totals[0], bool(nan[0]), bool(pinf[0]), bool(ninf[0]))
-    assert got == want, (x.dtype, x.size, grid, block, terms, byte_offset)
+    assert got == want, (x.dtype, x.size, grid, block, terms, unroll, byte_offset)
     return got
 
 
@@ -85,7 +86,7 @@ def test_hostile_rows_give_the_exact_sum(dt, n):
 
 
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_misaligned_rows_and_every_expansion_length(dt):
+def test_misaligned_rows_every_expansion_length_and_unroll(dt):
     rng = np.random.default_rng(7)
     item = np.dtype(dt).itemsize
     rows = hostile(dt, 1025, rng)
@@ -95,6 +96,9 @@ def test_misaligned_rows_and_every_expansion_length(dt):
     for terms in (2, 3, 6, 8):
         for name in ("spread", "cond", "normal"):
             check(rows[name], grid=2, block=32, terms=terms)
+    for unroll in (1, 2, 8):
+        for name in ("spread", "special", "near_bound"):
+            check(rows[name], grid=1, block=8, unroll=unroll, byte_offset=item)
 
 
 def test_the_result_does_not_depend_on_the_grid():

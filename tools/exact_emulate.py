@@ -46,12 +46,15 @@ def build() -> Path:
     return binary
 
 
-def emulate_words(x: np.ndarray, grid: int = 1, block: int = 256, terms: int = 4, byte_offset: int = 0) -> np.ndarray:
+def emulate_words(x: np.ndarray, grid: int = 1, block: int = 256, terms: int = 4, unroll: int = 4,
+                  byte_offset: int = 0) -> np.ndarray:
     """The (KWORDS + 1,) int64 words the kernel gives for the 1-d row ``x`` with ``grid`` blocks of ``block``
-    threads, ``terms`` expansion terms, the row starting ``byte_offset`` bytes past a 16-byte boundary."""
+    threads, ``terms`` expansion terms, ``unroll`` packs per load batch, the row starting ``byte_offset``
+    bytes past a 16-byte boundary (terms 2/3/4/6/8 and unroll 1/2/4/8 are compiled in)."""
     x = np.ascontiguousarray(x)
     code = _CODES[x.dtype]
-    run = subprocess.run([str(build()), code, str(x.size), str(grid), str(block), str(terms), str(byte_offset)],
+    run = subprocess.run([str(build()), code, str(x.size), str(grid), str(block), str(terms),
+                          str(unroll), str(byte_offset)],
                          input=x.tobytes(), capture_output=True, check=True)
     return np.array([int(v) for v in run.stdout.split()], dtype=np.int64)
 

@@ -4,7 +4,7 @@
 // expansion is private, so this sequential order gives the words any GPU schedule gives.
 // tools/exact_emulate.py builds it (exact.cuh next to an empty common.cuh: the shims below replace it).
 //
-//   exact_host_emulator DTYPE N GRID BLOCK TERMS BYTE_OFFSET < raw element bytes   (DTYPE: e, f or d)
+//   exact_host_emulator DTYPE N GRID BLOCK TERMS UNROLL BYTE_OFFSET < raw element bytes   (DTYPE: e, f, d)
 //   prints the kOut words of the row, one per line (int64).
 #include <cstdint>
 #include <cstdio>
@@ -62,7 +62,7 @@ inline float half_to_float(unsigned short h) {  // exact: every float16 is a flo
 
 using namespace mr::exact;
 
-template <class T, int Terms>
+template <class T, int Terms, int Unroll>
 static void run_row(const T* x, long long n, unsigned grid, unsigned block, unsigned long long* out) {
   gridDim.x = grid;
   gridDim.y = 1;
@@ -76,7 +76,7 @@ static void run_row(const T* x, long long n, unsigned grid, unsigned block, unsi
       threadIdx.x = t;
       Expansion<Terms> ex;
       ex.init();
-      visit_row(x, n, ex, acc);
+      visit_row<T, Terms, Unroll>(x, n, ex, acc);
       ex.flush(acc);
       flags |= ex.flags;
     }
@@ -86,28 +86,40 @@ static void run_row(const T* x, long long n, unsigned grid, unsigned block, unsi
   }
 }
 
-template <class T>
+template <class T, int Unroll>
 static bool dispatch_terms(int terms, const T* x, long long n, unsigned grid, unsigned block,
                            unsigned long long* out) {
   switch (terms) {
-    case 2: run_row<T, 2>(x, n, grid, block, out); return true;
-    case 3: run_row<T, 3>(x, n, grid, block, out); return true;
-    case 4: run_row<T, 4>(x, n, grid, block, out); return true;
-    case 6: run_row<T, 6>(x, n, grid, block, out); return true;
-    case 8: run_row<T, 8>(x, n, grid, block, out); return true;
+    case 2: run_row<T, 2, Unroll>(x, n, grid, block, out); return true;
+    case 3: run_row<T, 3, Unroll>(x, n, grid, block, out); return true;
+    case 4: run_row<T, 4, Unroll>(x, n, grid, block, out); return true;
+    case 6: run_row<T, 6, Unroll>(x, n, grid, block, out); return true;
+    case 8: run_row<T, 8, Unroll>(x, n, grid, block, out); return true;
+  }
+  return false;
+}
+
+template <class T>
+static bool dispatch(int terms, int unroll, const T* x, long long n, unsigned grid, unsigned block,
+                     unsigned long long* out) {
+  switch (unroll) {
+    case 1: return dispatch_terms<T, 1>(terms, x, n, grid, block, out);
+    case 2: return dispatch_terms<T, 2>(terms, x, n, grid, block, out);
+    case 4: return dispatch_terms<T, 4>(terms, x, n, grid, block, out);
+    case 8: return dispatch_terms<T, 8>(terms, x, n, grid, block, out);
   }
   return false;
 }
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s DTYPE N GRID BLOCK TERMS BYTE_OFFSET < bytes\n", argv[0]);
+  if (argc != 8) {
+    std::fprintf(stderr, "usage: %s DTYPE N GRID BLOCK TERMS UNROLL BYTE_OFFSET < bytes\n", argv[0]);
     return 2;
   }
   const char dtype = argv[1][0];
   const long long n = std::atoll(argv[2]);
   const unsigned grid = static_cast<unsigned>(std::atoi(argv[3])), block = static_cast<unsigned>(std::atoi(argv[4]));
-  const int terms = std::atoi(argv[5]), offset = std::atoi(argv[6]);
+  const int terms = std::atoi(argv[5]), unroll = std::atoi(argv[6]), offset = std::atoi(argv[7]);
   const size_t item = dtype == 'e' ? 2 : dtype == 'f' ? 4 : 8;
   const size_t bytes = static_cast<size_t>(n) * item;
   std::vector<unsigned char> storage(bytes + 64);
@@ -120,11 +132,11 @@ int main(int argc, char** argv) {
   }
   unsigned long long out[kOut] = {0};
   bool ok = false;
-  if (dtype == 'e') ok = dispatch_terms(terms, reinterpret_cast<const mr::half*>(data), n, grid, block, out);
-  if (dtype == 'f') ok = dispatch_terms(terms, reinterpret_cast<const float*>(data), n, grid, block, out);
-  if (dtype == 'd') ok = dispatch_terms(terms, reinterpret_cast<const double*>(data), n, grid, block, out);
+  if (dtype == 'e') ok = dispatch(terms, unroll, reinterpret_cast<const mr::half*>(data), n, grid, block, out);
+  if (dtype == 'f') ok = dispatch(terms, unroll, reinterpret_cast<const float*>(data), n, grid, block, out);
+  if (dtype == 'd') ok = dispatch(terms, unroll, reinterpret_cast<const double*>(data), n, grid, block, out);
   if (!ok) {
-    std::fprintf(stderr, "unsupported dtype %c or terms %d\n", dtype, terms);
+    std::fprintf(stderr, "unsupported dtype %c, terms %d or unroll %d\n", dtype, terms, unroll);
     return 2;
   }
   for (int j = 0; j < kOut; ++j) std::printf("%lld\n", static_cast<long long>(out[j]));

@@ -30,6 +30,10 @@ from .. import kernels as _kernels
 
 BLOCK = 256
 TERMS = 4  # expansion length per thread: ExBLAS measured 3-8 as the fast range; more terms, fewer flushes
+# 16-byte packs each thread loads before adding any (exact.cuh visit_row): bytes in flight against DRAM
+# latency. Per dtype because of registers (nvcc 13, sm_90): float64 4 -> 80 registers, no spills; float32
+# 2 -> 64 with a 12-byte spill; float16 > 1 spills ~300 bytes. benchmarks/profile_exact.py sweeps it.
+UNROLL = {"float16": 1, "float32": 2, "float64": 4}
 BLOCKS_PER_SM = 4  # one resident wave: every extra block costs a flush and 72 global atomics per row
 KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
 BIG = 960  # kernels/exact.cuh kBig: |x| >= 2**BIG goes straight to the superaccumulator
@@ -54,7 +58,7 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 
 def exact_name(dtype) -> str:
-    return f"mr::exact::exact_sum_rows<{_kernels.ctype(dtype)}, {TERMS}, {BLOCK}>"
+    return f"mr::exact::exact_sum_rows<{_kernels.ctype(dtype)}, {TERMS}, {BLOCK}, {UNROLL[np.dtype(dtype).name]}>"
 
 
 def all_exact_instantiations() -> list[str]:

@@ -206,7 +206,7 @@ def test_hostile_rows_exact_words_for_every_grid(dtype, n, monkeypatch):
                 assert (totals[0], bool(nan[0]), bool(pinf[0]), bool(ninf[0])) == want, (name, offset, gx)
                 if emulator is not None and host.size <= 1025:
                     emulated = emulator.emulate_words(host, grid=gx, block=cupy_exact.BLOCK, terms=cupy_exact.TERMS,
-                                                      byte_offset=offset * host.dtype.itemsize)
+                                                      unroll=cupy_exact.UNROLL[host.dtype.name], byte_offset=offset * host.dtype.itemsize)
                     assert np.array_equal(words[0], emulated), (name, offset, gx)
             with np.errstate(invalid="ignore", over="ignore"):
                 assert bits(cupy.asnumpy(exact.sum(g))) == bits(exact.sum(host)), (name, offset)
