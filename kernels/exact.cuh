@@ -24,6 +24,13 @@
 // per-element path. float16, k = 8: hi - lo <= 29 < 53 - 11 - 3 always holds, only inf/NaN fall back.
 // The pack sum is < 2^131 in magnitude, far below kBig, and it is the same real number as its elements'
 // sum, so the words (the exact sum) do not change: only how many cascades produce them.
+//
+// Invariants the words rest on, whatever the shape: (1) pack p of a row goes to grid thread p mod
+// (gridDim.x * Block) for every Unroll, so a block's element set depends only on the grid; (2) after
+// propagate_carries a block's words are the unique base-2^32 digits of its exact sum (top word signed),
+// so they do not depend on the order of the shared atomics nor on Terms/Unroll/pack sums; (3) the row's
+// words are integer sums of those digits: any launch order, any number of launches. The total (what is
+// rounded) is the same for every grid; tools/exact_host_emulator.cpp reproduces the words bit for bit.
 #pragma once
 #include "common.cuh"
 
