@@ -4,10 +4,11 @@
 // expansion of kTerms doubles updated by a TwoSum cascade: the sum of the expansion plus the elements
 // not yet seen is invariant, because TwoSum is exact unless an addition overflows. What falls out of
 // the last term (and any element of magnitude >= 2^kBig, where an addition could overflow) is added
-// to a block superaccumulator in shared memory: kWords signed 64-bit words, word j counting units of
-// 2^(32 j - 1074), so bit 0 is the smallest subnormal and every double lands in three adjacent words.
-// At the end each thread flushes its expansion, one thread propagates the carries (every word but the
-// last becomes a digit in [0, 2^32)), and the block adds its digits into the row's global words with
+// to a block superaccumulator in shared memory (Banks: unsigned 32-bit digits for the positive and the
+// negative deposits), digit j counting units of 2^(32 j - 1074), so bit 0 is the smallest subnormal and
+// every double lands in three adjacent digits. At the end each thread flushes its expansion, one thread
+// turns pos - neg into signed words with carries (every word but the last a digit in [0, 2^32)), and
+// the block adds its digits into the row's global words with
 // integer atomics, which is associative: the row's words do not depend on the grid or the schedule.
 // The host folds the words into exact.py's integer state (backends/cupy_exact.py), so GPU, CPU and
 // any chunking give the same bits. NaN/+inf/-inf are flags ORed into word kWords.
@@ -97,8 +98,41 @@ __device__ __forceinline__ bool pack_sum(const Pack<half>& p, double& sum) {
   return true;
 }
 
-// Adds the finite double d exactly into the superaccumulator acc (shared or global words).
-__device__ __forceinline__ void deposit(long long* acc, double d) {
+// The block superaccumulator: the magnitudes of positive and of negative deposits in two banks of
+// unsigned 32-bit digits, digit j counting units of 2^(32 j - 1074). 32-bit shared atomicAdd is native
+// where a 64-bit add on signed words compiles to a compare-and-swap loop. A digit that wraps is seen by
+// the thread whose add wrapped it (old + v >= 2^32), and that thread carries one into the next digit, so
+// once all adds are done each bank holds the exact sum of what was added to it. The top digit never
+// wraps: a block sees at most 2^28 elements per launch (cupy_exact._PER_BLOCK_LIMIT) and makes fewer than
+// 2^28 + Terms * Block deposits, each below 2^(960 + 28 + 1) (expansion terms and TwoSum errors of sums
+// of < 2^28 values below 2^kBig) or below 2^1024 (a big element), so a bank stays below 2^1054, far inside
+// kWords * 32 = 2304 bits.
+struct Banks {
+  unsigned pos[kWords];
+  unsigned neg[kWords];
+};
+
+__device__ __forceinline__ unsigned atomic_add_u32(unsigned* p, unsigned v) {
+#ifdef __CUDA_ARCH__
+  return atomicAdd(p, v);
+#else  // host builds (tools/exact_host_emulator.cpp, tests/test_exact.py) run one thread at a time
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+#endif
+}
+
+__device__ __forceinline__ void add_digit(unsigned* bank, int j, unsigned v) {
+  unsigned old = atomic_add_u32(bank + j, v);
+  while (old > 0xffffffffu - v) {  // this add wrapped digit j: carry one into digit j + 1
+    v = 1u;
+    ++j;
+    old = atomic_add_u32(bank + j, v);
+  }
+}
+
+// Adds the finite double d exactly into the block's banks.
+__device__ __forceinline__ void deposit(Banks& acc, double d) {
   const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(d));
   const int field = static_cast<int>((bits >> 52) & 0x7ff);
   unsigned long long mant = bits & ((1ull << 52) - 1);
@@ -107,15 +141,12 @@ __device__ __forceinline__ void deposit(long long* acc, double d) {
   const int pos = field ? field - 1 : 0;  // d = mant * 2^(pos - 1074)
   const int word = pos >> 5, shift = pos & 31;
   const unsigned long long low = mant << shift;
-  const unsigned long long high = shift ? mant >> (64 - shift) : 0ull;  // < 2^20
-  const bool neg = (bits >> 63) != 0;
-  const unsigned long long piece[3] = {low & 0xffffffffull, low >> 32, high};
+  const unsigned high = shift ? static_cast<unsigned>(mant >> (64 - shift)) : 0u;  // < 2^20
+  unsigned* bank = (bits >> 63) ? acc.neg : acc.pos;
+  const unsigned piece[3] = {static_cast<unsigned>(low), static_cast<unsigned>(low >> 32), high};
 #pragma unroll
   for (int k = 0; k < 3; ++k) {
-    if (piece[k]) {
-      const unsigned long long v = neg ? (0ull - piece[k]) : piece[k];  // two's complement: exact wraparound
-      atomicAdd(reinterpret_cast<unsigned long long*>(acc + word + k), v);
-    }
+    if (piece[k]) add_digit(bank, word + k, piece[k]);
   }
 }
 
@@ -130,7 +161,7 @@ struct Expansion {
     flags = 0;
   }
 
-  __device__ __forceinline__ void add(double x, long long* acc) {
+  __device__ __forceinline__ void add(double x, Banks& acc) {
     const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(x));
     const int field = static_cast<int>((bits >> 52) & 0x7ff);
     if (field == 0x7ff) {  // inf or NaN: flags only, as exact.py
@@ -153,14 +184,14 @@ struct Expansion {
     deposit(acc, x);
   }
 
-  __device__ __forceinline__ void flush(long long* acc) {
+  __device__ __forceinline__ void flush(Banks& acc) {
 #pragma unroll
     for (int i = 0; i < Terms; ++i) deposit(acc, a[i]);
   }
 };
 
 template <class T, int Terms>
-__device__ __forceinline__ void add_pack(const Pack<T>& pack, Expansion<Terms>& ex, long long* acc) {
+__device__ __forceinline__ void add_pack(const Pack<T>& pack, Expansion<Terms>& ex, Banks& acc) {
   double sum;
   if (pack_sum(pack, sum)) {
     ex.add(sum, acc);
@@ -176,7 +207,7 @@ __device__ __forceinline__ void add_pack(const Pack<T>& pack, Expansion<Terms>& 
 // 16-byte load in flight per thread does not cover DRAM latency at a few blocks per SM).
 template <class T, int Terms, int Unroll>
 __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Expansion<Terms>& ex,
-                                          long long* acc) {
+                                          Banks& acc) {
   const index_t thread = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const index_t threads = static_cast<index_t>(gridDim.x) * blockDim.x;
   constexpr int P = Pack<T>::kCount;
@@ -198,15 +229,16 @@ __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Ex
   for (index_t i = head + packs * P + thread; i < n; i += threads) ex.add(to_double(x[i]), acc);
 }
 
-// Digits in [0, 2^32) for every word but the last, so the grid's sum of digits cannot overflow.
-__device__ __forceinline__ void propagate_carries(long long* acc) {
+// The block's exact sum as digits in [0, 2^32) for every word but the last (signed), so the grid's
+// sum of digits cannot overflow; |pos - neg + carry| < 2^33 at every step.
+__device__ __forceinline__ void propagate_carries(const Banks& acc, long long* digits) {
   long long carry = 0;
   for (int j = 0; j < kWords - 1; ++j) {
-    const long long v = acc[j] + carry;
-    acc[j] = v & 0xffffffffll;
+    const long long v = static_cast<long long>(acc.pos[j]) - static_cast<long long>(acc.neg[j]) + carry;
+    digits[j] = v & 0xffffffffll;
     carry = v >> 32;  // arithmetic shift: floor division, negative values borrow
   }
-  acc[kWords - 1] += carry;
+  digits[kWords - 1] = static_cast<long long>(acc.pos[kWords - 1]) - static_cast<long long>(acc.neg[kWords - 1]) + carry;
 }
 
 // x: rows x n, row r at x + r * row_stride (elements). out: rows x kOut words, zeroed by the caller;
@@ -215,10 +247,11 @@ __device__ __forceinline__ void propagate_carries(long long* acc) {
 template <class T, int Terms, int Block, int Unroll = 1>  // the default: tests/test_exact.py names <T, 4, 1>
 __global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x, index_t rows, index_t n,
                                                         index_t row_stride, long long* __restrict__ out) {
-  __shared__ long long acc[kWords];
+  __shared__ Banks acc;
+  __shared__ long long digits[kWords];
   __shared__ unsigned long long block_flags;
   for (index_t row = blockIdx.y; row < rows; row += gridDim.y) {
-    for (int j = threadIdx.x; j < kWords; j += Block) acc[j] = 0;
+    for (int j = threadIdx.x; j < kWords; j += Block) acc.pos[j] = acc.neg[j] = 0u;
     if (threadIdx.x == 0) block_flags = 0;
     __syncthreads();
     Expansion<Terms> ex;
@@ -227,11 +260,11 @@ __global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x,
     ex.flush(acc);
     if (ex.flags) atomicOr(&block_flags, ex.flags);
     __syncthreads();
-    if (threadIdx.x == 0) propagate_carries(acc);
+    if (threadIdx.x == 0) propagate_carries(acc, digits);
     __syncthreads();
     long long* dst = out + row * kOut;
     for (int j = threadIdx.x; j < kWords; j += Block) {
-      if (acc[j]) atomicAdd(reinterpret_cast<unsigned long long*>(dst + j), static_cast<unsigned long long>(acc[j]));
+      if (digits[j]) atomicAdd(reinterpret_cast<unsigned long long*>(dst + j), static_cast<unsigned long long>(digits[j]));
     }
     if (threadIdx.x == 0 && block_flags) atomicOr(reinterpret_cast<unsigned long long*>(dst + kWords), block_flags);
     __syncthreads();  // acc is reset for the next row only after every thread has read it

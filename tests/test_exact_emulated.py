@@ -158,3 +158,17 @@ def test_words_round_to_the_correctly_rounded_sum(dt):
             from fractions import Fraction
             exact = sum((Fraction(v) for v in x.astype(np.float64).tolist()), Fraction(0))
             assert got == float(np.float64(round_exact(exact.numerator, exact.denominator, 0, np.dtype(dt)))), name
+
+
+def test_bank_digits_wrap_and_carry():
+    """Elements >= 2^960 go straight into the 32-bit digit banks; widest significands at a few binades, both
+    signs, thousands of them in one thread: every digit wraps many times in both banks."""
+    rng = np.random.default_rng(5)
+    top = np.float64(2.0**53 - 1) * 2.0 ** rng.integers(960 - 52, 1023 - 52, 4099)
+    mixed = top * rng.choice([-1.0, 1.0], top.size)
+    ones = np.full(4099, np.float64(2.0**53 - 1) * 2.0**(1000 - 52))
+    for x in (top, -top, mixed, ones, np.concatenate([ones, -ones[:-1]])):
+        check(x, grid=1, block=1)
+        check(x, grid=2, block=32, terms=2)
+    spread = hostile(np.float64, 4099, rng)["spread"]  # short expansions: most elements are deposited
+    check(spread, grid=1, block=4, terms=2)

@@ -70,7 +70,8 @@ static void run_row(const T* x, long long n, unsigned grid, unsigned block, unsi
   blockIdx.y = 0;
   for (unsigned b = 0; b < grid; ++b) {
     blockIdx.x = b;
-    long long acc[kWords] = {0};
+    Banks acc = {};
+    long long digits[kWords];
     unsigned long long flags = 0;
     for (unsigned t = 0; t < block; ++t) {
       threadIdx.x = t;
@@ -80,8 +81,8 @@ static void run_row(const T* x, long long n, unsigned grid, unsigned block, unsi
       ex.flush(acc);
       flags |= ex.flags;
     }
-    propagate_carries(acc);
-    for (int j = 0; j < kWords; ++j) out[j] += static_cast<unsigned long long>(acc[j]);
+    propagate_carries(acc, digits);
+    for (int j = 0; j < kWords; ++j) out[j] += static_cast<unsigned long long>(digits[j]);
     out[kWords] |= flags;
   }
 }
