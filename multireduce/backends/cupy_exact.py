@@ -31,9 +31,10 @@ from .. import kernels as _kernels
 BLOCK = 256
 TERMS = 4  # expansion length per thread: ExBLAS measured 3-8 as the fast range; more terms, fewer flushes
 # 16-byte packs each thread loads before adding any (exact.cuh visit_row): bytes in flight against DRAM
-# latency. Per dtype because of registers (nvcc 13, sm_90): float64 4 -> 80 registers, no spills; float32
-# 2 -> 64 with a 12-byte spill; float16 > 1 spills ~300 bytes. benchmarks/profile_exact.py sweeps it.
-UNROLL = {"float16": 1, "float32": 2, "float64": 4}
+# latency. Per dtype: the most that compiles without spills (nvcc 13, sm_90) at <= 64 registers, so
+# that 4 blocks of 256 fit on an SM: float64 4 (59 registers), float32 8 (62; 4 spills 12 bytes),
+# float16 2 (40; 4 spills). benchmarks/profile_exact.py sweeps it.
+UNROLL = {"float16": 2, "float32": 8, "float64": 4}
 BLOCKS_PER_SM = 4  # one resident wave: every extra block costs a flush and 72 global atomics per row
 KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
 BIG = 960  # kernels/exact.cuh kBig: |x| >= 2**BIG goes straight to the superaccumulator
