@@ -8,8 +8,8 @@
 // negative deposits), digit j counting units of 2^(32 j - 1074), so bit 0 is the smallest subnormal and
 // every double lands in three adjacent digits. At the end each thread flushes its expansion, one thread
 // turns pos - neg into signed words with carries (every word but the last a digit in [0, 2^32)), and
-// the block adds its digits into the row's global words with
-// integer atomics, which is associative: the row's words do not depend on the grid or the schedule.
+// the block adds its digits into the row's global words with integer atomics, which is associative:
+// the row's words do not depend on the schedule, and their total not on the grid.
 // The host folds the words into exact.py's integer state (backends/cupy_exact.py), so GPU, CPU and
 // any chunking give the same bits. NaN/+inf/-inf are flags ORed into word kWords.
 //
