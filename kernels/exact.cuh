@@ -4,13 +4,34 @@
 // expansion of kTerms doubles updated by a TwoSum cascade: the sum of the expansion plus the elements
 // not yet seen is invariant, because TwoSum is exact unless an addition overflows. What falls out of
 // the last term (and any element of magnitude >= 2^kBig, where an addition could overflow) is added
-// to a block superaccumulator in shared memory: kWords signed 64-bit words, word j counting units of
-// 2^(32 j - 1074), so bit 0 is the smallest subnormal and every double lands in three adjacent words.
-// At the end each thread flushes its expansion, one thread propagates the carries (every word but the
-// last becomes a digit in [0, 2^32)), and the block adds its digits into the row's global words with
-// integer atomics, which is associative: the row's words do not depend on the grid or the schedule.
+// to a block superaccumulator in shared memory (Banks: unsigned 32-bit digits for the positive and the
+// negative deposits), digit j counting units of 2^(32 j - 1074), so bit 0 is the smallest subnormal and
+// every double lands in three adjacent digits. At the end each thread flushes its expansion, one thread
+// turns pos - neg into signed words with carries (every word but the last a digit in [0, 2^32)), and
+// the block adds its digits into the row's global words with integer atomics, which is associative:
+// the row's words do not depend on the schedule, and their total not on the grid.
 // The host folds the words into exact.py's integer state (backends/cupy_exact.py), so GPU, CPU and
 // any chunking give the same bits. NaN/+inf/-inf are flags ORed into word kWords.
+//
+// Pack sums (float32, float16): a 16-byte pack is first summed in double when that sum is provably
+// exact, and only that one double enters the expansion (4x / 8x fewer TwoSum cascades). Bound: let the
+// pack's nonzero values have exponent fields in [lo, hi] (a subnormal counts as field 1, since its ulp is
+// that of field 1). Every value is an integer multiple of u = ulp(field lo) = 2^(lo - bias - m), m = 23
+// (float32) / 10 (float16), and |value| < 2^(hi - bias + 1). Any partial sum of j <= k values is then an
+// integer multiple of u below k 2^(hi - bias + 1), i.e. fewer than 2^(hi - lo + m + 1 + ceil(log2 k)) units
+// of u: a double holds it exactly when hi - lo + (m + 1) + ceil(log2 k) <= 53, and u >= 2^-149 is far
+// above the double subnormal range, so no addition of the pack rounds. float32, k = 4: hi - lo <= 27,
+// tested from the max and min nonzero |bits| of the pack; a wider pack, or one with inf/NaN, takes the
+// per-element path. float16, k = 8: hi - lo <= 29 < 53 - 11 - 3 always holds, only inf/NaN fall back.
+// The pack sum is < 2^131 in magnitude, far below kBig, and it is the same real number as its elements'
+// sum, so the words (the exact sum) do not change: only how many cascades produce them.
+//
+// Invariants the words rest on, whatever the shape: (1) pack p of a row goes to grid thread p mod
+// (gridDim.x * Block) for every Unroll, so a block's element set depends only on the grid; (2) after
+// propagate_carries a block's words are the unique base-2^32 digits of its exact sum (top word signed),
+// so they do not depend on the order of the shared atomics nor on Terms/Unroll/pack sums; (3) the row's
+// words are integer sums of those digits: any launch order, any number of launches. The total (what is
+// rounded) is the same for every grid; tools/exact_host_emulator.cpp reproduces the words bit for bit.
 #pragma once
 #include "common.cuh"
 
@@ -32,8 +53,86 @@ __device__ __forceinline__ double to_double(double v) { return v; }
 __device__ __forceinline__ double to_double(float v) { return static_cast<double>(v); }
 __device__ __forceinline__ double to_double(half v) { return static_cast<double>(half_to_float(v.bits)); }
 
-// Adds the finite double d exactly into the superaccumulator acc (shared or global words).
-__device__ __forceinline__ void deposit(long long* acc, double d) {
+__device__ __forceinline__ unsigned float_bits(float v) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(v);
+#else
+  unsigned u;
+  __builtin_memcpy(&u, &v, sizeof u);
+  return u;
+#endif
+}
+
+// The exact sum of a pack in double, or false when the bound of the header does not prove it (the
+// caller then adds the elements one by one). float64 packs never take this path.
+__device__ __forceinline__ bool pack_sum(const Pack<double>&, double&) { return false; }
+
+constexpr int kF32PackSpread = 53 - 24 - 2;  // hi - lo limit for 4 float32 values (header's bound)
+
+__device__ __forceinline__ bool pack_sum(const Pack<float>& p, double& sum) {
+  unsigned hi = 0, lo = 0x7f800000u;  // lo: the smallest nonzero |bits|; an all-zero pack keeps lo > hi
+#pragma unroll
+  for (int k = 0; k < Pack<float>::kCount; ++k) {
+    const unsigned a = float_bits(p.v[k]) & 0x7fffffffu;
+    hi = a > hi ? a : hi;
+    const unsigned nz = a ? a : 0x7f800000u;
+    lo = nz < lo ? nz : lo;
+  }
+  const int fhi = static_cast<int>(hi >> 23), flo = static_cast<int>(lo >> 23);
+  if (fhi == 0xff || fhi - (flo ? flo : 1) > kF32PackSpread) return false;
+  double s = 0.0;
+#pragma unroll
+  for (int k = 0; k < Pack<float>::kCount; ++k) s = __dadd_rn(s, static_cast<double>(p.v[k]));
+  sum = s;
+  return true;
+}
+
+__device__ __forceinline__ bool pack_sum(const Pack<half>& p, double& sum) {
+  double s = 0.0;
+#pragma unroll
+  for (int k = 0; k < Pack<half>::kCount; ++k) {
+    if ((p.v[k].bits & 0x7c00u) == 0x7c00u) return false;  // inf/NaN: the per-element path sets the flags
+    s = __dadd_rn(s, to_double(p.v[k]));
+  }
+  sum = s;
+  return true;
+}
+
+// The block superaccumulator: the magnitudes of positive and of negative deposits in two banks of
+// unsigned 32-bit digits, digit j counting units of 2^(32 j - 1074). 32-bit shared atomicAdd is native
+// where a 64-bit add on signed words compiles to a compare-and-swap loop. A digit that wraps is seen by
+// the thread whose add wrapped it (old + v >= 2^32), and that thread carries one into the next digit, so
+// once all adds are done each bank holds the exact sum of what was added to it. The top digit never
+// wraps: a block sees at most 2^28 elements per launch (cupy_exact._PER_BLOCK_LIMIT) and makes fewer than
+// 2^28 + Terms * Block deposits, each below 2^(960 + 28 + 1) (expansion terms and TwoSum errors of sums
+// of < 2^28 values below 2^kBig) or below 2^1024 (a big element), so a bank stays below 2^1054, far inside
+// kWords * 32 = 2304 bits.
+struct Banks {
+  unsigned pos[kWords];
+  unsigned neg[kWords];
+};
+
+__device__ __forceinline__ unsigned atomic_add_u32(unsigned* p, unsigned v) {
+#ifdef __CUDA_ARCH__
+  return atomicAdd(p, v);
+#else  // host builds (tools/exact_host_emulator.cpp, tests/test_exact.py) run one thread at a time
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+#endif
+}
+
+__device__ __forceinline__ void add_digit(unsigned* bank, int j, unsigned v) {
+  unsigned old = atomic_add_u32(bank + j, v);
+  while (old > 0xffffffffu - v) {  // this add wrapped digit j: carry one into digit j + 1
+    v = 1u;
+    ++j;
+    old = atomic_add_u32(bank + j, v);
+  }
+}
+
+// Adds the finite double d exactly into the block's banks.
+__device__ __forceinline__ void deposit(Banks& acc, double d) {
   const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(d));
   const int field = static_cast<int>((bits >> 52) & 0x7ff);
   unsigned long long mant = bits & ((1ull << 52) - 1);
@@ -42,15 +141,12 @@ __device__ __forceinline__ void deposit(long long* acc, double d) {
   const int pos = field ? field - 1 : 0;  // d = mant * 2^(pos - 1074)
   const int word = pos >> 5, shift = pos & 31;
   const unsigned long long low = mant << shift;
-  const unsigned long long high = shift ? mant >> (64 - shift) : 0ull;  // < 2^20
-  const bool neg = (bits >> 63) != 0;
-  const unsigned long long piece[3] = {low & 0xffffffffull, low >> 32, high};
+  const unsigned high = shift ? static_cast<unsigned>(mant >> (64 - shift)) : 0u;  // < 2^20
+  unsigned* bank = (bits >> 63) ? acc.neg : acc.pos;
+  const unsigned piece[3] = {static_cast<unsigned>(low), static_cast<unsigned>(low >> 32), high};
 #pragma unroll
   for (int k = 0; k < 3; ++k) {
-    if (piece[k]) {
-      const unsigned long long v = neg ? (0ull - piece[k]) : piece[k];  // two's complement: exact wraparound
-      atomicAdd(reinterpret_cast<unsigned long long*>(acc + word + k), v);
-    }
+    if (piece[k]) add_digit(bank, word + k, piece[k]);
   }
 }
 
@@ -65,7 +161,7 @@ struct Expansion {
     flags = 0;
   }
 
-  __device__ __forceinline__ void add(double x, long long* acc) {
+  __device__ __forceinline__ void add(double x, Banks& acc) {
     const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(x));
     const int field = static_cast<int>((bits >> 52) & 0x7ff);
     if (field == 0x7ff) {  // inf or NaN: flags only, as exact.py
@@ -88,17 +184,30 @@ struct Expansion {
     deposit(acc, x);
   }
 
-  __device__ __forceinline__ void flush(long long* acc) {
+  __device__ __forceinline__ void flush(Banks& acc) {
 #pragma unroll
     for (int i = 0; i < Terms; ++i) deposit(acc, a[i]);
   }
 };
 
-// One row: the elements head-first (scalars up to the 16-byte boundary), then 16-byte packs
-// grid-stride over blockIdx.x, then the scalar tail.
 template <class T, int Terms>
+__device__ __forceinline__ void add_pack(const Pack<T>& pack, Expansion<Terms>& ex, Banks& acc) {
+  double sum;
+  if (pack_sum(pack, sum)) {
+    ex.add(sum, acc);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < Pack<T>::kCount; ++k) ex.add(to_double(pack.v[k]), acc);
+}
+
+// One row: the elements head-first (scalars up to the 16-byte boundary), then 16-byte packs
+// grid-stride over blockIdx.x, then the scalar tail. Pack p always goes to thread p mod (grid threads);
+// Unroll only loads that thread's next packs before adding any, since the kernel is latency-bound (one
+// 16-byte load in flight per thread does not cover DRAM latency at a few blocks per SM).
+template <class T, int Terms, int Unroll>
 __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Expansion<Terms>& ex,
-                                          long long* acc) {
+                                          Banks& acc) {
   const index_t thread = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const index_t threads = static_cast<index_t>(gridDim.x) * blockDim.x;
   constexpr int P = Pack<T>::kCount;
@@ -108,45 +217,54 @@ __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Ex
   for (index_t i = thread; i < head; i += threads) ex.add(to_double(x[i]), acc);
   const index_t packs = (n - head) / P;
   const Aligned<T>* body = reinterpret_cast<const Aligned<T>*>(x + head);
-  for (index_t p = thread; p < packs; p += threads) {
-    const Aligned<T> pack = body[p];
+  index_t p = thread;
+  for (; p + (Unroll - 1) * threads < packs; p += Unroll * threads) {
+    Aligned<T> pk[Unroll];
 #pragma unroll
-    for (int k = 0; k < P; ++k) ex.add(to_double(pack.v[k]), acc);
+    for (int u = 0; u < Unroll; ++u) pk[u] = body[p + u * threads];
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) add_pack<T, Terms>(pk[u], ex, acc);
   }
+  for (; p < packs; p += threads) add_pack<T, Terms>(body[p], ex, acc);
   for (index_t i = head + packs * P + thread; i < n; i += threads) ex.add(to_double(x[i]), acc);
+}
+
+// The block's exact sum as digits in [0, 2^32) for every word but the last (signed), so the grid's
+// sum of digits cannot overflow; |pos - neg + carry| < 2^33 at every step.
+__device__ __forceinline__ void propagate_carries(const Banks& acc, long long* digits) {
+  long long carry = 0;
+  for (int j = 0; j < kWords - 1; ++j) {
+    const long long v = static_cast<long long>(acc.pos[j]) - static_cast<long long>(acc.neg[j]) + carry;
+    digits[j] = v & 0xffffffffll;
+    carry = v >> 32;  // arithmetic shift: floor division, negative values borrow
+  }
+  digits[kWords - 1] = static_cast<long long>(acc.pos[kWords - 1]) - static_cast<long long>(acc.neg[kWords - 1]) + carry;
 }
 
 // x: rows x n, row r at x + r * row_stride (elements). out: rows x kOut words, zeroed by the caller;
 // words 0..kWords-1 receive the block digits (sum of words[j] * 2^(32 j - 1074) = the exact row sum),
 // word kWords the ORed flags.
-template <class T, int Terms, int Block>
+template <class T, int Terms, int Block, int Unroll = 1>  // the default: tests/test_exact.py names <T, 4, 1>
 __global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x, index_t rows, index_t n,
                                                         index_t row_stride, long long* __restrict__ out) {
-  __shared__ long long acc[kWords];
+  __shared__ Banks acc;
+  __shared__ long long digits[kWords];
   __shared__ unsigned long long block_flags;
   for (index_t row = blockIdx.y; row < rows; row += gridDim.y) {
-    for (int j = threadIdx.x; j < kWords; j += Block) acc[j] = 0;
+    for (int j = threadIdx.x; j < kWords; j += Block) acc.pos[j] = acc.neg[j] = 0u;
     if (threadIdx.x == 0) block_flags = 0;
     __syncthreads();
     Expansion<Terms> ex;
     ex.init();
-    visit_row(x + row * row_stride, n, ex, acc);
+    visit_row<T, Terms, Unroll>(x + row * row_stride, n, ex, acc);
     ex.flush(acc);
     if (ex.flags) atomicOr(&block_flags, ex.flags);
     __syncthreads();
-    if (threadIdx.x == 0) {  // carries: digits in [0, 2^32), so the grid's sum of digits cannot overflow
-      long long carry = 0;
-      for (int j = 0; j < kWords - 1; ++j) {
-        const long long v = acc[j] + carry;
-        acc[j] = v & 0xffffffffll;
-        carry = v >> 32;  // arithmetic shift: floor division, negative values borrow
-      }
-      acc[kWords - 1] += carry;
-    }
+    if (threadIdx.x == 0) propagate_carries(acc, digits);
     __syncthreads();
     long long* dst = out + row * kOut;
     for (int j = threadIdx.x; j < kWords; j += Block) {
-      if (acc[j]) atomicAdd(reinterpret_cast<unsigned long long*>(dst + j), static_cast<unsigned long long>(acc[j]));
+      if (digits[j]) atomicAdd(reinterpret_cast<unsigned long long*>(dst + j), static_cast<unsigned long long>(digits[j]));
     }
     if (threadIdx.x == 0 && block_flags) atomicOr(reinterpret_cast<unsigned long long*>(dst + kWords), block_flags);
     __syncthreads();  // acc is reset for the next row only after every thread has read it

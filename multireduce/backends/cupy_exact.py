@@ -30,7 +30,12 @@ from .. import kernels as _kernels
 
 BLOCK = 256
 TERMS = 4  # expansion length per thread: ExBLAS measured 3-8 as the fast range; more terms, fewer flushes
-BLOCKS_PER_SM = 8
+# 16-byte packs each thread loads before adding any (exact.cuh visit_row): bytes in flight against DRAM
+# latency. Per dtype: the most that compiles without spills (nvcc 13, sm_90) at <= 64 registers, so
+# that 4 blocks of 256 fit on an SM: float64 4 (59 registers), float32 8 (62; 4 spills 12 bytes),
+# float16 2 (40; 4 spills). benchmarks/profile_exact.py sweeps it.
+UNROLL = {"float16": 2, "float32": 8, "float64": 4}
+BLOCKS_PER_SM = 4  # one resident wave: every extra block costs a flush and 72 global atomics per row
 KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
 BIG = 960  # kernels/exact.cuh kBig: |x| >= 2**BIG goes straight to the superaccumulator
 WORD_BASE = -1074  # bit 0 of the words: the smallest float64 subnormal
@@ -54,7 +59,7 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 
 def exact_name(dtype) -> str:
-    return f"mr::exact::exact_sum_rows<{_kernels.ctype(dtype)}, {TERMS}, {BLOCK}>"
+    return f"mr::exact::exact_sum_rows<{_kernels.ctype(dtype)}, {TERMS}, {BLOCK}, {UNROLL[np.dtype(dtype).name]}>"
 
 
 def all_exact_instantiations() -> list[str]:
@@ -102,20 +107,30 @@ def fold_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
 
 @functools.lru_cache(maxsize=4096)
-def _grid_x(device: int, n: int, rows: int) -> int:
+def _grid_x(device: int, n: int, rows: int, per_sm: int, resident: int | None) -> int:
+    """Blocks per row: ``per_sm`` blocks per SM in all, capped by the kernel's resident blocks per SM (the
+    occupancy API; None when unknown) so that the grid is one wave. The words do not depend on it."""
     sms = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    if resident:
+        per_sm = min(per_sm, resident)
     per_block = BLOCK * 16  # at least one 16-byte pack per thread
     want = max(1, -(-n // per_block))
-    return int(max(1, min(want, max(1, sms * BLOCKS_PER_SM // min(rows, _ROWS_PER_LAUNCH)))))
+    return int(max(1, min(want, max(1, sms * per_sm // min(rows, _ROWS_PER_LAUNCH)))))
 
 
-def device_words(x):
+def device_words(x, blocks_per_sm: int | None = None):
     """The (rows, KWORDS + 1) int64 words of a C-contiguous 2-d CuPy array's row sums, on its GPU (the
-    kernel alone: what benchmarks time against a plain sum)."""
+    kernel alone: what benchmarks time against a plain sum). ``blocks_per_sm`` (default BLOCKS_PER_SM) is
+    the grid knob benchmarks/profile_exact.py sweeps."""
+    from .cupy_backend import scan_occupancy
+
     rows, n = x.shape
     words = cupy.zeros((rows, KWORDS + 1), dtype=np.int64)
     kernel = _kernel(x.dtype)
-    gx = _grid_x(x.data.device_id, n, rows)
+    per_sm = BLOCKS_PER_SM if blocks_per_sm is None else int(blocks_per_sm)
+    if per_sm < 1:
+        raise ValueError(f"blocks_per_sm must be >= 1, got {blocks_per_sm}")
+    gx = _grid_x(x.data.device_id, n, rows, per_sm, scan_occupancy(kernel, BLOCK))
     step = gx * _PER_BLOCK_LIMIT
     for start in range(0, n, step):  # the words add across launches as across blocks
         part = x[:, start:start + step]

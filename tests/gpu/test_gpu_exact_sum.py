@@ -134,7 +134,7 @@ def test_grid_and_repeats_do_not_change_the_words(monkeypatch):
     for _ in range(20):
         assert int(exact.state_of(x, (0,)).total[()]) == int(first.total[()])
     for gx in (1, 3, 64, 1000):
-        monkeypatch.setattr(cupy_exact, "_grid_x", lambda device, n, rows, gx=gx: gx)
+        monkeypatch.setattr(cupy_exact, "_grid_x", lambda *args, gx=gx: gx)
         assert int(exact.state_of(x, (0,)).total[()]) == int(first.total[()])
     monkeypatch.setattr(cupy_exact, "_PER_BLOCK_LIMIT", 1000)  # many launches into the same words
     assert int(exact.state_of(x, (0,)).total[()]) == int(first.total[()])
@@ -169,3 +169,56 @@ def test_past_2_31_elements():
     assert float(exact.sum(x, dtype=np.float64)) == float(expected)
     del x
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile rows of tests/test_exact_emulated.py on the GPU: exact words for every grid, and the very
+# words the host emulator (tools/exact_host_emulator.cpp) computes for the same grid
+# ------------------------------------------------------------------------------------------------
+def _emulated():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import exact_emulate
+
+    return exact_emulate if exact_emulate.compiler() else None
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [0, 1, 31, 33, 1023, 1025, (1 << 16) + 5])
+def test_hostile_rows_exact_words_for_every_grid(dtype, n, monkeypatch):
+    from tests.test_exact_emulated import exact_total, hostile
+
+    emulator = _emulated()
+    rows = hostile(dtype, n, np.random.default_rng(n))
+    for name, x in rows.items():
+        want = exact_total(x)
+        for offset in (0, 1):  # 1 element: the head path before the 16-byte packs
+            host = x[offset:]
+            g = cupy.asarray(x)[offset:]
+            if offset:
+                want = exact_total(host)
+            for gx in (1, 3, 7, 132):
+                monkeypatch.setattr(cupy_exact, "_grid_x", lambda *args, gx=gx: gx)
+                words = cupy.asnumpy(cupy_exact.device_words(g.reshape(1, -1)))
+                totals, nan, pinf, ninf = cupy_exact.fold_words(words)
+                assert (totals[0], bool(nan[0]), bool(pinf[0]), bool(ninf[0])) == want, (name, offset, gx)
+                if emulator is not None and host.size <= 1025:
+                    emulated = emulator.emulate_words(host, grid=gx, block=cupy_exact.BLOCK, terms=cupy_exact.TERMS,
+                                                      unroll=cupy_exact.UNROLL[host.dtype.name], byte_offset=offset * host.dtype.itemsize)
+                    assert np.array_equal(words[0], emulated), (name, offset, gx)
+            with np.errstate(invalid="ignore", over="ignore"):
+                assert bits(cupy.asnumpy(exact.sum(g))) == bits(exact.sum(host)), (name, offset)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_blocks_per_sm_knob_keeps_the_words_exact(dtype):
+    from tests.test_exact_emulated import exact_total, hostile
+
+    x = hostile(dtype, (1 << 20) + 3, np.random.default_rng(5))["spread"]
+    g = cupy.asarray(x).reshape(1, -1)
+    want = exact_total(x)
+    for per_sm in (1, 2, 4, 8, 32):
+        totals, nan, pinf, ninf = cupy_exact.fold_words(cupy.asnumpy(cupy_exact.device_words(g, blocks_per_sm=per_sm)))
+        assert (totals[0], bool(nan[0]), bool(pinf[0]), bool(ninf[0])) == want, per_sm

@@ -1,0 +1,63 @@
+"""Build and drive tools/exact_host_emulator.cpp: the words of kernels/exact.cuh for one row, computed on
+the host by the kernel's own device functions (tests/test_exact_emulated.py; no GPU needed).
+
+    python tools/exact_emulate.py     (builds it and prints the words of a small float32 row)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "tools" / "exact_host_emulator.cpp"
+KERNEL = ROOT / "kernels" / "exact.cuh"
+_CODES = {np.dtype(np.float16): "e", np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
+
+
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def build() -> Path:
+    """The emulator binary, cached in the temp dir under a hash of its two sources."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    kernel, source = KERNEL.read_bytes(), SOURCE.read_bytes()
+    key = hashlib.sha256(kernel + b"\0" + source + cxx.encode()).hexdigest()[:16]
+    binary = Path(tempfile.gettempdir()) / f"mr_exact_emulator_{key}"
+    if binary.exists():
+        return binary
+    with tempfile.TemporaryDirectory() as tmp:
+        # exact.cuh's #include "common.cuh" finds this empty file: the emulator's shims stand in for it
+        (Path(tmp) / "exact.cuh").write_bytes(kernel)
+        (Path(tmp) / "common.cuh").write_text("#pragma once\n")
+        partial = Path(tmp) / "emulator"
+        subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-I", tmp,
+                        "-o", str(partial), str(SOURCE)], check=True, capture_output=True, text=True)
+        shutil.move(str(partial), binary)  # atomic enough for parallel test runs: same content either way
+    return binary
+
+
+def emulate_words(x: np.ndarray, grid: int = 1, block: int = 256, terms: int = 4, unroll: int = 4,
+                  byte_offset: int = 0) -> np.ndarray:
+    """The (KWORDS + 1,) int64 words the kernel gives for the 1-d row ``x`` with ``grid`` blocks of ``block``
+    threads, ``terms`` expansion terms, ``unroll`` packs per load batch, the row starting ``byte_offset``
+    bytes past a 16-byte boundary (terms 2/3/4/6/8 and unroll 1/2/4/8 are compiled in)."""
+    x = np.ascontiguousarray(x)
+    code = _CODES[x.dtype]
+    run = subprocess.run([str(build()), code, str(x.size), str(grid), str(block), str(terms),
+                          str(unroll), str(byte_offset)],
+                         input=x.tobytes(), capture_output=True, check=True)
+    return np.array([int(v) for v in run.stdout.split()], dtype=np.int64)
+
+
+if __name__ == "__main__":
+    print(emulate_words(np.arange(10, dtype=np.float32)))
