@@ -448,7 +448,7 @@ def _size_rows(cc, cupy, torch, dtype: np.dtype, n: int, repeats: int, refused: 
 def _segment_rows(cc, cupy, torch, xs, n: int, roof: float, repeats: int) -> list:
     import multireduce as mr
     # the segment counts and random lengths of the bench_segments table, so the two tables line up
-    from bench_segments import SEGMENTS, _offsets
+    from bench_segments import SEGMENTS, segment_case
 
     rows = []
     nbytes = 4 * n
@@ -457,11 +457,7 @@ def _segment_rows(cc, cupy, torch, xs, n: int, roof: float, repeats: int) -> lis
     for m in SEGMENTS:
         if m >= n:
             continue
-        offsets = _offsets(n, m)
-        lengths = np.diff(np.append(offsets, n))
-        starts = cupy.asarray(offsets)
-        ends = cupy.asarray(np.append(offsets[1:], n))
-        want = cupy.asnumpy(total[ends] - total[starts])
+        offsets, lengths, starts, ends, want = segment_case(cupy, total, n, m)
         mass = cupy.asnumpy(total_abs[ends] - total_abs[starts])
         seg_n = max(int(lengths.max()), 1)  # the bound grows with the longest segment, not with n
 

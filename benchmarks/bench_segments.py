@@ -52,11 +52,7 @@ def main(argv=None) -> list:
     for m in SEGMENTS:
         if m >= n:
             continue
-        offsets = _offsets(n, m)
-        lengths = np.diff(np.append(offsets, n))
-        starts = cupy.asarray(offsets)
-        ends = cupy.asarray(np.append(offsets[1:], n))
-        want = cupy.asnumpy(total[ends] - total[starts])  # data in [0, 1): the sum is the mass too
+        offsets, lengths, starts, ends, want = segment_case(cupy, total, n, m)  # data in [0, 1): sum = mass
         moved = nbytes + 12 * m  # data, int64 offsets, float32 results
 
         def check(got):
@@ -100,6 +96,17 @@ def main(argv=None) -> list:
     h.save(rows, "bench_segments", env)
     print(h.markdown(rows, columns=("family", "impl", "n", "ms", "gbps", "ratio_copy", "ok", "note")))
     return rows
+
+
+def segment_case(cupy, running_total, n: int, m: int):
+    """One segment count's case, shared with bench_cub so the two tables line up: the offsets, lengths,
+    device starts and ends, and the float64 reference sums from a running total with a leading zero."""
+    offsets = _offsets(n, m)
+    lengths = np.diff(np.append(offsets, n))
+    starts = cupy.asarray(offsets)
+    ends = cupy.asarray(np.append(offsets[1:], n))
+    want = cupy.asnumpy(running_total[ends] - running_total[starts])
+    return offsets, lengths, starts, ends, want
 
 
 def _offsets(n: int, m: int) -> np.ndarray:
