@@ -288,7 +288,9 @@ def finish(value, divisor, out_dtype):
     out_dtype = np.dtype(out_dtype)
     if divisor is None and value.dtype == out_dtype:
         return value
-    value = cupy.ascontiguousarray(value)
+    if not value._c_contiguous:
+        # not cupy.ascontiguousarray: it makes a 0-d value 1-d, as NumPy's does
+        value = value.copy()
     out = cupy.empty(value.shape, out_dtype)
     n = value.size
     if n:
