@@ -3,8 +3,9 @@ the plain sum for expansion lengths (TERMS) and blocks per SM (device_words' blo
 the kernel's resident blocks per SM), on uniform, normal and range90 data (benchmarks/run_gpu.sh
 exactprofile; the ncu pass of the same step profiles the shipped shape).
 
-    python benchmarks/profile_exact.py [--quick] [--ncu]
-    (--quick: 2^26 only, fewer shapes; --ncu: one launch per dtype at 2^26, for ncu)
+    python benchmarks/profile_exact.py [--quick | --terms] [--ncu]
+    (--quick: 2^26 only, fewer shapes; --terms: 2^26, expansion lengths 4/6/8 on all four data kinds, each
+    dtype's shipped unroll and the next lower; --ncu: one launch per dtype at 2^26, for ncu)
 """
 import argparse
 import sys
@@ -30,6 +31,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--quick", action="store_true", help="2^26 only, terms 4, unroll 2/4/8, blocks per SM 2/4/8")
+    ap.add_argument("--terms", action="store_true", help="2^26, terms 4/6/8, shipped unroll and half, 2/4 blocks per SM")
     args = ap.parse_args()
     if args.ncu:
         for dtype in (np.float32, np.float64):
@@ -41,6 +43,9 @@ def main():
     shipped, shipped_unroll = (cupy_exact.TERMS, cupy_exact.BLOCKS_PER_SM), dict(cupy_exact.UNROLL)
     sizes, terms_swept, unroll_swept, per_sm_swept = (
         ((26,), (4,), (2, 4, 8), (2, 4, 8)) if args.quick else ((26, 28), (4, 6), (1, 2, 4, 8), (2, 3, 4, 8)))
+    kinds = ("uniform", "normal", "range90")
+    if args.terms:
+        sizes, terms_swept, per_sm_swept, kinds = (26,), (4, 6, 8), (2, 4), ("uniform", "normal", "ill", "range90")
     for dtype in (np.float32, np.float64):
         kernel = cupy_exact._kernel(dtype)
         regs = getattr(kernel.fn, "attributes", {}).get("num_regs")
@@ -49,13 +54,15 @@ def main():
     rows = []
     for lg in sizes:
         for dtype in (np.float32, np.float64):
-            for kind in ("uniform", "normal", "range90"):
+            for kind in kinds:
                 g = make_gpu(kind, 1 << lg, dtype)
                 flat = g.reshape(1, -1)
                 plain = median_ms(lambda: mr.sum(g), 15)
                 name = np.dtype(dtype).name
+                unrolls = ((shipped_unroll[name], max(1, shipped_unroll[name] // 2)) if args.terms
+                           else unroll_swept)
                 for terms in terms_swept:
-                    for unroll in unroll_swept:
+                    for unroll in unrolls:
                         reshape_kernel(terms, {**shipped_unroll, name: unroll})
                         for per_sm in per_sm_swept:
                             ms = median_ms(lambda: cupy_exact.device_words(flat, blocks_per_sm=per_sm), 15)
