@@ -1,7 +1,7 @@
 """Exact sum/cumsum against the plain kernels (NumPy on the CPU; CuPy/torch and multireduce on a GPU).
 
     python benchmarks/bench_exact.py [--quick] [--gpu]
-    python benchmarks/bench_exact.py --gpu-exact [--quick]
+    python benchmarks/bench_exact.py --gpu-exact [--quick | --logs 26,28]
 
 --gpu-exact: the exact GPU sum (kernels/exact.cuh) against our plain sum, cupy.sum and torch.sum on the
 same device array, float32/float64, 2^20..2^30 elements, uniform / normal / ill-conditioned (condition
@@ -85,7 +85,7 @@ def median_ms(f, repeat: int) -> float:
     return float(np.median(times))
 
 
-def gpu_exact(quick: bool):
+def gpu_exact(quick: bool, logs=None):
     import cupy
 
     from multireduce.backends import cupy_exact
@@ -94,7 +94,7 @@ def gpu_exact(quick: bool):
         import torch
     except ImportError:
         torch = None
-    logs = [20, 22, 24] if quick else [20, 22, 24, 26, 28, 30]
+    logs = logs or ([20, 22, 24] if quick else [20, 22, 24, 26, 28, 30])
     rows = []
     for dtype in (np.float32, np.float64):
         for kind in ("uniform", "normal", "ill", "range90"):
@@ -147,9 +147,10 @@ def main():
     ap.add_argument("--gpu", action="store_true", help="also time CuPy input (cupy.sum, torch.sum, mr.sum)")
     ap.add_argument("--gpu-exact", action="store_true",
                     help="exact GPU sum vs plain/cupy/torch sums, CUDA-event medians, table last")
+    ap.add_argument("--logs", default=None, help="with --gpu-exact: sizes as powers of two, e.g. 26,28")
     args = ap.parse_args()
     if args.gpu_exact:
-        gpu_exact(args.quick)
+        gpu_exact(args.quick, [int(v) for v in args.logs.split(',')] if args.logs else None)
         return
     rng = np.random.default_rng(0)
     sizes = [1 << 20, 1 << 24] if args.quick else [1 << 20, 1 << 24, 1 << 27, 1 << 30]

@@ -29,12 +29,16 @@ except ImportError:  # the kernel names, the NumPy model and the nvcc check (CI,
 from .. import kernels as _kernels
 
 BLOCK = 256
-TERMS = 4  # expansion length per thread: ExBLAS measured 3-8 as the fast range; more terms, fewer flushes
+# Expansion length per thread. The exact sum of data spanning many binades has that many significant
+# bits, and the expansion holds its top ~53 * TERMS; whatever falls below is deposited with shared atomics,
+# which contend. H200, 2^26 (profile_exact --terms, 2026-11-24): on range90 data (|x| from 1e-45 to 1e45)
+# 4 terms ran at 0.00 (float32) and 0.03 (float64) x the plain sum, 8 terms at 0.22 and 0.36; on uniform,
+# normal and ill-conditioned data 8 terms cost within the run-to-run spread (0.72-0.83 x plain either way).
+TERMS = 8
 # 16-byte packs each thread loads before adding any (exact.cuh visit_row): bytes in flight against DRAM
-# latency. Per dtype: the most that compiles without spills (nvcc 13, sm_90) at <= 64 registers, so
-# that 4 blocks of 256 fit on an SM: float64 4 (59 registers), float32 8 (62; 4 spills 12 bytes),
-# float16 2 (40; 4 spills). benchmarks/profile_exact.py sweeps it.
-UNROLL = {"float16": 2, "float32": 8, "float64": 4}
+# latency. Per dtype, at TERMS = 8 (nvcc 13, sm_90): float64 4 (58 registers), float32 4 (56; 8 takes 72
+# registers, 3 blocks per SM, and measured no faster), float16 2 (47), none spilling. benchmarks/profile_exact.py sweeps it.
+UNROLL = {"float16": 2, "float32": 4, "float64": 4}
 BLOCKS_PER_SM = 4  # one resident wave: every extra block costs a flush and 72 global atomics per row
 KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
 BIG = 960  # kernels/exact.cuh kBig: |x| >= 2**BIG goes straight to the superaccumulator
@@ -99,9 +103,8 @@ def fold_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     shift = WORD_BASE - EBASE  # exact.py's unit is 2**53 times finer than the words' bit 0
     rows = words.shape[0]
     totals = np.empty(rows, dtype=object)
-    digits = words[:, :KWORDS].tolist()
-    for r in range(rows):
-        totals[r] = functools.reduce(lambda acc, jv: acc + (jv[1] << (32 * jv[0])), enumerate(digits[r]), 0) << shift
+    for r, digits in enumerate(words[:, :KWORDS].tolist()):  # most words are zero: skipping them is 2.4 x faster
+        totals[r] = sum(v << (32 * j) for j, v in enumerate(digits) if v) << shift
     flags = words[:, KWORDS]
     return totals, (flags & FLAG_NAN) != 0, (flags & FLAG_PINF) != 0, (flags & FLAG_NINF) != 0
 
