@@ -5,7 +5,7 @@
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
 # segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick; EXACT_ARGS="--logs 26,28" replaces --quick),
-# exactfull (bench_exact --gpu-exact, 2^20..2^30), exactterms (profile_exact --terms: expansion lengths 4/6/8), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
+# exactfull (bench_exact --gpu-exact, 2^20..2^30), exactterms (profile_exact --terms: expansion lengths 4/6/8), exactcall (cProfile of the exact call's host time), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
 # lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 # cub (CUB reduce / scan / segmented reduce through cuda.compute beside ours, CuPy, torch and the copy roof;
 # installs .whl-cccl/ first if it is there; CUB_ARGS="--quick" or "--sizes 26 --dtypes float32" narrow it).
@@ -77,6 +77,10 @@ fi
 if has exactfull; then
   timeout 420 python3 benchmarks/bench_exact.py --gpu-exact > "$OUT/bench-exact-full.log" 2>&1 || rc=1
   tail -n 52 "$OUT/bench-exact-full.log"
+fi
+if has exactcall; then
+  timeout 120 python3 benchmarks/profile_exact_call.py > "$OUT/profile-exact-call.log" 2>&1 || rc=1
+  head -n 70 "$OUT/profile-exact-call.log"
 fi
 if has exactterms; then
   timeout 400 python3 benchmarks/profile_exact.py --terms > "$OUT/profile-exact-terms.log" 2>&1 || rc=1
