@@ -317,14 +317,18 @@ def test_kernel_model_flags(specials):
 
 def test_fold_words_carries_and_signs():
     rng = np.random.default_rng(2)
-    words = rng.integers(-(1 << 40), 1 << 40, size=(3, cupy_exact.KWORDS + 1))
-    words[:, -1] = [0, 1, 6]
+    words = rng.integers(-(1 << 40), 1 << 40, size=(5, cupy_exact.KWORDS + 1))
+    words[3] = 0  # zero
+    info = np.iinfo(np.int64)  # the whole int64 range, every word's top bit in both states
+    words[4] = rng.choice(np.array([info.min, info.max, -1, 1, 0], dtype=np.int64), cupy_exact.KWORDS + 1)
+    words[:, -1] = [0, 1, 6, 0, 0]
     totals, nan, pinf, ninf = cupy_exact.fold_words(words)
-    for r in range(3):
+    assert totals[3] == 0
+    for r in range(5):
         expected = sum(int(w) << (32 * j) for j, w in enumerate(words[r, :-1]))
         assert Fraction(int(totals[r])) * Fraction(2) ** exact.EBASE == Fraction(expected) * Fraction(2) ** cupy_exact.WORD_BASE
-    assert nan.tolist() == [False, True, False] and pinf.tolist() == [False, False, True]
-    assert ninf.tolist() == [False, False, True]
+    assert nan.tolist() == [False, True, False, False, False] and pinf.tolist() == [False, False, True, False, False]
+    assert ninf.tolist() == [False, False, True, False, False]
 
 
 def test_kernel_constants_match_python():
