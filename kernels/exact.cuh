@@ -271,5 +271,93 @@ __global__ void __launch_bounds__(Block) exact_sum_rows(const T* __restrict__ x,
   }
 }
 
+// ---- rounding on the device ----------------------------------------------------------------------
+// A row's words rounded once to a float format, as exact.py's finish and round_exact do on the host, so
+// that a whole-array exact sum needs no copy of its words to the host (backends/cupy_exact.py).
+
+__device__ __forceinline__ int highest_bit(unsigned v) {  // v != 0
+#ifdef __CUDA_ARCH__
+  return 31 - __clz(v);
+#else
+  return 31 - __builtin_clz(v);
+#endif
+}
+
+// Bits [lo, lo + count) of the little-endian digits (count <= 64; digits past kWords read as 0).
+__device__ __forceinline__ unsigned long long digit_bits(const unsigned* d, int lo, int count) {
+  if (count <= 0) return 0ull;
+  const int word = lo >> 5, shift = lo & 31;
+  const unsigned long long w0 = word < kWords ? d[word] : 0u, w1 = word + 1 < kWords ? d[word + 1] : 0u;
+  const unsigned long long w2 = word + 2 < kWords ? d[word + 2] : 0u;
+  const unsigned long long low = w0 | (w1 << 32);
+  unsigned long long v = shift ? (low >> shift) | (w2 << (64 - shift)) : low;
+  return count >= 64 ? v : v & ((1ull << count) - 1);
+}
+
+// Whether any bit below bit ``lo`` is set.
+__device__ __forceinline__ bool any_below(const unsigned* d, int lo) {
+  if (lo <= 0) return false;
+  const int word = lo >> 5, shift = lo & 31;
+  for (int j = 0; j < word && j < kWords; ++j) {
+    if (d[j]) return true;
+  }
+  return word < kWords && shift && (d[word] & ((1u << shift) - 1u)) != 0u;
+}
+
+// The value of one row's kOut words rounded to nearest, half to even, to a float of ``precision`` bits
+// whose smallest normal exponent is ``emin`` (float16 11/-14, float32 24/-126, float64 53/-1022), as a
+// double that format holds exactly, or +-inf past its range (the caller's conversion to a narrower type
+// turns a value past that type's largest finite into inf, as exact.py does). Flags as exact.py's finish:
+// NaN, or +inf with -inf, give NaN (``skipnan``: the NaN flag is ignored, nansum); an exact zero is +0.0.
+__device__ __forceinline__ double round_words(const long long* w, int precision, int emin, bool skipnan) {
+  const unsigned long long flags = static_cast<unsigned long long>(w[kWords]);
+  const bool pinf = (flags & kPinf) != 0, ninf = (flags & kNinf) != 0;
+  if ((!skipnan && (flags & kNan)) || (pinf && ninf)) return __longlong_as_double(0x7ff8000000000000ll);
+  if (pinf) return __longlong_as_double(0x7ff0000000000000ll);
+  if (ninf) return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+  // the words are any int64 (sums of block digits): carry them into digits in [0, 2^32) and a signed top
+  unsigned d[kWords];
+  long long carry = 0;
+  for (int j = 0; j < kWords; ++j) {
+    const long long t = (w[j] & 0xffffffffll) + carry;
+    d[j] = static_cast<unsigned>(t & 0xffffffffll);
+    carry = (t >> 32) + (w[j] >> 32);  // arithmetic shifts: floor division, negative words borrow
+  }
+  const bool negative = carry < 0;
+  if (negative) {  // magnitude: two's complement of (digits, top)
+    unsigned long long c = 1;
+    for (int j = 0; j < kWords; ++j) {
+      const unsigned long long t = static_cast<unsigned long long>(~d[j]) + c;
+      d[j] = static_cast<unsigned>(t);
+      c = t >> 32;
+    }
+    carry = ~carry + static_cast<long long>(c);
+  }
+  const double inf = __longlong_as_double(0x7ff0000000000000ll);
+  if (carry != 0) return negative ? -inf : inf;  // >= 2^(32 kWords - 1074): past every format
+  int top = kWords - 1;
+  while (top >= 0 && d[top] == 0u) --top;
+  if (top < 0) return 0.0;
+  const int msb = 32 * top + highest_bit(d[top]);  // value in [2^(msb - 1074), 2^(msb - 1073))
+  const int e = msb - 1074;
+  const int q = (e > emin ? e : emin) - (precision - 1);  // the ulp's exponent (subnormals keep emin's)
+  const int qbit = q + 1074;  // >= 0 for every format: float64's smallest ulp is bit 0
+  unsigned long long m = digit_bits(d, qbit, msb - qbit + 1);
+  const bool half = qbit >= 1 && digit_bits(d, qbit - 1, 1) != 0ull;
+  if (half && ((m & 1ull) || any_below(d, qbit - 1))) ++m;
+  const double value = ldexp(static_cast<double>(m), q);  // m <= 2^precision: exact, or inf past float64
+  return negative ? -value : value;
+}
+
+// out[r] = the words of row r (rows x kOut) rounded to Out (precision/emin: round_words).
+template <class Out>
+__global__ void exact_round_rows(const long long* __restrict__ words, index_t rows, int precision, int emin,
+                                 int skipnan, Out* __restrict__ out) {
+  const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
+  for (index_t r = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
+    out[r] = Convert<Out, double>::apply(round_words(words + r * kOut, precision, emin, skipnan != 0));
+  }
+}
+
 }  // namespace exact
 }  // namespace mr

@@ -345,6 +345,7 @@ def test_kernel_constants_match_python():
 # -- the kernel's own source, compiled for the host (g++) with one thread per block, blocks run in turn -----
 
 _HOST_SHIM = r"""
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -358,12 +359,14 @@ struct Dim { long long x, y, z; };
 static Dim blockIdx, gridDim, blockDim, threadIdx;
 inline void __syncthreads() {}
 inline long long __double_as_longlong(double d) { long long v; std::memcpy(&v, &d, 8); return v; }
+inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
 inline double __dadd_rn(double a, double b) { volatile double r = a + b; return r; }
 inline double __dsub_rn(double a, double b) { volatile double r = a - b; return r; }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
 inline unsigned long long atomicOr(unsigned long long* p, unsigned long long v) { auto o = *p; *p |= v; return o; }
 namespace mr { typedef long long index_t; struct half { unsigned short bits; };
-inline float half_to_float(unsigned short) { return 0.f; } }
+inline float half_to_float(unsigned short) { return 0.f; }
+template <class To, class From> struct Convert { static To apply(const From& v) { return static_cast<To>(v); } }; }
 """
 
 _HOST_MAIN = r"""

@@ -172,3 +172,83 @@ def test_bank_digits_wrap_and_carry():
         check(x, grid=2, block=32, terms=2)
     spread = hostile(np.float64, 4099, rng)["spread"]  # short expansions: most elements are deposited
     check(spread, grid=1, block=4, terms=2)
+
+
+# ---- rounding the words on the device (exact.cuh round_words) against exact.py's finish -----------------
+def words_of(total: int, flags: int = 0, spread: np.random.Generator | None = None) -> np.ndarray:
+    """kOut words whose value is ``total`` units of 2**WORD_BASE: base-2**32 digits of |total| (negated for
+    a negative total); with ``spread``, some of every word's value moved into the word below as 2**32
+    multiples, so words are not digits (as when many blocks add theirs)."""
+    sign, mag = (-1 if total < 0 else 1), abs(total)
+    digits = [(mag >> (32 * j)) & 0xFFFFFFFF for j in range(cupy_exact.KWORDS)]
+    assert mag >> (32 * cupy_exact.KWORDS) == 0
+    words = [sign * d for d in digits]
+    if spread is not None:
+        for j in range(1, cupy_exact.KWORDS):
+            k = int(spread.integers(-(1 << 20), 1 << 20))
+            words[j] -= k
+            words[j - 1] += k << 32
+    return np.array(words + [flags], dtype=np.int64)
+
+
+def host_rounding(words: np.ndarray, dt, skipnan: bool) -> np.ndarray:
+    from multireduce import exact
+
+    totals, nan, pinf, ninf = cupy_exact.fold_words(words)
+    if skipnan:
+        nan = np.zeros_like(nan)
+    return exact.finish(exact.ExactState(totals, nan, pinf, ninf, 1), np.dtype(dt))
+
+
+def rounding_cases(dt, rng) -> np.ndarray:
+    """Word rows at every rounding decision of ``dt``: ties either way, a unit past them, subnormals, the
+    largest finite and past it, zero, both signs, large and tiny totals, NaN/inf flags."""
+    fi = np.finfo(dt)
+    p, emin = fi.nmant + 1, fi.minexp
+    shift = -cupy_exact.WORD_BASE  # total = value * 2**1074
+    totals = [0, 1, -1, 2, 3]
+    for e in (emin - p, emin - p + 1, emin - 3, emin, emin + 1, 0, 1, 30, fi.maxexp - 1):
+        q = max(e, emin) - (p - 1)  # the ulp's exponent at 2**e
+        ulp = 1 << (q + shift)
+        for m in (1 << (p - 1), (1 << (p - 1)) + 1, (1 << p) - 1, 1, 2, 3):
+            base = m * ulp
+            half = ulp // 2
+            for t in (base, base + half, base - half, base + half + 1, base + half - 1, base + 1, base - 1):
+                if t > 0:
+                    totals += [t, -t]
+    big = (1 << (fi.maxexp + shift)) - (1 << (fi.maxexp - p - 1 + shift))  # max + half ulp: rounds to inf
+    totals += [big, big - 1, -big, 1 << (32 * cupy_exact.KWORDS - 2), -(1 << (32 * cupy_exact.KWORDS - 2))]
+    for _ in range(300):
+        bits = int(rng.integers(1, 32 * cupy_exact.KWORDS - 2))
+        totals.append(int(rng.choice([-1, 1])) * int.from_bytes(rng.bytes(bits // 8 + 1), "little") % (1 << bits))
+    rows = [words_of(t) for t in totals]
+    rows += [words_of(t, spread=rng) for t in totals[::7]]
+    for flags in (1, 2, 4, 3, 5, 6, 7):
+        rows += [words_of(12345, flags), words_of(-(1 << 1100), flags)]
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("skipnan", [False, True])
+@pytest.mark.parametrize("dt", DTYPES)
+def test_device_rounding_matches_exact_py(dt, skipnan):
+    words = rounding_cases(dt, np.random.default_rng(17))
+    with np.errstate(over="ignore"):  # past the dtype's range: inf, as the kernel's Convert<Out, double>
+        got = exact_emulate.emulate_round(words, dt, skipnan).astype(dt)
+    want = host_rounding(words, dt, skipnan)
+    bits = np.dtype(f"i{np.dtype(dt).itemsize}")
+    same = (got.view(bits) == want.view(bits)) | (np.isnan(got) & np.isnan(want))
+    bad = np.flatnonzero(~same)
+    assert bad.size == 0, [(int(cupy_exact.fold_words(words[i:i + 1])[0][0]), got[i], want[i]) for i in bad[:5]]
+
+
+def test_device_rounding_of_emulated_rows():
+    rng = np.random.default_rng(5)
+    for dt in DTYPES:
+        for name, x in hostile(dt, 1025, rng).items():
+            words = exact_emulate.emulate_words(x, grid=3, block=32, terms=cupy_exact.TERMS,
+                                                unroll=cupy_exact.UNROLL[np.dtype(dt).name])[None, :]
+            for skipnan in (False, True):
+                with np.errstate(over="ignore"):
+                    got = exact_emulate.emulate_round(words, dt, skipnan).astype(dt)
+                want = host_rounding(words, dt, skipnan)
+                assert np.array_equal(got, want, equal_nan=True) and np.signbit(got) == np.signbit(want), (dt, name)

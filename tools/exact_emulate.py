@@ -59,5 +59,15 @@ def emulate_words(x: np.ndarray, grid: int = 1, block: int = 256, terms: int = 4
     return np.array([int(v) for v in run.stdout.split()], dtype=np.int64)
 
 
+def emulate_round(words: np.ndarray, dt, skipnan: bool = False) -> np.ndarray:
+    """kernels/exact.cuh round_words of each row of ``words`` ((rows, KWORDS + 1) int64) for the float
+    dtype ``dt``: float64 values (what the kernel converts to ``dt``)."""
+    words = np.ascontiguousarray(words, dtype=np.int64)
+    fi = np.finfo(dt)
+    run = subprocess.run([str(build()), "round", str(fi.nmant + 1), str(fi.minexp), str(int(skipnan)),
+                          str(words.shape[0])], input=words.tobytes(), capture_output=True, check=True)
+    return np.array([int(v) for v in run.stdout.split()], dtype=np.int64).view(np.float64)
+
+
 if __name__ == "__main__":
     print(emulate_words(np.arange(10, dtype=np.float32)))

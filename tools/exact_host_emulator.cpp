@@ -6,6 +6,8 @@
 //
 //   exact_host_emulator DTYPE N GRID BLOCK TERMS UNROLL BYTE_OFFSET < raw element bytes   (DTYPE: e, f, d)
 //   prints the kOut words of the row, one per line (int64).
+//   exact_host_emulator round PRECISION EMIN SKIPNAN ROWS < ROWS x kOut int64 words (native byte order)
+//   prints round_words of each row as the int64 bits of the double, one per line.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +32,11 @@ inline long long __double_as_longlong(double d) {
   long long r;
   std::memcpy(&r, &d, sizeof r);
   return r;
+}
+inline double __longlong_as_double(long long v) {
+  double d;
+  std::memcpy(&d, &v, sizeof d);
+  return d;
 }
 inline double __dadd_rn(double a, double b) { return a + b; }  // SSE2, round to nearest, no contraction
 inline double __dsub_rn(double a, double b) { return a - b; }
@@ -56,6 +63,10 @@ inline float half_to_float(unsigned short h) {  // exact: every float16 is a flo
   if (e == 0) return sign * std::ldexp(static_cast<float>(m), -24);
   return sign * std::ldexp(static_cast<float>(1024 + m), e - 25);
 }
+template <class To, class From>
+struct Convert {  // exact_round_rows is parsed, never instantiated, here
+  static To apply(const From& v) { return static_cast<To>(v); }
+};
 }  // namespace mr
 
 #include "exact.cuh"
@@ -112,7 +123,27 @@ static bool dispatch(int terms, int unroll, const T* x, long long n, unsigned gr
   return false;
 }
 
+static int round_rows(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s round PRECISION EMIN SKIPNAN ROWS < words\n", argv[0]);
+    return 2;
+  }
+  const int precision = std::atoi(argv[2]), emin = std::atoi(argv[3]), skipnan = std::atoi(argv[4]);
+  const long long rows = std::atoll(argv[5]);
+  std::vector<long long> words(static_cast<size_t>(rows) * kOut);
+  if (!words.empty() && std::fread(words.data(), sizeof(long long), words.size(), stdin) != words.size()) {
+    std::fprintf(stderr, "short input\n");
+    return 2;
+  }
+  for (long long r = 0; r < rows; ++r) {
+    const double v = round_words(words.data() + r * kOut, precision, emin, skipnan != 0);
+    std::printf("%lld\n", __double_as_longlong(v));
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "round") == 0) return round_rows(argc, argv);
   if (argc != 8) {
     std::fprintf(stderr, "usage: %s DTYPE N GRID BLOCK TERMS UNROLL BYTE_OFFSET < bytes\n", argv[0]);
     return 2;

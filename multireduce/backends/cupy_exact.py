@@ -67,8 +67,13 @@ def exact_name(dtype) -> str:
     return f"mr::exact::exact_sum_rows<{_kernels.ctype(dtype)}, {TERMS}, {BLOCK}, {UNROLL[np.dtype(dtype).name]}>"
 
 
+def round_name(dtype) -> str:
+    """The kernel that rounds rows of words to ``dtype`` on the device (exact.cuh exact_round_rows)."""
+    return f"mr::exact::exact_round_rows<{_kernels.ctype(dtype)}>"
+
+
 def all_exact_instantiations() -> list[str]:
-    return sorted(exact_name(dt) for dt in FLOAT_DTYPES)
+    return sorted([exact_name(dt) for dt in FLOAT_DTYPES] + [round_name(dt) for dt in FLOAT_DTYPES])
 
 
 ENTRY = "exact.cuh"
@@ -82,15 +87,17 @@ def module_text() -> str:
 _loaded: dict = {}
 
 
-def _kernel(dtype):
-    """The exact-sum kernel of ``dtype`` on the current device: the prebuilt binary when it matches the
-    source (kernels.STANDALONE), else NVRTC; all three dtypes load together."""
+def _kernel(dtype, role: str = "sum"):
+    """The exact-sum kernel of ``dtype`` (``role`` "round": the one rounding words to ``dtype``) on the
+    current device: the prebuilt binary when it matches the source (kernels.STANDALONE), else NVRTC; all
+    six load together."""
     device = cupy.cuda.runtime.getDevice()
     found = _loaded.get(device)
     if found is None:
-        found = _loaded[device] = _kernels.get_standalone_kernels(
-            ENTRY, {dt.name: exact_name(dt) for dt in FLOAT_DTYPES})
-    return found[np.dtype(dtype).name]
+        names = {("sum", dt.name): exact_name(dt) for dt in FLOAT_DTYPES}
+        names.update({("round", dt.name): round_name(dt) for dt in FLOAT_DTYPES})
+        found = _loaded[device] = _kernels.get_standalone_kernels(ENTRY, names)
+    return found[(role, np.dtype(dtype).name)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -159,27 +166,34 @@ def device_words(x, blocks_per_sm: int | None = None):
     return words
 
 
+def _rows_of(block, axes: tuple[int, ...]):
+    """(kept_shape, rows x n view or copy with the reduced axes last and C-contiguous, n) of a CuPy block."""
+    kept = [d for d in range(block.ndim) if d not in axes]
+    kept_shape = tuple(block.shape[d] for d in kept)
+    rows = math.prod(kept_shape)
+    n = math.prod(block.shape[a] for a in axes)
+    if rows == 0 or n == 0:
+        return kept_shape, None, n
+    order = kept + list(axes)
+    if order != list(range(block.ndim)):  # reduced axes last: one device copy
+        block = cupy.transpose(block, order)
+    if not block._c_contiguous:
+        block = block.copy()
+    return kept_shape, block.reshape(rows, n), n
+
+
 def state_of(block, axes: tuple[int, ...]):
     """The exact state of a CuPy ``block`` reduced over ``axes``, computed on its GPU (exact.state_of's
     contract: reduced axes dropped from the state's shape)."""
     from ..exact import ExactState
 
-    kept = [d for d in range(block.ndim) if d not in axes]
-    kept_shape = tuple(block.shape[d] for d in kept)
-    rows = math.prod(kept_shape)
-    n = math.prod(block.shape[a] for a in axes)
-    false = np.zeros(kept_shape, dtype=bool)
-    if rows == 0 or n == 0:
-        total = np.empty(kept_shape, dtype=object)
-        total.fill(0)
-        return ExactState(total, false, false.copy(), false.copy(), n)
     with _on_holder(block):
-        order = kept + list(axes)
-        if order != list(range(block.ndim)):  # reduced axes last: one device copy
-            block = cupy.transpose(block, order)
-        if not block._c_contiguous:
-            block = block.copy()
-        x = block.reshape(rows, n)
+        kept_shape, x, n = _rows_of(block, axes)
+        if x is None:
+            false = np.zeros(kept_shape, dtype=bool)
+            total = np.empty(kept_shape, dtype=object)
+            total.fill(0)
+            return ExactState(total, false, false.copy(), false.copy(), n)
         host = device_words(x).get()
     totals, nan, pinf, ninf = fold_words(host)
     return ExactState(totals.reshape(kept_shape), nan.reshape(kept_shape), pinf.reshape(kept_shape),
@@ -187,10 +201,25 @@ def state_of(block, axes: tuple[int, ...]):
 
 
 def reduce(x, plan):
-    value = np.asarray(plan.whole(x))
-    if not value.flags.c_contiguous:  # not np.ascontiguousarray: it makes a 0-d result 1-d
-        value = value.copy()
+    """An exact sum or mean of one CuPy array. Sums (and nansums) are rounded on the device from the words
+    (exact.cuh round_words: exact.py's rounding, bit for bit), so the call returns without waiting for the
+    GPU; means divide by the count on the host (exact.py's finish)."""
     with _on_holder(x):
+        kept_shape, rows_n, _ = _rows_of(x, plan.axes) if not plan.mean else ((), None, 0)
+        if rows_n is not None:  # a sum with elements: rounded on the device
+            out_dtype = np.dtype(plan.out_dtype)
+            fi = np.finfo(out_dtype)
+            words = device_words(rows_n)
+            rows = rows_n.shape[0]
+            out = cupy.empty(rows, out_dtype)
+            grid = min(-(-rows // 256), 1024)
+            _kernel(out_dtype, "round")(grid, 256, (words, np.int64(rows), np.int32(fi.nmant + 1),
+                                                    np.int32(fi.minexp), np.int32(plan.skipnan), out))
+            out = out.reshape(kept_shape)
+            return cupy.expand_dims(out, plan.axes) if plan.keepdims else out
+        value = np.asarray(plan.whole(x))
+        if not value.flags.c_contiguous:  # not np.ascontiguousarray: it makes a 0-d result 1-d
+            value = value.copy()
         # one plain copy to the device: cupy.asarray took ~50 us for a scalar on an H200 host (pinned staging)
         out = cupy.empty(value.shape, value.dtype)
         out.set(value)
