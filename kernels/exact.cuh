@@ -349,13 +349,27 @@ __device__ __forceinline__ double round_words(const long long* w, int precision,
   return negative ? -value : value;
 }
 
+// NumPy's NaN of each output type, bit for bit (a GPU conversion of NaN to float16 gives 0x7fff, where
+// NumPy and exact.py give 0x7e00).
+template <class Out>
+struct QuietNan {
+  __device__ __forceinline__ static Out value() {
+    return Convert<Out, double>::apply(__longlong_as_double(0x7ff8000000000000ll));
+  }
+};
+template <>
+struct QuietNan<half> {
+  __device__ __forceinline__ static half value() { return half{0x7e00}; }
+};
+
 // out[r] = the words of row r (rows x kOut) rounded to Out (precision/emin: round_words).
 template <class Out>
 __global__ void exact_round_rows(const long long* __restrict__ words, index_t rows, int precision, int emin,
                                  int skipnan, Out* __restrict__ out) {
   const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
   for (index_t r = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
-    out[r] = Convert<Out, double>::apply(round_words(words + r * kOut, precision, emin, skipnan != 0));
+    const double v = round_words(words + r * kOut, precision, emin, skipnan != 0);
+    out[r] = v != v ? QuietNan<Out>::value() : Convert<Out, double>::apply(v);
   }
 }
 
