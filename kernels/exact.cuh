@@ -49,10 +49,6 @@ template <class T> struct Pack {
 };
 template <class T> struct alignas(16) Aligned : Pack<T> {};
 
-__device__ __forceinline__ double to_double(double v) { return v; }
-__device__ __forceinline__ double to_double(float v) { return static_cast<double>(v); }
-__device__ __forceinline__ double to_double(half v) { return static_cast<double>(half_to_float(v.bits)); }
-
 __device__ __forceinline__ unsigned float_bits(float v) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(v);
@@ -62,6 +58,25 @@ __device__ __forceinline__ unsigned float_bits(float v) {
   return u;
 #endif
 }
+
+__device__ __forceinline__ double to_double(double v) { return v; }
+// float -> double from the bits. CuPy's NVRTC appends -ftz=true to every compile, and then even the
+// conversion cvt.f64.f32 flushes a float32 subnormal to zero (the NVRTC-built kernel summed a lone
+// subnormal to 0 on an H200); integer operations and double arithmetic never flush, so this is exact under
+// any flags, prebuilt (nvcc, no -ftz) or NVRTC.
+__device__ __forceinline__ double to_double(float v) {
+  const unsigned u = float_bits(v);
+  const unsigned field = (u >> 23) & 0xffu, mant = u & 0x7fffffu;
+  if (field == 0u) {  // zero or subnormal: mant * 2^-149, exact in double
+    const double magnitude = static_cast<double>(mant) * 0x1p-149;
+    return (u >> 31) ? -magnitude : magnitude;
+  }
+  const unsigned long long exponent = field == 0xffu ? 0x7ffull : field - 127ull + 1023ull;  // inf/NaN stay
+  const unsigned long long bits = (static_cast<unsigned long long>(u >> 31) << 63) | (exponent << 52) |
+                                  (static_cast<unsigned long long>(mant) << 29);
+  return __longlong_as_double(static_cast<long long>(bits));
+}
+__device__ __forceinline__ double to_double(half v) { return static_cast<double>(half_to_float(v.bits)); }
 
 // The exact sum of a pack in double, or false when the bound of the header does not prove it (the
 // caller then adds the elements one by one). float64 packs never take this path.
@@ -82,7 +97,7 @@ __device__ __forceinline__ bool pack_sum(const Pack<float>& p, double& sum) {
   if (fhi == 0xff || fhi - (flo ? flo : 1) > kF32PackSpread) return false;
   double s = 0.0;
 #pragma unroll
-  for (int k = 0; k < Pack<float>::kCount; ++k) s = __dadd_rn(s, static_cast<double>(p.v[k]));
+  for (int k = 0; k < Pack<float>::kCount; ++k) s = __dadd_rn(s, to_double(p.v[k]));
   sum = s;
   return true;
 }

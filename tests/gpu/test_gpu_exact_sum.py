@@ -222,3 +222,24 @@ def test_blocks_per_sm_knob_keeps_the_words_exact(dtype):
     for per_sm in (1, 2, 4, 8, 32):
         totals, nan, pinf, ninf = cupy_exact.fold_words(cupy.asnumpy(cupy_exact.device_words(g, blocks_per_sm=per_sm)))
         assert (totals[0], bool(nan[0]), bool(pinf[0]), bool(ninf[0])) == want, per_sm
+
+
+@pytest.mark.parametrize("kind", ["subnormal", "range90", "uniform"])
+def test_nvrtc_build_is_exact_on_float32_subnormals(kind, monkeypatch):
+    """The exact kernels compiled by CuPy's NVRTC (what runs where the prebuilt binary does not match: a
+    GPU outside its architectures, an edited source) give the prebuilt kernels' bits. CuPy appends -ftz=true
+    to every NVRTC compile, which flushed float32 subnormals even in the conversion to double."""
+    from multireduce import kernels
+
+    x = make(kind, 4096 + 5, np.float32)
+    x[:7] = np.array([1e-45, -1e-45, 3e-42, 1.1754942e-38, -2e-40, 1.0, 1e-39], dtype=np.float32)
+    want = exact.sum(x)
+    monkeypatch.setenv("MULTIREDUCE_NO_PREBUILT", "1")
+    monkeypatch.setattr(cupy_exact, "_loaded", {})
+    monkeypatch.setattr(kernels, "_modules", {})
+    g = cupy.asarray(x)
+    assert bits(cupy.asnumpy(exact.sum(g))) == bits(want)
+    for n in (1, 2, 5):  # a lone subnormal: the head path and the pack path
+        assert bits(cupy.asnumpy(exact.sum(g[:n]))) == bits(exact.sum(x[:n])), n
+    words = cupy.asnumpy(cupy_exact.device_words(g.reshape(1, -1)))
+    assert int(cupy_exact.fold_words(words)[0][0]) == int(exact.state_of(x, (0,)).total[()])
