@@ -364,17 +364,44 @@ __device__ __forceinline__ double round_words(const long long* w, int precision,
   return negative ? -value : value;
 }
 
-// NumPy's NaN of each output type, bit for bit (a GPU conversion of NaN to float16 gives 0x7fff, where
-// NumPy and exact.py give 0x7e00).
+__device__ __forceinline__ float float_of_bits(unsigned u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float v;
+  __builtin_memcpy(&v, &u, sizeof v);
+  return v;
+#endif
+}
+
+// A rounded value (a double the output format holds exactly, +-inf or NaN) as the output type, with no
+// FP32 instruction for float: CuPy's NVRTC compiles with -ftz=true, under which cvt.rn.f32.f64 flushed
+// a float32 subnormal result to zero. NaN is NumPy's (float16 0x7e00; a GPU conversion gives 0x7fff).
 template <class Out>
-struct QuietNan {
-  __device__ __forceinline__ static Out value() {
-    return Convert<Out, double>::apply(__longlong_as_double(0x7ff8000000000000ll));
+struct FromRounded {
+  __device__ __forceinline__ static Out apply(double v) { return Convert<Out, double>::apply(v); }
+};
+template <>
+struct FromRounded<float> {
+  __device__ __forceinline__ static float apply(double v) {
+    const unsigned long long b = static_cast<unsigned long long>(__double_as_longlong(v));
+    const unsigned sign = static_cast<unsigned>(b >> 63) << 31;
+    const int field = static_cast<int>((b >> 52) & 0x7ff);
+    if (field == 0x7ff) return float_of_bits((b & ((1ull << 52) - 1)) ? 0x7fc00000u : (sign | 0x7f800000u));
+    if (field == 0) return float_of_bits(sign);  // zero (a double subnormal is never a float32 value)
+    const int e = field - 1023;
+    if (e > 127) return float_of_bits(sign | 0x7f800000u);
+    if (e >= -126) return float_of_bits(sign | (static_cast<unsigned>(e + 127) << 23) |
+                                        static_cast<unsigned>((b >> 29) & 0x7fffffu));
+    const double magnitude = (b >> 63) ? -v : v;  // a float32 subnormal: an integer multiple of 2^-149
+    return float_of_bits(sign | static_cast<unsigned>(magnitude * 0x1p149));
   }
 };
 template <>
-struct QuietNan<half> {
-  __device__ __forceinline__ static half value() { return half{0x7e00}; }
+struct FromRounded<half> {  // float16 values are normal float32s: the float conversion does not flush
+  __device__ __forceinline__ static half apply(double v) {
+    return v != v ? half{0x7e00} : Convert<half, double>::apply(v);
+  }
 };
 
 // out[r] = the words of row r (rows x kOut) rounded to Out (precision/emin: round_words).
@@ -384,7 +411,7 @@ __global__ void exact_round_rows(const long long* __restrict__ words, index_t ro
   const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
   for (index_t r = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
     const double v = round_words(words + r * kOut, precision, emin, skipnan != 0);
-    out[r] = v != v ? QuietNan<Out>::value() : Convert<Out, double>::apply(v);
+    out[r] = FromRounded<Out>::apply(v);
   }
 }
 

@@ -7,7 +7,8 @@
 //   exact_host_emulator DTYPE N GRID BLOCK TERMS UNROLL BYTE_OFFSET < raw element bytes   (DTYPE: e, f, d)
 //   prints the kOut words of the row, one per line (int64).
 //   exact_host_emulator round PRECISION EMIN SKIPNAN ROWS < ROWS x kOut int64 words (native byte order)
-//   prints round_words of each row as the int64 bits of the double, one per line.
+//   prints round_words of each row as the int64 bits of the double, and the bits FromRounded<float> makes of
+//   it (exact_round_rows<float>'s store), one row per line.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -64,8 +65,12 @@ inline float half_to_float(unsigned short h) {  // exact: every float16 is a flo
   return sign * std::ldexp(static_cast<float>(1024 + m), e - 25);
 }
 template <class To, class From>
-struct Convert {  // exact_round_rows is parsed, never instantiated, here
+struct Convert {  // exact_round_rows' output conversions compile here but never run
   static To apply(const From& v) { return static_cast<To>(v); }
+};
+template <class From>
+struct Convert<half, From> {
+  static half apply(const From&) { return half{0x7e00}; }
 };
 }  // namespace mr
 
@@ -137,7 +142,10 @@ static int round_rows(int argc, char** argv) {
   }
   for (long long r = 0; r < rows; ++r) {
     const double v = round_words(words.data() + r * kOut, precision, emin, skipnan != 0);
-    std::printf("%lld\n", __double_as_longlong(v));
+    unsigned as_float;  // what exact_round_rows<float> stores: FromRounded<float>, meaningful at precision 24
+    const float f = FromRounded<float>::apply(v);
+    std::memcpy(&as_float, &f, sizeof as_float);
+    std::printf("%lld %u\n", __double_as_longlong(v), as_float);
   }
   return 0;
 }
