@@ -60,21 +60,17 @@ __device__ __forceinline__ unsigned float_bits(float v) {
 }
 
 __device__ __forceinline__ double to_double(double v) { return v; }
-// float -> double from the bits. CuPy's NVRTC appends -ftz=true to every compile, and then even the
-// conversion cvt.f64.f32 flushes a float32 subnormal to zero (the NVRTC-built kernel summed a lone
-// subnormal to 0 on an H200); integer operations and double arithmetic never flush, so this is exact under
-// any flags, prebuilt (nvcc, no -ftz) or NVRTC.
+// float -> double. CuPy's NVRTC appends -ftz=true to every compile, and then even the conversion
+// cvt.f64.f32 flushes a float32 subnormal to zero (the NVRTC-built kernel summed a lone subnormal to 0 on
+// an H200). Normal values, zeros, inf and NaN convert exactly under any flags, so only a subnormal is
+// built from its bits (integer operations and double arithmetic never flush): exact whether the kernel
+// is prebuilt (nvcc, no -ftz) or NVRTC-built. Building every value from its bits cost float32 sums 40 %
+// (0.86 -> 0.53 x the plain sum at 2^28, H200): the branch is the cheap form.
 __device__ __forceinline__ double to_double(float v) {
   const unsigned u = float_bits(v);
-  const unsigned field = (u >> 23) & 0xffu, mant = u & 0x7fffffu;
-  if (field == 0u) {  // zero or subnormal: mant * 2^-149, exact in double
-    const double magnitude = static_cast<double>(mant) * 0x1p-149;
-    return (u >> 31) ? -magnitude : magnitude;
-  }
-  const unsigned long long exponent = field == 0xffu ? 0x7ffull : field - 127ull + 1023ull;  // inf/NaN stay
-  const unsigned long long bits = (static_cast<unsigned long long>(u >> 31) << 63) | (exponent << 52) |
-                                  (static_cast<unsigned long long>(mant) << 29);
-  return __longlong_as_double(static_cast<long long>(bits));
+  if ((u & 0x7f800000u) != 0u || (u & 0x7fffffffu) == 0u) return static_cast<double>(v);
+  const double magnitude = static_cast<double>(u & 0x7fffffu) * 0x1p-149;  // subnormal: mant * 2^-149
+  return (u >> 31) ? -magnitude : magnitude;
 }
 __device__ __forceinline__ double to_double(half v) { return static_cast<double>(half_to_float(v.bits)); }
 
