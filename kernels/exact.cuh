@@ -21,8 +21,8 @@
 // integer multiple of u below k 2^(hi - bias + 1), i.e. fewer than 2^(hi - lo + m + 1 + ceil(log2 k)) units
 // of u: a double holds it exactly when hi - lo + (m + 1) + ceil(log2 k) <= 53, and u >= 2^-149 is far
 // above the double subnormal range, so no addition of the pack rounds. float32, k = 4: hi - lo <= 27,
-// tested from the max and min nonzero |bits| of the pack; a wider pack, or one with inf/NaN, takes the
-// per-element path. float16, k = 8: hi - lo <= 29 < 53 - 11 - 3 always holds, only inf/NaN fall back.
+// tested from the max and min nonzero |bits| of the pack; a wider pack, or one with inf/NaN or a
+// subnormal (whose conversion needs to_double's bit path under -ftz), takes the per-element path. float16, k = 8: hi - lo <= 29 < 53 - 11 - 3 always holds, only inf/NaN fall back.
 // The pack sum is < 2^131 in magnitude, far below kBig, and it is the same real number as its elements'
 // sum, so the words (the exact sum) do not change: only how many cascades produce them.
 //
@@ -90,10 +90,11 @@ __device__ __forceinline__ bool pack_sum(const Pack<float>& p, double& sum) {
     lo = nz < lo ? nz : lo;
   }
   const int fhi = static_cast<int>(hi >> 23), flo = static_cast<int>(lo >> 23);
-  if (fhi == 0xff || fhi - (flo ? flo : 1) > kF32PackSpread) return false;
+  // a subnormal goes the per-element way too: to_double's bit path, so that this one needs no branch
+  if (fhi == 0xff || flo == 0 || fhi - flo > kF32PackSpread) return false;
   double s = 0.0;
 #pragma unroll
-  for (int k = 0; k < Pack<float>::kCount; ++k) s = __dadd_rn(s, to_double(p.v[k]));
+  for (int k = 0; k < Pack<float>::kCount; ++k) s = __dadd_rn(s, static_cast<double>(p.v[k]));  // normal or 0
   sum = s;
   return true;
 }
@@ -315,17 +316,40 @@ __device__ __forceinline__ bool any_below(const unsigned* d, int lo) {
   return word < kWords && shift && (d[word] & ((1u << shift) - 1u)) != 0u;
 }
 
-// The value of one row's kOut words rounded to nearest, half to even, to a float of ``precision`` bits
-// whose smallest normal exponent is ``emin`` (float16 11/-14, float32 24/-126, float64 53/-1022), as a
-// double that format holds exactly, or +-inf past its range (the caller's conversion to a narrower type
-// turns a value past that type's largest finite into inf, as exact.py does). Flags as exact.py's finish:
-// NaN, or +inf with -inf, give NaN (``skipnan``: the NaN flag is ignored, nansum); an exact zero is +0.0.
-__device__ __forceinline__ double round_words(const long long* w, int precision, int emin, bool skipnan) {
+// floor(N / (divisor * 2^shift)) for the digits' value N (divisor >= 1, the quotient below 2^64), by
+// long division over N's bits from ``msb`` down to bit ``shift``; ``rem`` gets the remainder of
+// floor(N / 2^shift) by the divisor. Bit at a time: the remainder stays below the divisor (< 2^63), so
+// every step fits in 64 bits, and a row is rounded once.
+__device__ __forceinline__ unsigned long long divide_bits(const unsigned* d, int msb, int shift,
+                                                          unsigned long long divisor, unsigned long long& rem) {
+  unsigned long long q = 0, r = 0;
+  for (int bit = msb; bit >= shift; --bit) {
+    r = (r << 1) | ((d[bit >> 5] >> (bit & 31)) & 1u);
+    q <<= 1;
+    if (r >= divisor) {
+      r -= divisor;
+      q |= 1ull;
+    }
+  }
+  rem = r;
+  return q;
+}
+
+// The value of one row's kOut words divided by ``divisor`` (1 for a sum, the count for a mean; 0 gives
+// NaN, as exact.py's empty mean), rounded to nearest, half to even, to a float of ``precision`` bits whose
+// smallest normal exponent is ``emin`` (float16 11/-14, float32 24/-126, float64 53/-1022), as a double
+// that format holds exactly, or +-inf past its range (the caller's conversion to a narrower type turns a
+// value past that type's largest finite into inf, as exact.py does). Flags as exact.py's finish: NaN, or
+// +inf with -inf, give NaN (``skipnan``: the NaN flag is ignored, nansum); an exact zero is +0.0. The same
+// integer arithmetic as exact.py's round_exact, so the same bits.
+__device__ __forceinline__ double round_words(const long long* w, int precision, int emin, bool skipnan,
+                                              unsigned long long divisor = 1) {
   const unsigned long long flags = static_cast<unsigned long long>(w[kWords]);
   const bool pinf = (flags & kPinf) != 0, ninf = (flags & kNinf) != 0;
-  if ((!skipnan && (flags & kNan)) || (pinf && ninf)) return __longlong_as_double(0x7ff8000000000000ll);
-  if (pinf) return __longlong_as_double(0x7ff0000000000000ll);
-  if (ninf) return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+  const double nan = __longlong_as_double(0x7ff8000000000000ll), inf = __longlong_as_double(0x7ff0000000000000ll);
+  if ((!skipnan && (flags & kNan)) || (pinf && ninf) || divisor == 0) return nan;
+  if (pinf) return inf;
+  if (ninf) return -inf;
   // the words are any int64 (sums of block digits): carry them into digits in [0, 2^32) and a signed top
   unsigned d[kWords];
   long long carry = 0;
@@ -344,20 +368,43 @@ __device__ __forceinline__ double round_words(const long long* w, int precision,
     }
     carry = ~carry + static_cast<long long>(c);
   }
-  const double inf = __longlong_as_double(0x7ff0000000000000ll);
   if (carry != 0) return negative ? -inf : inf;  // >= 2^(32 kWords - 1074): past every format
   int top = kWords - 1;
   while (top >= 0 && d[top] == 0u) --top;
   if (top < 0) return 0.0;
-  const int msb = 32 * top + highest_bit(d[top]);  // value in [2^(msb - 1074), 2^(msb - 1073))
-  const int e = msb - 1074;
-  const int q = (e > emin ? e : emin) - (precision - 1);  // the ulp's exponent (subnormals keep emin's)
-  const int qbit = q + 1074;  // >= 0 for every format: float64's smallest ulp is bit 0
-  unsigned long long m = digit_bits(d, qbit, msb - qbit + 1);
-  const bool half = qbit >= 1 && digit_bits(d, qbit - 1, 1) != 0ull;
-  if (half && ((m & 1ull) || any_below(d, qbit - 1))) ++m;
-  const double value = ldexp(static_cast<double>(m), q);  // m <= 2^precision: exact, or inf past float64
-  return negative ? -value : value;
+  const int msb = 32 * top + highest_bit(d[top]);  // N in [2^msb, 2^(msb + 1)), value N 2^-1074 / divisor
+  int divisor_bits = 0;
+  while (divisor_bits < 64 && (divisor >> divisor_bits) != 0ull) ++divisor_bits;
+  // k = floor(log2(N / divisor)) is msb + 1 - divisor_bits or one less: try the larger, and step down when
+  // the quotient comes out a bit short of the format's precision (and was not clamped to subnormal ulps)
+  for (int k = msb + 1 - divisor_bits;; --k) {
+    const int e = k - 1074;
+    const int q = (e > emin ? e : emin) - (precision - 1);  // the ulp's exponent (subnormals keep emin's)
+    const int shift = q + 1074;  // >= 0 for every format: float64's smallest ulp is bit 0
+    unsigned long long rem = 0, m = 0;
+    if (divisor == 1ull) {
+      m = digit_bits(d, shift, msb - shift + 1);
+    } else {
+      m = divide_bits(d, msb, shift, divisor, rem);
+    }
+    if (e > emin && m < (1ull << (precision - 1))) continue;  // k one too large
+    // rounding: the true remainder R = rem 2^shift + (N mod 2^shift) against half the step divisor 2^shift
+    const bool low_half = shift >= 1 && digit_bits(d, shift - 1, 1) != 0ull;  // bit shift - 1 of N
+    const bool low_rest = any_below(d, shift - 1);                            // bits below it
+    bool up;
+    if (2 * rem > divisor) {
+      up = true;
+    } else if (2 * rem == divisor) {  // R >= half; a tie when N mod 2^shift == 0
+      up = low_half || low_rest || (m & 1ull);
+    } else if (2 * rem + 1 == divisor) {  // R against half comes down to N mod 2^shift against 2^(shift - 1)
+      up = low_half && (low_rest || (m & 1ull));
+    } else {
+      up = false;
+    }
+    if (up) ++m;
+    const double value = ldexp(static_cast<double>(m), q);  // m <= 2^precision: exact, or inf past float64
+    return negative ? -value : value;
+  }
 }
 
 __device__ __forceinline__ float float_of_bits(unsigned u) {
@@ -400,13 +447,14 @@ struct FromRounded<half> {  // float16 values are normal float32s: the float con
   }
 };
 
-// out[r] = the words of row r (rows x kOut) rounded to Out (precision/emin: round_words).
+// out[r] = the words of row r (rows x kOut) over ``divisor`` rounded to Out (round_words).
 template <class Out>
 __global__ void exact_round_rows(const long long* __restrict__ words, index_t rows, int precision, int emin,
-                                 int skipnan, Out* __restrict__ out) {
+                                 int skipnan, index_t divisor, Out* __restrict__ out) {
   const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
   for (index_t r = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
-    const double v = round_words(words + r * kOut, precision, emin, skipnan != 0);
+    const double v = round_words(words + r * kOut, precision, emin, skipnan != 0,
+                                 static_cast<unsigned long long>(divisor));
     out[r] = FromRounded<Out>::apply(v);
   }
 }

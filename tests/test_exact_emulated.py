@@ -5,6 +5,7 @@ length and misalignment, and round through exact.py to the correctly rounded sum
 from __future__ import annotations
 
 import math
+import warnings
 import sys
 from pathlib import Path
 
@@ -191,13 +192,13 @@ def words_of(total: int, flags: int = 0, spread: np.random.Generator | None = No
     return np.array(words + [flags], dtype=np.int64)
 
 
-def host_rounding(words: np.ndarray, dt, skipnan: bool) -> np.ndarray:
+def host_rounding(words: np.ndarray, dt, skipnan: bool, divisor: int = 1) -> np.ndarray:
     from multireduce import exact
 
     totals, nan, pinf, ninf = cupy_exact.fold_words(words)
     if skipnan:
         nan = np.zeros_like(nan)
-    return exact.finish(exact.ExactState(totals, nan, pinf, ninf, 1), np.dtype(dt))
+    return exact.finish(exact.ExactState(totals, nan, pinf, ninf, divisor), np.dtype(dt), mean=divisor != 1)
 
 
 def rounding_cases(dt, rng) -> np.ndarray:
@@ -228,13 +229,20 @@ def rounding_cases(dt, rng) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("skipnan", [False, True])
+@pytest.mark.parametrize("skipnan,divisor", [(False, 1), (True, 1), (False, 3), (False, 10), (False, 1025),
+                                             (False, (1 << 31) - 1), (False, (1 << 62) + 12345), (False, 0)])
 @pytest.mark.parametrize("dt", DTYPES)
-def test_device_rounding_matches_exact_py(dt, skipnan):
+def test_device_rounding_matches_exact_py(dt, skipnan, divisor):
+    """Sums (divisor 1) and means (divisor the count; 0: an empty mean, NaN) of every rounding case."""
     words = rounding_cases(dt, np.random.default_rng(17))
+    if divisor > 1:  # quotients that land on ties and a unit past them: totals that are divisor x a case
+        words = np.concatenate([words, np.stack([words_of(divisor * int(t)) for t in
+                                                 cupy_exact.fold_words(words[:60])[0] >> 53])])
     with np.errstate(over="ignore"):  # past the dtype's range: inf, as the kernel's Convert<Out, double>
-        got = exact_emulate.emulate_round(words, dt, skipnan).astype(dt)
-    want = host_rounding(words, dt, skipnan)
+        got = exact_emulate.emulate_round(words, dt, skipnan, divisor).astype(dt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = host_rounding(words, dt, skipnan, divisor)
     bits = np.dtype(f"i{np.dtype(dt).itemsize}")
     same = (got.view(bits) == want.view(bits)) | (np.isnan(got) & np.isnan(want))
     bad = np.flatnonzero(~same)

@@ -59,14 +59,15 @@ def emulate_words(x: np.ndarray, grid: int = 1, block: int = 256, terms: int = 4
     return np.array([int(v) for v in run.stdout.split()], dtype=np.int64)
 
 
-def emulate_round(words: np.ndarray, dt, skipnan: bool = False) -> np.ndarray:
-    """kernels/exact.cuh round_words of each row of ``words`` ((rows, KWORDS + 1) int64) for the float
-    dtype ``dt``: float32 as exact_round_rows<float> stores it (FromRounded<float>, from the bits), else the
+def emulate_round(words: np.ndarray, dt, skipnan: bool = False, divisor: int = 1) -> np.ndarray:
+    """kernels/exact.cuh round_words of each row of ``words`` ((rows, KWORDS + 1) int64) over ``divisor``
+    (1: a sum; the count: a mean) for the float dtype ``dt``: float32 as exact_round_rows<float> stores it (FromRounded<float>, from the bits), else the
     float64 values (what the kernel converts to ``dt``)."""
     words = np.ascontiguousarray(words, dtype=np.int64)
     fi = np.finfo(dt)
     run = subprocess.run([str(build()), "round", str(fi.nmant + 1), str(fi.minexp), str(int(skipnan)),
-                          str(words.shape[0])], input=words.tobytes(), capture_output=True, check=True)
+                          str(int(divisor)), str(words.shape[0])], input=words.tobytes(), capture_output=True,
+                         check=True)
     fields = np.array([int(v) for v in run.stdout.split()], dtype=np.int64).reshape(-1, 2)
     if np.dtype(dt) == np.float32:  # the kernel's own float store (FromRounded<float>), not NumPy's cast
         return fields[:, 1].astype(np.uint32).view(np.float32)

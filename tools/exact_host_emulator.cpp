@@ -6,7 +6,7 @@
 //
 //   exact_host_emulator DTYPE N GRID BLOCK TERMS UNROLL BYTE_OFFSET < raw element bytes   (DTYPE: e, f, d)
 //   prints the kOut words of the row, one per line (int64).
-//   exact_host_emulator round PRECISION EMIN SKIPNAN ROWS < ROWS x kOut int64 words (native byte order)
+//   exact_host_emulator round PRECISION EMIN SKIPNAN DIVISOR ROWS < ROWS x kOut int64 words (native order)
 //   prints round_words of each row as the int64 bits of the double, and the bits FromRounded<float> makes of
 //   it (exact_round_rows<float>'s store), one row per line.
 #include <cstdint>
@@ -129,19 +129,20 @@ static bool dispatch(int terms, int unroll, const T* x, long long n, unsigned gr
 }
 
 static int round_rows(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s round PRECISION EMIN SKIPNAN ROWS < words\n", argv[0]);
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s round PRECISION EMIN SKIPNAN DIVISOR ROWS < words\n", argv[0]);
     return 2;
   }
   const int precision = std::atoi(argv[2]), emin = std::atoi(argv[3]), skipnan = std::atoi(argv[4]);
-  const long long rows = std::atoll(argv[5]);
+  const unsigned long long divisor = std::strtoull(argv[5], nullptr, 10);
+  const long long rows = std::atoll(argv[6]);
   std::vector<long long> words(static_cast<size_t>(rows) * kOut);
   if (!words.empty() && std::fread(words.data(), sizeof(long long), words.size(), stdin) != words.size()) {
     std::fprintf(stderr, "short input\n");
     return 2;
   }
   for (long long r = 0; r < rows; ++r) {
-    const double v = round_words(words.data() + r * kOut, precision, emin, skipnan != 0);
+    const double v = round_words(words.data() + r * kOut, precision, emin, skipnan != 0, divisor);
     unsigned as_float;  // what exact_round_rows<float> stores: FromRounded<float>, meaningful at precision 24
     const float f = FromRounded<float>::apply(v);
     std::memcpy(&as_float, &f, sizeof as_float);

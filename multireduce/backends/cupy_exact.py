@@ -201,12 +201,12 @@ def state_of(block, axes: tuple[int, ...]):
 
 
 def reduce(x, plan):
-    """An exact sum or mean of one CuPy array. Sums (and nansums) are rounded on the device from the words
-    (exact.cuh round_words: exact.py's rounding, bit for bit), so the call returns without waiting for the
-    GPU; means divide by the count on the host (exact.py's finish)."""
+    """An exact sum, nansum or mean of one CuPy array, rounded on the device from the words (exact.cuh
+    round_words: exact.py's rounding and division by the count, bit for bit), so the call returns without
+    waiting for the GPU. Empty reductions take exact.py's host path (zeros, or NaN with its warning)."""
     with _on_holder(x):
-        kept_shape, rows_n, _ = _rows_of(x, plan.axes) if not plan.mean else ((), None, 0)
-        if rows_n is not None:  # a sum with elements: rounded on the device
+        kept_shape, rows_n, n = _rows_of(x, plan.axes)
+        if rows_n is not None:
             out_dtype = np.dtype(plan.out_dtype)
             fi = np.finfo(out_dtype)
             words = device_words(rows_n)
@@ -214,7 +214,8 @@ def reduce(x, plan):
             out = cupy.empty(rows, out_dtype)
             grid = min(-(-rows // 256), 1024)
             _kernel(out_dtype, "round")(grid, 256, (words, np.int64(rows), np.int32(fi.nmant + 1),
-                                                    np.int32(fi.minexp), np.int32(plan.skipnan), out))
+                                                    np.int32(fi.minexp), np.int32(plan.skipnan),
+                                                    np.int64(n if plan.mean else 1), out))
             out = out.reshape(kept_shape)
             return cupy.expand_dims(out, plan.axes) if plan.keepdims else out
         value = np.asarray(plan.whole(x))
