@@ -115,7 +115,7 @@ struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
 // (count, anchor, offset, M2): the mean is anchor + offset, the anchor the first finite element the
 // State saw (an exact double; for data whose mean is far above its spread, the differences from it are
 // exact, and so are the differences of two States' anchors). Runs of G elements are reduced two-pass
-// in registers and enter the State with Chan's update: one division per run of up to 16 instead of one
+// in registers and enter the State with Chan's update: one division per run of up to 8 instead of one
 // per element (Welford). Merges are numpy_stats.moments_merge.
 //
 // NumPy's results where the arithmetic is not finite: inf or NaN in the data makes the mean their sum
@@ -150,10 +150,12 @@ struct MomentsStat {
     s.mean += delta / s.n;
     s.m2 += delta * (d - s.mean);
   }
-  // runs of at most 16 elements keep the differences in registers (1- and 2-byte types load 64 and 32)
+  // runs of at most 8 elements keep the values and differences in registers. 16 (one float32 load batch)
+  // took the float32 rows kernel to 90 registers, 2 blocks per SM, and var to 0.69 x copy at 2^26 on an
+  // H200 (0.82 before the NumPy-rules change added the anchor search); 8 needs 62 (nvcc 13, sm_90)
   template <int G>
   __device__ __forceinline__ static void visit_run(State& s, const T (&v)[G], const index_t (&)[G]) {
-    constexpr int R = G < 16 ? G : 16;
+    constexpr int R = G < 8 ? G : 8;
     static_assert(G % R == 0, "runs split evenly");
 #pragma unroll
     for (int c = 0; c < G; c += R) visit_some<R>(s, v + c);

@@ -134,7 +134,7 @@ class MomentsStat:
         return (n, s[1], mean, s[3] + delta * (d - mean))
 
     def visit_run(self, s, v, at):
-        R = min(len(v), 16)
+        R = min(len(v), 8)  # stats.cuh MomentsStat::visit_run
         assert len(v) % R == 0
         for c in range(0, len(v), R):
             s = self.visit_some(s, v[c:c + R])
