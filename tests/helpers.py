@@ -212,3 +212,15 @@ def graph_depth(array: "dask.array.Array") -> int:
 def task_count(array: "dask.array.Array", prefix: str) -> int:
     """How many tasks of ``array``'s graph have keys whose name starts with ``prefix``."""
     return sum(1 for k in array.__dask_graph__() if (k[0] if isinstance(k, tuple) else k).startswith(prefix))
+
+
+def hostile_slices(shape, axis: int, seed: int = 3) -> np.ndarray:
+    """Normal data of ``shape`` whose slices along ``axis`` are hostile: slice 0 holds inf, slice 1 inf and
+    -inf, slice 2 a NaN (last), the last slice only NaN (what the statistics' rows and columns kernels get)."""
+    x = np.random.default_rng(seed).normal(0, 1, shape)
+    m = np.moveaxis(x, axis, -1)
+    m[(0,) * (x.ndim - 1)][3] = np.inf
+    m[(1,) * (x.ndim - 1)][[0, -1]] = [np.inf, -np.inf]
+    m[(2,) * (x.ndim - 1)][-1] = np.nan
+    m[(-1,) * (x.ndim - 1)][:] = np.nan
+    return x
