@@ -49,14 +49,18 @@ template <class T> struct Pack {
 };
 template <class T> struct alignas(16) Aligned : Pack<T> {};
 
-// The bits of ``v`` as a ``To`` of the same size: one function for both directions (float <-> unsigned);
-// a byte copy compiles to a register move on the device, and the host builds (the emulator) run it too.
+// The bits of ``v`` as a ``To`` of the same size: one function for both directions (float <-> unsigned).
+// Through a union, which nvcc, NVRTC and g++ (the emulator) all define and compile to a register move;
+// NVRTC refuses __builtin_memcpy in device code.
 template <class To, class From>
 __device__ __forceinline__ To bit_cast(const From& v) {
   static_assert(sizeof(To) == sizeof(From), "bit_cast between types of one size");
-  To out;
-  __builtin_memcpy(&out, &v, sizeof out);
-  return out;
+  union {
+    From from;
+    To to;
+  } u;
+  u.from = v;
+  return u.to;
 }
 
 __device__ __forceinline__ double to_double(double v) { return v; }
