@@ -5,8 +5,8 @@ length and misalignment, and round through exact.py to the correctly rounded sum
 from __future__ import annotations
 
 import math
-import warnings
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np

@@ -61,8 +61,8 @@ def emulate_words(x: np.ndarray, grid: int = 1, block: int = 256, terms: int = 4
 
 def emulate_round(words: np.ndarray, dt, skipnan: bool = False, divisor: int = 1) -> np.ndarray:
     """kernels/exact.cuh round_words of each row of ``words`` ((rows, KWORDS + 1) int64) over ``divisor``
-    (1: a sum; the count: a mean) for the float dtype ``dt``: float32 as exact_round_rows<float> stores it (FromRounded<float>, from the bits), else the
-    float64 values (what the kernel converts to ``dt``)."""
+    (1: a sum; the count: a mean) for the float dtype ``dt``: float32 as exact_round_rows<float> stores it
+    (FromRounded<float>, from the bits), else the float64 values (what the kernel converts to ``dt``)."""
     words = np.ascontiguousarray(words, dtype=np.int64)
     fi = np.finfo(dt)
     run = subprocess.run([str(build()), "round", str(fi.nmant + 1), str(fi.minexp), str(int(skipnan)),

@@ -143,9 +143,8 @@ static int round_rows(int argc, char** argv) {
   }
   for (long long r = 0; r < rows; ++r) {
     const double v = round_words(words.data() + r * kOut, precision, emin, skipnan != 0, divisor);
-    unsigned as_float;  // what exact_round_rows<float> stores: FromRounded<float>, meaningful at precision 24
-    const float f = FromRounded<float>::apply(v);
-    std::memcpy(&as_float, &f, sizeof as_float);
+    // what exact_round_rows<float> stores (FromRounded<float>), meaningful at precision 24
+    const unsigned as_float = bit_cast<unsigned>(FromRounded<float>::apply(v));
     std::printf("%lld %u\n", __double_as_longlong(v), as_float);
   }
   return 0;

@@ -38,7 +38,8 @@ BLOCK = 256
 TERMS = 8
 # 16-byte packs each thread loads before adding any (exact.cuh visit_row): bytes in flight against DRAM
 # latency. Per dtype, at TERMS = 8 (nvcc 13, sm_90): float64 4 (58 registers), float32 4 (56; 8 takes 72
-# registers, 3 blocks per SM, and measured no faster), float16 2 (47), none spilling. benchmarks/profile_exact.py sweeps it.
+# registers, 3 blocks per SM, and measured no faster), float16 2 (47), none spilling.
+# benchmarks/profile_exact.py sweeps it.
 UNROLL = {"float16": 2, "float32": 4, "float64": 4}
 BLOCKS_PER_SM = 4  # one resident wave: every extra block costs a flush and 72 global atomics per row
 KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
@@ -218,13 +219,7 @@ def reduce(x, plan):
                                                     np.int64(n if plan.mean else 1), out))
             out = out.reshape(kept_shape)
             return cupy.expand_dims(out, plan.axes) if plan.keepdims else out
-        value = np.asarray(plan.whole(x))
-        if not value.flags.c_contiguous:  # not np.ascontiguousarray: it makes a 0-d result 1-d
-            value = value.copy()
-        # one plain copy to the device: cupy.asarray took ~50 us for a scalar on an H200 host (pinned staging)
-        out = cupy.empty(value.shape, value.dtype)
-        out.set(value)
-    return out
+        return cupy.asarray(plan.whole(x))
 
 
 def cumsum(x, axis: int, dt):
