@@ -343,7 +343,11 @@ def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
             run.names = [lazy.name]
             future = client.compute(lazy)
             run.futures = [future]  # before it runs: a timed-out run's tasks are cancelled
-            return future.result()
+            value = future.result()
+            # a future kept past its run holds the result's key: the next repetition of the same graph
+            # would be served from memory (no task ran) and the key never released
+            run.futures = []
+            return value
         return run
 
     def persisted(make):
@@ -353,6 +357,7 @@ def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
             y = client.persist(lazy)
             run.futures = distributed.futures_of(y)
             distributed.wait(y)
+            run.futures = []
             del y
         return run
 
