@@ -365,10 +365,24 @@ def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
         eager.names = []
         return mr.sum(x, compute=True)
 
+    def method_compute():  # what a notebook writes: the result's own .compute()
+        lazy = mr.sum(x)
+        method_compute.names = [lazy.name]
+        return lazy.compute()
+
+    def method_persist():  # the result's own .persist()
+        y = mr.cumsum(x).persist()
+        method_persist.names = [y.name]
+        method_persist.futures = distributed.futures_of(y)
+        distributed.wait(y)
+        method_persist.futures = []
+
     impls = [("dask.array.sum", "sum", computed(lambda: da.sum(x)), nbytes),
-             ("mr.sum().compute()", "sum", computed(lambda: mr.sum(x)), nbytes),
+             ("mr.sum().compute()", "sum", method_compute, nbytes),
+             ("client.compute(mr.sum())", "sum", computed(lambda: mr.sum(x)), nbytes),
              ("mr.sum(compute=True)", "sum", eager, nbytes),
-             ("mr.cumsum().persist()", "cumsum", persisted(lambda: mr.cumsum(x)), 2 * nbytes)]
+             ("mr.cumsum().persist()", "cumsum", method_persist, 2 * nbytes),
+             ("client.persist(mr.cumsum())", "cumsum", persisted(lambda: mr.cumsum(x)), 2 * nbytes)]
     if gib <= args.dask_cumsum_max_gib:
         for method in filter(None, args.dask_cumsum_methods.split(",")):
             impls.append((f"da.cumsum[{method}]", "cumsum", persisted(lambda m=method: da.cumsum(x, method=m)),

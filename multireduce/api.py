@@ -184,11 +184,15 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
 
 
 def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
-    from . import graph, placement
+    from . import direct, graph, placement
 
+    source = x
     for i, plan in enumerate(plans):
         groups = placement.grouping_for(x, True) if i == 0 else None  # the graph restores chunk order
         x = graph.reduction(x, plan, fan_in, groups)
+    if len(plans) == 1 and groups is not None and len(plans[0].axes) == source.ndim:
+        # a whole reduction of held chunks: its .compute() reduces them where they are (direct)
+        return direct.with_direct_compute(x, source, plans[0], fan_in)
     return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
 
 
@@ -200,7 +204,9 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
 
     value = direct.reduce_persisted(x, plans[0], fan_in) if len(plans) == 1 else None
     if value is None:
-        value = _lazy_reduction(x, plans, keepdims, axes, fan_in, op).compute()
+        import dask
+
+        value = dask.compute(_lazy_reduction(x, plans, keepdims, axes, fan_in, op))[0]  # the graph, not direct again
         if type(value).__module__.startswith("cupy"):
             value = value.get()
     value = np.asarray(value)
@@ -246,9 +252,12 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         x = v.flattened(x, kind, caller)
     if kind.startswith("dask"):
         # one totals task per worker holding chunks: each chunk's total is kept, so order survives any placement
-        from . import graph, placement
+        from . import direct, graph, placement
 
-        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=True))
+        groups = placement.grouping_for(x, commutative=True)
+        result = graph.scan(x, plan, fan_in, groups)
+        # over held chunks, .persist() computes the totals where they are and seeds one task per chunk
+        return result if groups is None else direct.with_direct_persist(result, x, plan)
     with _run_device(kind, x), gpu_memory_guard(x, caller):
         return plan(x)
 

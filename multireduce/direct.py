@@ -35,21 +35,20 @@ waited for however long it takes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import traceback
 
 import dask
 import numpy as np
 from dask.utils import parse_timedelta
 
+from dask.array.utils import meta_from_array
+from dask.highlevelgraph import HighLevelGraph
+
 from . import placement
-from .core import Partial, ReductionPlan
-from .graph import fold_in_order
-
-
-def _to_host(value):
-    if type(value).__module__.startswith("cupy"):
-        return value.get()  # one small device-to-host copy per group
-    return np.asarray(value)
+from .core import ScanPlan
+from .graph import (_device, _host_partial, _host_totals, _lanes, _OfHeld, _OneBlockOfHeld, _pinned, _scan_seeded,
+                    fold_in_order)
 
 
 class ChunkMissing(LookupError):
@@ -66,34 +65,33 @@ class _Failed:
         self.error = error
 
 
-def reduce_held_groups(plan: ReductionPlan, assignments: dict, dask_worker=None):
-    """Runs on every worker through ``client.run``: reduce the groups of chunks this worker holds, each
-    on the GPU holding it. Returns [(group index, Partial with a host value)], or ``_Failed``."""
+def each_held_chunk(per_chunk, assignments: dict, dask_worker=None):
+    """Runs on every worker through ``client.run``: ``per_chunk(block)`` for each chunk key this worker
+    was assigned, on the GPU holding the chunk. Returns the host results in the assigned order, or
+    ``_Failed``."""
     try:
-        return _reduce_held(plan, assignments.get(dask_worker.address, ()), dask_worker)
+        return _each_held(per_chunk, assignments.get(dask_worker.address, ()), dask_worker)
     except ChunkMissing:
         raise
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
 
 
-def _reduce_held(plan: ReductionPlan, mine, dask_worker):
+def _each_held(per_chunk, keys, dask_worker):
+    try:
+        blocks = [dask_worker.data[k] for k in keys]
+    except KeyError as exc:
+        raise ChunkMissing(f"{dask_worker.address} does not hold {exc}") from None
     out = []
-    for index, keys in mine:
-        try:
-            blocks = [dask_worker.data[k] for k in keys]
-        except KeyError as exc:
-            raise ChunkMissing(f"{dask_worker.address} does not hold {exc}") from None
-        holder_device = getattr(getattr(blocks[0], "data", None), "device_id", None)
-        # each chunk's own partial, folded on the client in the graph's tree: the same bits as the graph
-        if holder_device is not None:  # CuPy: run on the GPU that holds the chunks
+    for block in blocks:
+        device = getattr(getattr(block, "data", None), "device_id", None)
+        if device is not None:  # CuPy: run on the GPU that holds the chunk
             import cupy
 
-            with cupy.cuda.Device(holder_device):
-                partials = [plan.partial(b) for b in blocks]
+            with cupy.cuda.Device(device):
+                out.append(per_chunk(block))
         else:
-            partials = [plan.partial(b) for b in blocks]
-        out.append((index, [Partial(_to_host(p.value), p.count) for p in partials]))
+            out.append(per_chunk(block))
     return out
 
 
@@ -109,11 +107,11 @@ class WorkerGone(LookupError):
     """A worker the run waits on left the cluster after placement was looked up."""
 
 
-async def _run_while_alive(client, plan, assignments: dict, interval: float):
-    """``client.run`` of ``reduce_held_groups`` on the assigned workers, abandoned (WorkerGone) as soon
+async def _run_while_alive(client, per_chunk, assignments: dict, interval: float):
+    """``client.run`` of ``each_held_chunk`` on the assigned workers, abandoned (WorkerGone) as soon
     as one of them is no longer in the scheduler's worker list: a dead address would otherwise hold the
     scheduler's broadcast for its whole connect timeout (30 s by default)."""
-    run = asyncio.ensure_future(client._run(reduce_held_groups, plan, assignments, workers=list(assignments)))
+    run = asyncio.ensure_future(client._run(each_held_chunk, per_chunk, assignments, workers=list(assignments)))
     while True:
         done, _ = await asyncio.wait({run}, timeout=interval)
         if done:
@@ -124,36 +122,130 @@ async def _run_while_alive(client, plan, assignments: dict, interval: float):
             raise WorkerGone(f"a worker of {sorted(assignments)} left the cluster")
 
 
-def reduce_persisted(x, plan: ReductionPlan, split_every: int = 16):
-    """The reduction of all of ``x`` now, from the workers holding its chunks; None where the graph must
-    be computed instead (see the module docstring)."""
-    if len(plan.axes) != x.ndim or x.npartitions == 0:
-        return None
+def held_values(x, keys: list, per_chunk):
+    """{key: per_chunk(chunk)} for the chunks ``keys`` of a persisted ``x``, each computed by the worker
+    holding it (host values); None where placement is unknown or went stale (the caller computes the
+    graph instead). The reduction's own errors are raised."""
     client = placement.default_client()
     if client is None:
         return None
     holder = placement.holders(x, client)
     if holder is None:
         return None
-    keys = placement.chunk_keys(x)
-    groups = placement.by_worker(holder, True)(keys)  # one group per worker: chunk order is restored below
     assignments: dict[str, list] = {}
-    for index, group in enumerate(groups):
-        assignments.setdefault(holder[group[0]], []).append((index, group))
+    for k in keys:
+        assignments.setdefault(holder[k], []).append(k)
+    if not assignments:
+        return {}
     interval = parse_timedelta(dask.config.get("multireduce.direct-check-interval", "250ms"))
     try:
-        replies = client.sync(_run_while_alive, client, plan, assignments, interval)
+        replies = client.sync(_run_while_alive, client, per_chunk, assignments, interval)
     except _placement_errors():
         return None  # the graph recomputes what moved or was lost
     for reply in replies.values():
         if isinstance(reply, _Failed):
             raise reply.error
-    by_group = dict(p for reply in replies.values() for p in reply)
-    if len(by_group) != len(groups):
+    values = {k: v for worker, mine in assignments.items() for k, v in zip(mine, replies.get(worker, ()))}
+    return values if len(values) == len(keys) else None
+
+
+def reduce_persisted(x, plan, split_every: int = 16):
+    """The reduction of all of ``x`` now, from the workers holding its chunks; None where the graph must
+    be computed instead (see the module docstring). Each chunk's own partial comes back and the client
+    folds them in chunk order with the graph's tree (``fold_in_order``): the same bits as the graph."""
+    if len(plan.axes) != x.ndim or x.npartitions == 0:
         return None
-    position = {k: i for i, k in enumerate(keys)}
-    ordered = [None] * len(keys)
-    for index, group in enumerate(groups):
-        for k, p in zip(group, by_group[index]):
-            ordered[position[k]] = p
-    return fold_in_order(plan, split_every, ordered)
+    keys = placement.chunk_keys(x)
+    partials = held_values(x, keys, functools.partial(_host_partial, plan))
+    if partials is None:
+        return None
+    return fold_in_order(plan, split_every, [partials[k] for k in keys])
+
+
+def scan_persisted(x, plan: ScanPlan, name: str):
+    """``x`` scanned along ``plan.axis`` now, as a persisted array named ``name`` whose chunks are made on
+    the workers holding the input's; None where the graph must run instead.
+
+    Each chunk's total (all but a lane's last chunk) is computed where the chunk is and comes back to the
+    client (``client.run``, host values); the client folds them into every chunk's carry in chunk order
+    (``plan.carries``, as the graph's carries do, so the bits are the graph's under any placement and for
+    non-commutative operators) and persists one task per chunk, seeded with its own carry as a literal
+    and asking for the chunk's holder. No totals or carries tasks, no transfer between workers; the
+    output keeps its lineage (the input's keys), so a lost worker's chunks are recomputed by the
+    scheduler like any persisted result's."""
+    client = placement.default_client()
+    holder = placement.holders(x, client) if client is not None else None
+    if holder is None:
+        return None
+    lanes = list(_lanes(x, (plan.axis,)))
+    wanted = [(x.name, *i) for _, index in lanes for i in index[:-1]]
+    totals = held_values(x, wanted, functools.partial(_host_totals, plan))
+    if totals is None:
+        return None
+    tasks = {}
+    edge = (slice(None),) * plan.axis
+    for _, index in lanes:
+        carries = plan.carries(*(totals[(x.name, *i)] for i in index[:-1])) if len(index) > 1 else None
+        for i, idx in enumerate(index):
+            carry = carries[edge + (slice(i - 1, i),)] if i else None
+            tasks[(name, *idx)] = (_scan_seeded, plan, (x.name, *idx), carry, 1 if i else 0)
+    layer = _pinned(tasks, holder)
+    out = _OfHeld(HighLevelGraph.from_collections(name, layer, dependencies=[x]), name, x.chunks,
+                  meta=meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype))
+    return client.persist(out, optimize_graph=False)
+
+
+def _distributed_is_the_scheduler() -> bool:
+    """``.compute()`` / ``.persist()`` without arguments would run on the default distributed client."""
+    return dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed") \
+        and placement.default_client() is not None
+
+
+class WholeOfHeld(_OneBlockOfHeld):
+    """A whole reduction over chunks held in workers' memory whose ``.compute()`` takes the direct path
+    (one ``client.run``, each chunk's partial folded on the client in the graph's order: the same value
+    and type as the graph's), and the graph when that path cannot (placement stale, a worker gone,
+    arguments to ``compute``, another scheduler). ``dask.compute``, ``client.compute`` and ``.persist``
+    run the graph."""
+
+    __slots__ = ("_direct",)
+
+    def compute(self, **kwargs):
+        if not kwargs and _distributed_is_the_scheduler():
+            x, plan, split_every = self._direct
+            value = reduce_persisted(x, plan, split_every)
+            if value is not None:
+                return _device(type(self._meta).__module__.startswith("cupy"), value)
+        return super().compute(**kwargs)
+
+
+class ScanOfHeld(_OfHeld):
+    """A scan over chunks held in workers' memory whose ``.persist()`` takes ``scan_persisted``: totals
+    now by ``client.run``, carries on the client, one scan task per chunk on its holder. ``client.persist``,
+    ``dask.persist`` and ``.compute`` run the graph."""
+
+    __slots__ = ("_direct",)
+
+    def persist(self, **kwargs):
+        if not kwargs and _distributed_is_the_scheduler():
+            x, plan = self._direct
+            # its own name: the graph's tasks under the same keys would differ (dask warns, and an
+            # earlier graph result still held would be mixed with these)
+            out = scan_persisted(x, plan, f"{self.name.rsplit('-', 1)[0]}-seeded-{self.name.rsplit('-', 1)[1]}")
+            if out is not None:
+                return out
+        return super().persist(**kwargs)
+
+
+def with_direct_compute(result, x, plan, split_every: int):
+    """``result`` (the lazy whole reduction of a persisted ``x``) as a ``WholeOfHeld``."""
+    out = WholeOfHeld(result.dask, result.name, result.chunks, meta=result._meta)
+    out._direct = (x, plan, split_every)
+    return out
+
+
+def with_direct_persist(result, x, plan):
+    """``result`` (the lazy scan of a persisted ``x``) as a ``ScanOfHeld``."""
+    out = ScanOfHeld(result.dask, result.name, result.chunks, meta=result._meta)
+    out._direct = (x, plan)
+    return out

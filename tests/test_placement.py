@@ -139,6 +139,8 @@ def test_noncommutative_scan_keeps_order_whatever_the_placement(client, owners):
     assert task_count(lazy, "scan-matmul2x2-totals") == len({holder[k] for k in keys[:-1]})
     got = client.compute(lazy).result()
     np.testing.assert_array_equal(got, sequential_scan(m))
+    seeded = lazy.persist()  # the direct path: totals on the holders, carries on the client
+    np.testing.assert_array_equal(seeded.compute(), sequential_scan(m))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -150,12 +152,14 @@ def test_bits_do_not_depend_on_placement_or_path(client, dtype):
             "cumsum": mr.cumsum(lazy).compute()}
     for owners in ([i % 3 for i in range(37)], [i * 3 // 37 for i in range(37)], [0] * 30 + [1] * 7, [2] * 37):
         d, _ = _spread(client, x, 1025, owners)
-        for how in ("graph", "eager"):
-            s = mr.sum(d, split_every=4, compute=True) if how == "eager" else mr.sum(d, split_every=4).compute()
-            m = mr.mean(d, split_every=4, compute=True) if how == "eager" else mr.mean(d, split_every=4).compute()
+        for how in ("graph", "eager", "method"):
+            run = {"graph": lambda r: dask.compute(r)[0], "eager": None, "method": lambda r: r.compute()}[how]
+            s = mr.sum(d, split_every=4, compute=True) if how == "eager" else run(mr.sum(d, split_every=4))
+            m = mr.mean(d, split_every=4, compute=True) if how == "eager" else run(mr.mean(d, split_every=4))
             assert s.tobytes() == want["sum"].tobytes(), (owners, how)
             assert m.tobytes() == want["mean"].tobytes(), (owners, how)
         assert mr.cumsum(d).compute().tobytes() == want["cumsum"].tobytes(), owners
+        assert mr.cumsum(d).persist().compute().tobytes() == want["cumsum"].tobytes(), owners
     assert np.isclose(want["sum"], x.astype(np.float64).sum(), rtol=1e-5)
 
 
@@ -167,9 +171,11 @@ def test_whole_reduction_is_partials_and_one_aggregate(client):
     d, _ = _spread(client, x, 1025, [0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 2, 1])
     workers = len(set(placement.holders(d, client).values()))
     lazy = mr.sum(d)
-    total, stream = _task_stream(client, lazy.compute)
+    total, stream = _task_stream(client, lambda: client.compute(lazy).result())  # the graph
     assert sorted(_name(t["key"]) for t in stream) == ["sum-aggregate"] + ["sum-partial"] * workers
-    assert total.tobytes() == mr.sum(d, compute=True).tobytes() == client.compute(lazy).result().tobytes()
+    method, stream = _task_stream(client, lazy.compute)  # the result's own .compute(): the direct path
+    assert stream == [] and type(method) is type(total)
+    assert total.tobytes() == mr.sum(d, compute=True).tobytes() == method.tobytes()
     both = dask.compute(lazy, mr.max(d, keepdims=True))
     assert both[0].tobytes() == total.tobytes() and both[1].shape == (1,) and both[1][0] == x.max()
     assert lazy.__dask_optimize__ is not da.Array.__dask_optimize__

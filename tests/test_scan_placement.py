@@ -70,6 +70,44 @@ def test_scan_whatever_the_placement(client, kind):
     np.testing.assert_array_equal(client.compute(out).result(), np.cumsum(x))  # int64 wraps as NumPy's
 
 
+@pytest.mark.parametrize("kind", list(PLACEMENTS))
+def test_persist_seeds_each_chunk_on_its_holder(client, kind):
+    """``mr.cumsum(d).persist()`` of held chunks: the totals come back to the client (no task), the
+    carries are folded there, and one scan task per chunk runs on the worker holding its input: no
+    totals or carries tasks, nothing moves between workers, the graph's bits."""
+    chunk = (1 << 18) + 5
+    x = np.random.default_rng(3 + len(kind)).standard_normal(N_CHUNKS * chunk).astype(np.float32)
+    d, _ = persist_spread(client, x, chunk, PLACEMENTS[kind])
+    holder = placement.holders(d, client)
+    keys = placement.chunk_keys(d)
+    lazy = mr.cumsum(d)
+    client.run(_clear_transfer_logs)
+    with distributed.get_task_stream(client) as stream:
+        out = lazy.persist()
+        distributed.wait(out)
+    assert out.name != lazy.name and out.chunks == d.chunks and out.dtype == lazy.dtype
+    assert sorted(_name(t["key"]) for t in stream.data) == ["cumsum-seeded"] * N_CHUNKS
+    ran_on = {t["key"][1:]: t["worker"] for t in stream.data}
+    assert all(ran_on[k[1:]] == holder[k] for k in keys), "a scan task ran away from its chunk"
+    assert [k for ks in client.run(_moved_keys).values() for k in ks] == []
+    graph = client.persist(lazy)
+    assert out.compute().tobytes() == graph.compute().tobytes()
+    np.testing.assert_allclose(out.compute(), np.cumsum(x.astype(np.float64)), rtol=1e-4, atol=1e-2)
+
+
+def test_persist_with_arguments_or_lazy_input_runs_the_graph(client):
+    x = np.random.default_rng(8).integers(-99, 99, size=5 * 1001)
+    d, _ = persist_spread(client, x, 1001, [0, 1, 2, 0, 1])
+    with distributed.get_task_stream(client) as stream:
+        out = mr.cumsum(d).persist(optimize_graph=False)  # an argument for Dask: Dask's persist
+        distributed.wait(out)
+    assert any(_name(t["key"]) == "cumsum-totals" for t in stream.data)
+    np.testing.assert_array_equal(out.compute(), np.cumsum(x))
+    lazy_input = mr.cumsum(da.from_array(x, chunks=1001))
+    assert type(lazy_input) is da.Array  # nothing held: placement unknown, the plain graph
+    np.testing.assert_array_equal(lazy_input.persist().compute(), np.cumsum(x))
+
+
 def test_worker_lost_after_placement_lookup():
     """The graph names groups by the worker that held them when it was built; that worker is killed
     before the graph runs. Dask recomputes the lost chunks elsewhere and every result is right (within
@@ -82,8 +120,12 @@ def test_worker_lost_after_placement_lookup():
         holder = placement.holders(d, c)
         assert holder is not None and len(set(holder.values())) >= 2
         scan, total = mr.cumsum(d), mr.sum(d, split_every=4)  # grouped by the holders looked up now
+        seeded_scan, direct_total = mr.cumsum(d), mr.sum(d, split_every=4)
         victim = holder[placement.chunk_keys(d)[0]]
         os.kill(c.run(os.getpid)[victim], signal.SIGKILL)  # a crash, not a clean shutdown
         np.testing.assert_array_equal(c.compute(scan).result(timeout=120), np.cumsum(x))
         assert c.compute(total).result(timeout=120) == x.sum()
         assert mr.sum(d, compute=True) == x.sum()
+        # the results' own .persist() / .compute() look placement up again (or fall back to the graph)
+        np.testing.assert_array_equal(c.compute(seeded_scan.persist()).result(timeout=120), np.cumsum(x))
+        assert direct_total.compute() == x.sum()
