@@ -195,3 +195,25 @@ def test_only_host_values_cross_gpus_and_one_totals_task_per_gpu(client):
     lazy_input = da.map_blocks(_make_block, np.float32, 3, chunks=x.chunks, dtype=np.float32,
                                meta=cupy.empty(0, dtype=np.float32))
     assert cupy.asnumpy(mr.sum(lazy_input).compute()).tobytes() == np.asarray(eager_sum).tobytes()
+
+
+def test_methods_of_held_results_take_the_direct_paths(client):
+    """``mr.sum(x).compute()`` runs no task and returns what the graph returns (a CuPy 0-d array, same
+    bits); ``mr.cumsum(x).persist()`` runs one scan task per chunk on the GPU holding it, moves nothing
+    between workers, and equals the graph's scan bit for bit."""
+    x = gpu_array(client, (1 << 22) + 1025, 1 << 18, np.float32, seed=9)
+    lazy = mr.sum(x)
+    with distributed.get_task_stream(client) as stream:
+        value = lazy.compute()
+    assert not stream.data and isinstance(value, cupy.ndarray)
+    assert cupy.asnumpy(value).tobytes() == cupy.asnumpy(client.compute(lazy).result()).tobytes()
+    holder = placement.holders(x, client)
+    client.run(_clear_transfer_logs)
+    with distributed.get_task_stream(client) as stream:
+        seeded = mr.cumsum(x).persist()
+        distributed.wait(seeded)
+    assert len(stream.data) == x.npartitions
+    assert all(t["worker"] == holder[(x.name, *t["key"][1:])] for t in stream.data)
+    assert [k for ks in client.run(_moved_keys).values() for k in ks] == []
+    graph = client.persist(mr.cumsum(x))
+    assert cupy.asnumpy(seeded.compute()).tobytes() == cupy.asnumpy(graph.compute()).tobytes()
