@@ -149,6 +149,10 @@ def persist_placed(client, make, n_chunks: int, chunk: int, meta, kind: str):
         x = client.persist(da.map_blocks(make, 7, chunks=chunks, dtype=np.float32, meta=meta, name=name))
     distributed.wait(x)
     holder = placement.holders(x, client)
+    if holder is None:
+        erred = [f for f in distributed.futures_of(x) if f.status != "finished"]
+        raise RuntimeError(f"{len(erred)} of {n_chunks} chunks not in memory after persist"
+                           + (f": {erred[0].exception()!r}" if erred and erred[0].status == "error" else ""))
     keys = placement.chunk_keys(x)
     runs = sum(1 for i, k in enumerate(keys) if i == 0 or holder[k] != holder[keys[i - 1]])
     return x, runs
@@ -315,7 +319,12 @@ def main(argv=None):
                     if args.budget_s and time.time() - started > args.budget_s:
                         skipped.append(f"{n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind}")
                         continue
-                    x, runs = persist_placed(client, make, n // chunk, chunk, meta, placement_kind)
+                    try:
+                        x, runs = persist_placed(client, make, n // chunk, chunk, meta, placement_kind)
+                    except Exception as exc:  # noqa: BLE001 - one configuration's failure is reported, not fatal
+                        print(f"placing {n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind} failed: {exc!r}", flush=True)
+                        skipped.append(f"{n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind}: {exc!r}"[:200])
+                        continue
                     rows.extend(_measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args))
                     wait_released(client, [x.name])
                     del x

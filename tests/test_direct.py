@@ -79,20 +79,37 @@ def test_order_is_kept_for_noncommutative_operators(client):
     assert int(got) == sequential_fold(m) and int(got) != sequential_fold(m[::-1])
 
 
-def test_moved_chunks_fall_back_to_the_graph(client, monkeypatch):
+def test_chunks_are_read_where_they_are_now(client):
+    """The direct path asks every worker what it holds (no placement lookup that could be stale):
+    chunks moved or replicated since the result was built are reduced once each, where they are."""
     x = np.arange(1, 6001, dtype=np.int64)
     d = _spread(client, x, 1000, [0, 1, 2, 0, 1, 2])
-    assert mr.sum(d, compute=True) == x.sum()
-    workers = sorted(client.scheduler_info()["workers"])
-    looked_up = direct.placement.holders(d, client)
-    # placement as if every chunk had moved to another worker since it was looked up
-    moved = {k: next(w for w in workers if w != v) for k, v in looked_up.items()}
-    monkeypatch.setattr(direct.placement, "holders", lambda *_: moved)
+    lazy = mr.sum(d)
+    client.replicate(distributed.futures_of(d), n=3)  # every chunk on every worker now
+    assert all(len(w) == 3 for w in client.who_has(distributed.futures_of(d)).values())
+    got, tasks = _tasks_during(client, lazy.compute)
+    assert got == x.sum() and tasks == 0  # each chunk counted once
+    got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
+    assert got == x.sum() and tasks == 0
+
+
+def test_a_chunk_no_worker_reports_falls_back_to_the_graph(client, monkeypatch):
+    x = np.arange(1, 6001, dtype=np.int64)
+    d = _spread(client, x, 1000, [0, 1, 2, 0, 1, 2])
+    real_run = direct._run
+
+    def one_chunk_short(*args):
+        replies = real_run(*args)
+        worker = next(w for w in sorted(replies) if replies[w])
+        replies[worker].pop(next(iter(replies[worker])))  # as if that chunk had been lost meanwhile
+        return replies
+
+    monkeypatch.setattr(direct, "_run", one_chunk_short)
     got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
     assert got == x.sum() and tasks > 0  # the graph ran
     monkeypatch.undo()
     got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
-    assert got == x.sum() and tasks == 0  # placement is looked up again on every call
+    assert got == x.sum() and tasks == 0
 
 
 def test_what_the_direct_path_cannot_do_computes_the_graph(client):
@@ -138,3 +155,27 @@ def test_an_operators_own_timeout_surfaces_without_the_graph(client):
     with distributed.get_task_stream(client) as stream, pytest.raises(TimeoutError):
         mr.reduce(bad, "add_unless_sentinel", compute=True)
     assert not stream.data  # the graph did not run
+
+
+def _kept_keys(prefix, dask_worker):
+    return [str(k) for k in dask_worker.state.tasks if prefix in str(k)]
+
+
+def test_a_scan_error_on_a_worker_surfaces_and_leaves_nothing_behind(client):
+    """The last chunk's total is never computed, so a sentinel there fails in the scans themselves,
+    after the other workers kept their outputs: the error surfaces as it is, the graph does not run,
+    and no worker keeps an output the scheduler never heard of."""
+    mr.register_operator("add_unless_sentinel", identity=0, cpu=_add_unless_sentinel, commutative=True, kinds="i",
+                         replace=True)
+    x = np.random.default_rng(7).integers(-1000, 1000, size=6 * 1031)
+    good = _spread(client, x, 1031, [0, 1, 2, 0, 1, 2])
+    np.testing.assert_array_equal(mr.scan(good, "add_unless_sentinel").persist().compute(), np.cumsum(x))
+    x[-3] = -7777
+    bad = _spread(client, x, 1031, [0, 1, 2, 0, 1, 2])
+    lazy = mr.scan(bad, "add_unless_sentinel")
+    _wait_idle(client)
+    with distributed.get_task_stream(client) as stream, pytest.raises(TimeoutError, match="sentinel element"):
+        lazy.persist()
+    assert not stream.data
+    prefix = lazy.name.rsplit("-", 1)[0] + "-seeded"
+    assert not any(client.run(_kept_keys, prefix).values())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import dask.array as da
 import numpy as np
@@ -71,28 +72,52 @@ def test_scan_whatever_the_placement(client, kind):
 
 
 @pytest.mark.parametrize("kind", list(PLACEMENTS))
-def test_persist_seeds_each_chunk_on_its_holder(client, kind):
-    """``mr.cumsum(d).persist()`` of held chunks: the totals come back to the client (no task), the
-    carries are folded there, and one scan task per chunk runs on the worker holding its input: no
-    totals or carries tasks, nothing moves between workers, the graph's bits."""
+def test_persist_scans_each_chunk_where_it_is(client, kind):
+    """``mr.cumsum(d).persist()`` of held chunks runs no task: the totals come back to the client, the
+    carries are folded there, each worker scans its own chunks and keeps the outputs, registered with
+    the scheduler. Nothing moves between workers; the graph's bits; the output is a persisted array
+    like any other (its keys are released when it is dropped)."""
     chunk = (1 << 18) + 5
     x = np.random.default_rng(3 + len(kind)).standard_normal(N_CHUNKS * chunk).astype(np.float32)
     d, _ = persist_spread(client, x, chunk, PLACEMENTS[kind])
-    holder = placement.holders(d, client)
     keys = placement.chunk_keys(d)
     lazy = mr.cumsum(d)
     client.run(_clear_transfer_logs)
     with distributed.get_task_stream(client) as stream:
         out = lazy.persist()
         distributed.wait(out)
+    assert stream.data == []
     assert out.name != lazy.name and out.chunks == d.chunks and out.dtype == lazy.dtype
-    assert sorted(_name(t["key"]) for t in stream.data) == ["cumsum-seeded"] * N_CHUNKS
-    ran_on = {t["key"][1:]: t["worker"] for t in stream.data}
-    assert all(ran_on[k[1:]] == holder[k] for k in keys), "a scan task ran away from its chunk"
+    assert placement.is_persisted(out)
+    where_in = client.who_has([d.__dask_graph__()[k] for k in keys])
+    out_keys = placement.chunk_keys(out)
+    where_out = client.who_has([out.__dask_graph__()[k] for k in out_keys])
+    for ki, ko in zip(keys, out_keys):
+        assert set(where_out[ko]) == set(where_in[ki]), f"output {ko} was made away from its input"
     assert [k for ks in client.run(_moved_keys).values() for k in ks] == []
     graph = client.persist(lazy)
     assert out.compute().tobytes() == graph.compute().tobytes()
     np.testing.assert_allclose(out.compute(), np.cumsum(x.astype(np.float64)), rtol=1e-4, atol=1e-2)
+    held = set(map(str, out_keys))
+    del out
+    deadline = time.monotonic() + 10
+    while client.run_on_scheduler(lambda dask_scheduler: sum(str(k) in held for k in dask_scheduler.tasks)):
+        assert time.monotonic() < deadline, "the scan's outputs were not released with the array"
+        time.sleep(0.05)
+
+
+def test_lost_outputs_raise_a_clear_error():
+    """The direct scan's outputs have no lineage: after their worker dies, using them raises
+    FutureCancelledError at once (never a wrong or missing chunk, never a hang)."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, scheduler_port=0,
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
+        x = np.random.default_rng(12).integers(-1000, 1000, size=8 * 1009, dtype=np.int64)
+        d, workers = persist_spread(c, x, 1009, [0, 1] * 4)
+        out = mr.cumsum(d).persist()
+        np.testing.assert_array_equal(out.compute(), np.cumsum(x))
+        os.kill(c.run(os.getpid)[workers[1]], signal.SIGKILL)
+        with pytest.raises(distributed.client.FutureCancelledError):
+            c.compute(out).result(timeout=60)
 
 
 def test_persist_with_arguments_or_lazy_input_runs_the_graph(client):

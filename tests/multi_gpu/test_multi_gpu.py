@@ -85,7 +85,7 @@ def test_one_task_per_gpu_and_chunks_stay_put(client):
     lazy = mr.sum(x)
     assert task_count(lazy, "sum-partial") == len(workers)
     with distributed.get_task_stream(client) as stream:
-        lazy.compute()
+        client.compute(lazy).result()  # the graph (the result's own .compute() runs no task)
     partial_workers = {t["worker"] for t in stream.data if "sum-partial" in str(t["key"])}
     assert partial_workers == workers
     assert len(stream.data) == len(workers) + 1  # the partials and the aggregate: no finalize task
