@@ -13,7 +13,6 @@ the scheduler hands it the next task) and the time from the persist call's retur
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 import time
@@ -133,13 +132,11 @@ def main(argv=None):
             rows.append((name, statistics.median(times) * 1e3, ""))
             print(f"| {name} | {rows[-1][1]:.2f} |", flush=True)
 
-        timed("placement.holders (who_has)", lambda: placement.holders(x, client))
-        partial = functools.partial(direct._host_partial, plan)
-        timed("held_values: each chunk's partial on the host", lambda: direct.held_values(x, keys, partial))
+        timed("placement.holders (who_has; the graph's grouping)", lambda: placement.holders(x, client))
+        timed("held_values: each chunk's partial on the host", lambda: direct.held_values(x, keys, plan.partial))
         timed("mr.sum(x).compute()", lambda: mr.sum(x).compute())
         timed("mr.sum(x, compute=True)", lambda: mr.sum(x, compute=True))
-        totals = functools.partial(direct._host_totals, scan_plan)
-        timed("held_values: each chunk's total on the host", lambda: direct.held_values(x, keys[:-1], totals))
+        timed("held_values: each chunk's total on the host", lambda: direct.held_values(x, keys[:-1], scan_plan.totals))
         timed("client.run of a no-op", lambda: client.run(lambda: None))
         for w, d in client.run(_on_worker, plan, scan_plan, keys).items():
             cells = ", ".join(f"{k} {v * 1e3:.2f} ms" if k != "chunks" else f"{v} chunks" for k, v in d.items())

@@ -199,21 +199,24 @@ def test_only_host_values_cross_gpus_and_one_totals_task_per_gpu(client):
 
 def test_methods_of_held_results_take_the_direct_paths(client):
     """``mr.sum(x).compute()`` runs no task and returns what the graph returns (a CuPy 0-d array, same
-    bits); ``mr.cumsum(x).persist()`` runs one scan task per chunk on the GPU holding it, moves nothing
-    between workers, and equals the graph's scan bit for bit."""
+    bits); ``mr.cumsum(x).persist()`` runs no task either, keeps every output chunk on the GPU holding
+    its input, moves nothing between workers, and equals the graph's scan bit for bit."""
     x = gpu_array(client, (1 << 22) + 1025, 1 << 18, np.float32, seed=9)
     lazy = mr.sum(x)
     with distributed.get_task_stream(client) as stream:
         value = lazy.compute()
     assert not stream.data and isinstance(value, cupy.ndarray)
     assert cupy.asnumpy(value).tobytes() == cupy.asnumpy(client.compute(lazy).result()).tobytes()
-    holder = placement.holders(x, client)
+    keys = placement.chunk_keys(x)
     client.run(_clear_transfer_logs)
     with distributed.get_task_stream(client) as stream:
         seeded = mr.cumsum(x).persist()
         distributed.wait(seeded)
-    assert len(stream.data) == x.npartitions
-    assert all(t["worker"] == holder[(x.name, *t["key"][1:])] for t in stream.data)
+    assert not stream.data  # totals and scans ran through client.run, each worker on its own chunks
+    where_in = client.who_has([x.__dask_graph__()[k] for k in keys])
+    out_keys = placement.chunk_keys(seeded)
+    where_out = client.who_has([seeded.__dask_graph__()[k] for k in out_keys])
+    assert all(set(where_out[ko]) == set(where_in[ki]) for ki, ko in zip(keys, out_keys))
     assert [k for ks in client.run(_moved_keys).values() for k in ks] == []
     graph = client.persist(mr.cumsum(x))
     assert cupy.asnumpy(seeded.compute()).tobytes() == cupy.asnumpy(graph.compute()).tobytes()
