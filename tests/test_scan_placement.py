@@ -114,7 +114,10 @@ def test_lost_outputs_raise_a_clear_error():
         x = np.random.default_rng(12).integers(-1000, 1000, size=8 * 1009, dtype=np.int64)
         d, workers = persist_spread(c, x, 1009, [0, 1] * 4)
         out = mr.cumsum(d).persist()
-        np.testing.assert_array_equal(out.compute(), np.cumsum(x))
+        # not computed before the kill: gathering it would copy every chunk to one worker, and those
+        # replicas would survive (a right answer, but not the case under test)
+        where = c.who_has(distributed.futures_of(out))
+        assert sorted(len(w) for w in where.values()) == [1] * 8 and workers[1] in {w[0] for w in where.values()}
         os.kill(c.run(os.getpid)[workers[1]], signal.SIGKILL)
         with pytest.raises(distributed.client.FutureCancelledError):
             c.compute(out).result(timeout=60)
