@@ -24,9 +24,11 @@ takes any plan with ``partial(*blocks)``, ``combine(*partials)``, ``aggregate(*p
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Callable, Hashable, Sequence
 
 import dask.array as da
+import numpy as np
 from dask.array.utils import meta_from_array
 from dask.base import tokenize
 from dask.delayed import Delayed
@@ -75,7 +77,8 @@ def _lanes(x: da.Array, along: Sequence[int]):
 
 
 def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None, along: Sequence[int],
-                    stages: dict[str, str], emit, chunks, dtype, last_apart: bool = False) -> da.Array:
+                    stages: dict[str, str], emit, chunks, dtype, last_apart: bool = False,
+                    per_chunk: da.Array | None = None) -> da.Array:
     """The one builder behind ``reduction`` and ``scan``: per lane, the chunks (all, or with
     ``last_apart`` all but the last) are split by ``groups`` (checked: every chunk once) into groups and
     their chunk positions (``layout``), and
@@ -98,7 +101,9 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     holder = getattr(groups, "holder", None)  # placement found every chunk in a worker's memory
     if holder is not None:
         layer = _pinned(layer, holder)
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
+    # with per-chunk partials made apart, the tasks here read only them: x must not be a dependency too,
+    # or Dask's blockwise fusion (which fuses a layer into its only dependent) would leave it apart
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[x] if per_chunk is None else [per_chunk])
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
     one_block = len(chunks) <= 1 and all(len(c) == 1 for c in chunks)
     return _RESULT_TYPES[one_block, holder is not None](graph, name, chunks, meta=meta)
@@ -181,6 +186,14 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     Groups of chunks held by one worker (``placement``) run there by data locality."""
     axes = plan.axes
     on_device = type(x._meta).__module__.startswith("cupy")  # the result's chunk type follows the input's
+    per_chunk = None
+    if groups is None and math.prod(x.numblocks[d] for d in axes) > 1:  # every lane has several chunks
+        # one chunk per partial (a lazy input): the partials as a blockwise layer over x, which Dask's
+        # optimisation fuses with the layer making each chunk (dask.array's own reductions fuse so):
+        # a materialised partial task could not fuse, and each chunk cost a task and a hand-over more
+        token = tokenize(x, plan, "per-chunk")
+        per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object, name=f"{plan.label}-partial-{token}",
+                                  meta=np.empty((0,) * x.ndim, dtype=object))
 
     def emit(names, kept_index, index, grouped, layout):
         partial_name, combine_name, name = names["partial"], names["combine"], names["output"]
@@ -200,9 +213,13 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
             tasks[out] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
             return tasks
         # one chunk per group: partials in chunk order, then the tree
-        level = [(partial_name, *kept_index, g) for g in range(len(grouped))]
         in_order = sorted(range(len(grouped)), key=lambda g: layout[g][0])
-        tasks = {key: (_host_partial, plan, grouped[g][0]) for key, g in zip(level, in_order)}
+        if per_chunk is not None:
+            level = [(per_chunk.name, *grouped[g][0][1:]) for g in in_order]
+            tasks = {}
+        else:
+            level = [(partial_name, *kept_index, g) for g in range(len(grouped))]
+            tasks = {key: (_host_partial, plan, grouped[g][0]) for key, g in zip(level, in_order)}
         depth = 0
         while len(level) > split_every:  # the last level is folded into the aggregate task
             nxt = []
@@ -220,7 +237,8 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         chunks = tuple(x.chunks[d] for d in range(x.ndim) if d not in axes)
     stages = {stage: f"{{label}}-{stage}-{{token}}" for stage in ("partial", "combine")}
     stages["output"] = "{label}-aggregate-{token}"
-    return _grouped_stages(x, plan, split_every, groups, axes, stages, emit, chunks, plan.out_dtype)
+    return _grouped_stages(x, plan, split_every, groups, axes, stages, emit, chunks, plan.out_dtype,
+                           per_chunk=per_chunk)
 
 
 def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
@@ -288,6 +306,10 @@ def _host_partial(plan, *blocks):
     if value is None or not type(value).__module__.startswith("cupy"):
         return partial
     return dataclasses.replace(partial, value=_host(value))
+
+
+def _block_partial(block, plan):
+    return _host_partial(plan, block)
 
 
 def fold_in_order(plan, split_every: int, partials):
