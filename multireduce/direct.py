@@ -1,18 +1,34 @@
-"""Whole reductions of persisted arrays computed now, on the workers that hold the chunks.
+"""Whole reductions and scans of persisted arrays computed now, on the workers that hold the chunks.
 
 A lazy reduction (``graph.reduction``) costs a task graph: the client optimises and ships it, the
-scheduler orders and assigns it, and every stage is a scheduler round trip plus dask's own finalize
-task, 15-30 ms before and around the kernels even when the data is already in GPU memory. When the
-chunks are persisted and the result is wanted now (``multireduce.sum(x, compute=True)``), none of
-that is needed: one ``client.run`` asks every worker holding chunks to reduce its own groups with
-our kernels, on its GPU, and send back one small partial per group (host memory, a few bytes); the
-client combines them in order and finalizes. The chunks never move.
+scheduler orders and assigns it, and every stage is a scheduler round trip, 15-30 ms before and around
+the kernels even when the data is already in GPU memory; a scan persisted through the graph pays the
+scheduler's per-task cost once per chunk (about 1 ms each on a GPU box, 2026-11-25). Over chunks held
+in workers' memory none of that is needed:
 
-Anything this path cannot do exactly as the graph would returns None, and the caller computes the
-graph instead: placement unknown (not persisted, no client, a chunk not in memory), a chunk that
-moved or a worker that died since placement was looked up, reductions over only some axes. Every
-other error (a kernel's, a bad chunk's, an operator's own ``TimeoutError``) surfaces unchanged: the worker
-hands it back as a value (``_Failed``), so it is never taken for a comm failure and recomputed.
+- ``reduce_persisted`` (``mr.sum(x, compute=True)`` and the held result's own ``.compute()``,
+  ``WholeOfHeld``): one ``client.run`` asks every worker for the partial of each chunk it holds,
+  computed on its GPU and brought to the host in one copy; the client folds them in chunk order with
+  the graph's tree, so the bits are the graph's.
+- ``scan_persisted`` (the held scan's own ``.persist()``, ``ScanOfHeld``): one ``client.run`` for
+  each chunk's total, the carries folded on the client, a second ``client.run`` in which every worker
+  scans its own chunks and keeps the outputs, registered with the scheduler as a scatter registers
+  its data. No task runs and nothing moves between workers.
+
+Each worker reads its own memory (``dask_worker.data``): no placement lookup, so nothing can be stale
+after a worker was killed, retired or restarted and the array persisted again; a chunk replicated on
+two workers is taken once. Anything these paths cannot do exactly as the graph would returns None,
+and the caller runs the graph instead: not persisted, no client, a chunk in no worker's memory, a
+worker that left while the run was pending (the client checks the scheduler's worker list every
+``multireduce.direct-check-interval``, default 0.25 s, so a dead address cannot hold the run for the
+30 s connect timeout), reductions over only some axes. Every other error (a kernel's, a bad chunk's,
+an operator's own ``TimeoutError``) surfaces unchanged: the worker hands it back as a value
+(``_Failed``), so it is never taken for a comm failure and recomputed; a scan that fails on one worker
+drops what the others kept.
+
+The scan's outputs have no lineage (the price of running no task): a lost worker's output chunks
+raise ``FutureCancelledError`` when used, never a wrong or missing chunk. ``client.persist(mr.cumsum(x))``
+keeps the graph, which Dask can recompute.
 
 Why ``client.run`` and not ``client.submit`` with worker restrictions (issue 12, item 3), measured on a
 4-process CPU LocalCluster, 128 persisted chunks (2026-11-22, a loaded 2-core machine, 20 calls x 3
@@ -21,15 +37,6 @@ it (``allow_other_workers``, chunk futures as arguments) plus ``gather``, folded
 median (48-76 ms best), the graph 78-159 ms (55-58 ms best). Submitted tasks pass the scheduler's task
 machinery (graph update, transitions, one message per task each way) that the graph also pays; run is
 one broadcast. What the scheduler would add (recomputing lost chunks) the fallback to the graph gives.
-
-Placement is looked up on every call (one ``who_has`` round trip, about a millisecond): the scheduler
-forgets a dead or retired worker's keys at once, so the lookup names only live workers and follows a
-``client.restart`` plus re-persist under the same array name. A cache keyed by the array's name sent
-``client.run`` to dead addresses after such changes, and the scheduler waited its 30 s connect timeout
-on each. For a worker that dies in the short window between lookup and run, the client checks the
-live workers every ``multireduce.direct-check-interval`` (default 0.25 s) while the run is pending and
-gives up on it, for the graph, as soon as a worker it waits on is gone; a slow run on live workers is
-waited for however long it takes.
 """
 
 from __future__ import annotations
