@@ -184,15 +184,19 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
 
 
 def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
+    import dask
+
     from . import direct, graph, placement
 
-    source = x
+    if (len(plans) == 1 and len(plans[0].axes) == x.ndim and x.npartitions
+            and dask.config.get("multireduce.placement", True) and placement.is_persisted(x)
+            and placement.default_client() is not None):
+        # a whole reduction of a persisted array: its .compute() reduces the chunks where they are
+        # (direct), and the graph is built only if something asks for it
+        return direct.whole_of_held(x, plans[0], fan_in)
     for i, plan in enumerate(plans):
         groups = placement.grouping_for(x, True) if i == 0 else None  # the graph restores chunk order
         x = graph.reduction(x, plan, fan_in, groups)
-    if len(plans) == 1 and groups is not None and len(plans[0].axes) == source.ndim:
-        # a whole reduction of held chunks: its .compute() reduces them where they are (direct)
-        return direct.with_direct_compute(x, source, plans[0], fan_in)
     return x if keepdims or len(plans) == 1 else x.squeeze(axis=axes)
 
 

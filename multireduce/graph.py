@@ -78,7 +78,7 @@ def _lanes(x: da.Array, along: Sequence[int]):
 
 def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None, along: Sequence[int],
                     stages: dict[str, str], emit, chunks, dtype, last_apart: bool = False,
-                    per_chunk: da.Array | None = None) -> da.Array:
+                    per_chunk: da.Array | None = None, token: str | None = None) -> da.Array:
     """The one builder behind ``reduction`` and ``scan``: per lane, the chunks (all, or with
     ``last_apart`` all but the last) are split by ``groups`` (checked: every chunk once) into groups and
     their chunk positions (``layout``), and
@@ -87,7 +87,7 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     (``stages``: stage -> name pattern with ``{label}`` and ``{token}``), which is what the dashboard
     shows. Over chunks held in memory, tasks reading one worker's chunks ask for it (``_pinned``)."""
     groups = groups or contiguous_groups(1)
-    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
+    token = token or tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     names = {stage: pattern.format(label=plan.label, token=token) for stage, pattern in stages.items()}
     layer: dict = {}
     for lane, index in _lanes(x, along):
@@ -178,7 +178,8 @@ _RESULT_TYPES = {(False, False): da.Array, (True, False): _OneBlock, (False, Tru
                  (True, True): _OneBlockOfHeld}
 
 
-def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
+def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Grouping | None = None,
+              token: str | None = None) -> da.Array:
     """A lazy reduction of ``x`` over ``plan.axes``: one ``partial`` task per group, a ``combine`` tree of
     fan-in ``split_every`` over the group partials, one ``aggregate`` task per output block that combines
     the last level and finalizes (every stage costs a scheduler round trip, milliseconds on a cluster).
@@ -191,8 +192,8 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         # one chunk per partial (a lazy input): the partials as a blockwise layer over x, which Dask's
         # optimisation fuses with the layer making each chunk (dask.array's own reductions fuse so):
         # a materialised partial task could not fuse, and each chunk cost a task and a hand-over more
-        token = tokenize(x, plan, "per-chunk")
-        per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object, name=f"{plan.label}-partial-{token}",
+        per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object,
+                                  name=f"{plan.label}-partial-{tokenize(x, plan, 'per-chunk')}",
                                   meta=np.empty((0,) * x.ndim, dtype=object))
 
     def emit(names, kept_index, index, grouped, layout):
@@ -238,7 +239,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     stages = {stage: f"{{label}}-{stage}-{{token}}" for stage in ("partial", "combine")}
     stages["output"] = "{label}-aggregate-{token}"
     return _grouped_stages(x, plan, split_every, groups, axes, stages, emit, chunks, plan.out_dtype,
-                           per_chunk=per_chunk)
+                           per_chunk=per_chunk, token=token)
 
 
 def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None = None) -> da.Array:

@@ -185,3 +185,26 @@ def test_whole_reduction_is_partials_and_one_aggregate(client):
     value, stream = _task_stream(client, not_held.compute)
     assert not any(_name(t["key"]).startswith("finalize") for t in stream) 
     assert np.isclose(value, 2 * x.astype(np.float64).sum(), rtol=1e-5)
+
+
+def test_a_held_whole_reduction_builds_its_graph_only_when_asked(client, monkeypatch):
+    """``mr.sum(d)`` of a persisted array looks nothing up and lays out no task until its graph is
+    needed: ``.compute()`` (the direct path) never needs it; ``client.compute``, ``dask.compute``,
+    arithmetic and ``repr`` build it then, with the per-worker grouping, under the same name."""
+    x = np.random.default_rng(9).integers(-1000, 1000, size=12 * 1000)
+    d, _ = _spread(client, x, 1000, [0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 2, 1])
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("placement looked up")
+
+    monkeypatch.setattr(placement, "holders", no_lookup)
+    lazy = mr.sum(d)
+    assert lazy.compute() == x.sum() and lazy._graph is None
+    monkeypatch.undo()
+    name = lazy.name
+    assert client.compute(lazy).result() == x.sum() and lazy._graph is not None and lazy.name == name
+    assert name in lazy.__dask_graph__().layers
+    assert task_count(lazy, "sum-partial") == 3  # one per worker: the graph built with placement
+    other = mr.sum(d)
+    assert dask.compute(other, mr.max(d))[0] == x.sum() and (other + 1).compute() == x.sum() + 1
+    assert "sum-aggregate" in repr(mr.sum(d))
