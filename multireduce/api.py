@@ -184,13 +184,9 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
 
 
 def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
-    import dask
-
     from . import direct, graph, placement
 
-    if (len(plans) == 1 and len(plans[0].axes) == x.ndim and x.npartitions
-            and dask.config.get("multireduce.placement", True) and placement.is_persisted(x)
-            and placement.default_client() is not None):
+    if len(plans) == 1 and len(plans[0].axes) == x.ndim and direct.is_held(x):
         # a whole reduction of a persisted array: its .compute() reduces the chunks where they are
         # (direct), and the graph is built only if something asks for it
         return direct.whole_of_held(x, plans[0], fan_in)

@@ -335,6 +335,13 @@ class ScanOfHeld(_OfHeld):
         return super().persist(**kwargs)
 
 
+def is_held(x) -> bool:
+    """``x`` is persisted (every chunk a future of the default distributed client) and placement is on:
+    its whole reductions take ``whole_of_held`` and its scans ``with_direct_persist``."""
+    return bool(x.npartitions) and dask.config.get("multireduce.placement", True) and placement.is_persisted(x) \
+        and placement.default_client() is not None
+
+
 def whole_of_held(x, plan, split_every: int) -> WholeOfHeld:
     """The lazy whole reduction of a persisted ``x`` whose graph is built only when asked for."""
     token = tokenize(x, plan, split_every, "whole-of-held")

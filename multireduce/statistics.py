@@ -233,9 +233,12 @@ def _known_chunks(x, caller):
 
 
 def _run(x, kind, plan, split_every, caller):
-    from . import graph, placement  # dask loads on the first dask input only
+    from . import direct, graph, placement  # dask loads on the first dask input only
     if kind.startswith("dask"):
         fan = v.fan_in(split_every, plan.axes, caller)
+        if plan.stat not in _ARG and len(plan.axes) == x.ndim and direct.is_held(x):
+            # a whole statistic of a persisted array: .compute() folds the chunks' partials where they are
+            return direct.whole_of_held(x, plan, fan)
         if plan.stat in _ARG:
             located = x.map_blocks(_locate, dtype=x.dtype, meta=x._meta, name=f"{plan.stat}-locate-{x.name}")
             holder = placement.holders(x)

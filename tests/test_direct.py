@@ -179,3 +179,23 @@ def test_a_scan_error_on_a_worker_surfaces_and_leaves_nothing_behind(client):
     assert not stream.data
     prefix = lazy.name.rsplit("-", 1)[0] + "-seeded"
     assert not any(client.run(_kept_keys, prefix).values())
+
+
+@pytest.mark.parametrize("stat", ["var", "std", "nanvar", "nanmean", "nanmax", "nanmin", "any", "all", "nansum"])
+def test_whole_statistics_of_held_chunks_run_no_task(client, stat):
+    rng = np.random.default_rng(len(stat))
+    x = (rng.standard_normal(9 * 1000) * 10).astype(np.float32)
+    x[rng.integers(0, x.size, 50)] = np.nan if stat.startswith("nan") else 0.0
+    d = _spread(client, x, 1000, [0, 1, 1, 2, 0, 0, 2, 1, 2])
+    lazy = getattr(mr, stat)(d)
+    got, tasks = _tasks_during(client, lazy.compute)
+    assert tasks == 0, f"{stat}: {tasks} tasks ran"
+    graph_value = client.compute(lazy).result()
+    assert np.asarray(got).tobytes() == np.asarray(graph_value).tobytes(), stat
+    np.testing.assert_allclose(got, getattr(np, stat)(x.astype(np.float64)), rtol=1e-5)
+
+
+def test_an_all_nan_held_statistic_warns_on_the_client(client):
+    d = _spread(client, np.full(3 * 100, np.nan, dtype=np.float32), 100, [0, 1, 2])
+    with pytest.warns(RuntimeWarning, match="All-NaN slice"):
+        assert np.isnan(mr.nanmax(d).compute())

@@ -220,3 +220,17 @@ def test_methods_of_held_results_take_the_direct_paths(client):
     assert [k for ks in client.run(_moved_keys).values() for k in ks] == []
     graph = client.persist(mr.cumsum(x))
     assert cupy.asnumpy(seeded.compute()).tobytes() == cupy.asnumpy(graph.compute()).tobytes()
+
+
+@pytest.mark.parametrize("stat", ["var", "std", "nanmax", "any"])
+def test_held_statistics_compute_without_tasks(client, stat):
+    """A whole statistic of a persisted array: ``.compute()`` folds each chunk's (host) partial on the
+    client, no task runs, and the value is the graph's, as a CuPy array like the graph's."""
+    x = gpu_array(client, (1 << 22) + 1025, 1 << 18, np.float32, seed=13)
+    lazy = getattr(mr, stat)(x)
+    with distributed.get_task_stream(client) as stream:
+        value = lazy.compute()
+    assert not stream.data, f"{stat}: {len(stream.data)} tasks"
+    graph_value = client.compute(lazy).result()
+    assert type(value) is type(graph_value)
+    assert cupy.asnumpy(value).tobytes() == cupy.asnumpy(graph_value).tobytes()
