@@ -199,3 +199,18 @@ def test_an_all_nan_held_statistic_warns_on_the_client(client):
     d = _spread(client, np.full(3 * 100, np.nan, dtype=np.float32), 100, [0, 1, 2])
     with pytest.warns(RuntimeWarning, match="All-NaN slice"):
         assert np.isnan(mr.nanmax(d).compute())
+
+
+@pytest.mark.parametrize("fn", ["sum", "mean", "nansum"])
+def test_exact_reductions_of_held_chunks_run_no_task(client, fn):
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal(9 * 1000) * np.exp2(rng.integers(-40, 40, 9 * 1000))
+    x[::97] = np.nan if fn == "nansum" else x[::97]
+    d = _spread(client, x, 1000, [2, 1, 0, 0, 1, 2, 2, 0, 1])
+    lazy = getattr(mr, fn)(d, exact=True)
+    got, tasks = _tasks_during(client, lazy.compute)
+    assert tasks == 0
+    assert np.asarray(got).tobytes() == np.asarray(client.compute(lazy).result()).tobytes()
+    if fn != "nansum":  # nansum has no compute=
+        assert np.asarray(getattr(mr, fn)(d, exact=True, compute=True)).tobytes() == np.asarray(got).tobytes()
+    assert np.asarray(got).tobytes() == np.asarray(getattr(mr, fn)(x, exact=True)).tobytes()  # same bits as NumPy input
