@@ -254,10 +254,9 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         # one totals task per worker holding chunks: each chunk's total is kept, so order survives any placement
         from . import direct, graph, placement
 
-        groups = placement.grouping_for(x, commutative=True)
-        result = graph.scan(x, plan, fan_in, groups)
-        # over held chunks, .persist() computes the totals where they are and seeds one task per chunk
-        return result if groups is None else direct.with_direct_persist(result, x, plan)
+        if direct.is_held(x):  # .persist() scans the chunks where they are, with no task
+            return direct.scan_of_held(x, plan, fan_in)
+        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=True))
     with _run_device(kind, x), gpu_memory_guard(x, caller):
         return plan(x)
 

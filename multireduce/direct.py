@@ -54,7 +54,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import placement
 from .core import ScanPlan
-from .graph import _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fold_in_order, reduction
+from .graph import _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fold_in_order, reduction, scan
 
 
 class ChunkMissing(LookupError):
@@ -318,18 +318,30 @@ class WholeOfHeld(_OneBlockOfHeld):
 
 
 class ScanOfHeld(_OfHeld):
-    """A scan over chunks held in workers' memory whose ``.persist()`` takes ``scan_persisted``: totals
-    now by ``client.run``, carries on the client, one scan task per chunk on its holder. ``client.persist``,
-    ``dask.persist`` and ``.compute`` run the graph."""
+    """A scan of a persisted array whose ``.persist()`` takes ``scan_persisted`` (two ``client.run``
+    calls, no task) and the graph when that path cannot. ``client.persist``, ``dask.persist`` and
+    ``.compute`` run the graph, which is built when something first asks for it (``.dask``), as
+    ``WholeOfHeld``'s is."""
 
-    __slots__ = ("_direct",)
+    __slots__ = ("_direct", "_graph")
+
+    @property
+    def dask(self):
+        if self._graph is None:
+            x, plan, split_every, token = self._direct
+            self._graph = scan(x, plan, split_every, placement.grouping_for(x, commutative=True), token=token).dask
+        return self._graph
+
+    @dask.setter
+    def dask(self, graph):
+        self._graph = graph
 
     def persist(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
-            x, plan = self._direct
+            x, plan, _, token = self._direct
             # its own name: the graph's tasks under the same keys would differ (dask warns, and an
             # earlier graph result still held would be mixed with these)
-            out = scan_persisted(x, plan, f"{self.name.rsplit('-', 1)[0]}-seeded-{self.name.rsplit('-', 1)[1]}")
+            out = scan_persisted(x, plan, f"{plan.label}-seeded-{token}")
             if out is not None:
                 return out
         return super().persist(**kwargs)
@@ -337,7 +349,7 @@ class ScanOfHeld(_OfHeld):
 
 def is_held(x) -> bool:
     """``x`` is persisted (every chunk a future of the default distributed client) and placement is on:
-    its whole reductions take ``whole_of_held`` and its scans ``with_direct_persist``."""
+    its whole reductions take ``whole_of_held`` and its scans ``scan_of_held``."""
     return bool(x.npartitions) and dask.config.get("multireduce.placement", True) and placement.is_persisted(x) \
         and placement.default_client() is not None
 
@@ -354,8 +366,12 @@ def whole_of_held(x, plan, split_every: int) -> WholeOfHeld:
     return out
 
 
-def with_direct_persist(result, x, plan):
-    """``result`` (the lazy scan of a persisted ``x``) as a ``ScanOfHeld``."""
-    out = ScanOfHeld(result.dask, result.name, result.chunks, meta=result._meta)
-    out._direct = (x, plan)
+def scan_of_held(x, plan: ScanPlan, split_every: int) -> ScanOfHeld:
+    """The lazy scan of a persisted ``x`` whose graph is built only when asked for."""
+    token = tokenize(x, plan, split_every, "scan-of-held")
+    name = f"{plan.label}-{token}"
+    meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
+    out = ScanOfHeld(HighLevelGraph({name: MaterializedLayer({})}, {name: set()}), name, x.chunks, meta=meta)
+    out._direct = (x, plan, split_every, token)
+    out._graph = None  # built on first use
     return out

@@ -242,7 +242,8 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
                            per_chunk=per_chunk, token=token)
 
 
-def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None = None) -> da.Array:
+def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None = None,
+         token: str | None = None) -> da.Array:
     """A lazy scan of ``x`` along ``plan.axis`` with the same chunks as ``x``.
 
     Per lane (the chunks that share their position on the other axes): ``totals`` tasks, one per group
@@ -277,7 +278,7 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     stages = {"totals": "{label}-totals-{token}", "carries": "{label}-carries-{token}", "output": "{label}-{token}"}
     # the last chunk's total seeds nothing: chunks 0..n-2 are grouped
     return _grouped_stages(x, plan, split_every, groups, (plan.axis,), stages, emit, x.chunks, plan.out_dtype,
-                           last_apart=True)
+                           last_apart=True, token=token)
 
 
 def _host(value):

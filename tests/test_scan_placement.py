@@ -157,3 +157,19 @@ def test_worker_lost_after_placement_lookup():
         # the results' own .persist() / .compute() look placement up again (or fall back to the graph)
         np.testing.assert_array_equal(c.compute(seeded_scan.persist()).result(timeout=120), np.cumsum(x))
         assert direct_total.compute() == x.sum()
+
+
+def test_a_held_scan_builds_its_graph_only_when_asked(client, monkeypatch):
+    x = np.random.default_rng(14).integers(-1000, 1000, size=N_CHUNKS * 1003)
+    d, _ = persist_spread(client, x, 1003, PLACEMENTS["uneven"])
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("placement looked up")
+
+    monkeypatch.setattr(placement, "holders", no_lookup)
+    lazy = mr.cumsum(d)
+    np.testing.assert_array_equal(lazy.persist().compute(), np.cumsum(x))
+    assert lazy._graph is None
+    monkeypatch.undo()
+    np.testing.assert_array_equal(client.compute(lazy).result(), np.cumsum(x))  # the graph, built now
+    assert lazy.name in lazy.__dask_graph__().layers
