@@ -42,6 +42,7 @@ one broadcast. What the scheduler would add (recomputing lost chunks) the fallba
 from __future__ import annotations
 
 import asyncio
+import functools
 import traceback
 
 import dask
@@ -108,14 +109,15 @@ def _to_host_together(values: list) -> list:
     return out
 
 
-def values_of_held(per_chunk, keys: list, only_where=frozenset(), dask_worker=None):
-    """Runs on every worker through ``client.run``: ``per_chunk(block)`` for each of ``keys`` this
-    worker holds (None for those in ``only_where``: the caller only wants to know where they are), on
-    the GPU holding it, brought to the host together. Returns {key: value}, or ``_Failed``. Reading
-    the worker's own memory needs no placement lookup and cannot be stale."""
+def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, dask_worker=None):
+    """Runs on every worker through ``client.run``: ``per_chunk(block, *extra[key])`` for each of
+    ``keys`` this worker holds (None for those in ``only_where``: the caller only wants to know where
+    they are), on the GPU holding it, brought to the host together. Returns {key: value}, or
+    ``_Failed``. Reading the worker's own memory needs no placement lookup and cannot be stale."""
     try:
         held = [k for k in keys if k in dask_worker.data]
-        computed = [None if k in only_where else _on_device_of(dask_worker.data[k], per_chunk) for k in held]
+        computed = [None if k in only_where else _on_device_of(dask_worker.data[k], per_chunk, *(extra or {}).get(k, ()))
+                    for k in held]
         return dict(zip(held, _to_host_together(computed)))
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
@@ -195,7 +197,7 @@ def _run(client, workers, fn, *args):
     return replies
 
 
-def held_values(x, keys: list, per_chunk, only_where=frozenset()):
+def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None):
     """({key: per_chunk(chunk)}, {key: worker}) for the chunks ``keys`` of a persisted ``x``, each
     computed by a worker holding it (host values; a replicated chunk is taken from the first worker
     by address); None where some chunk is in no worker's memory or a worker left while it ran (the
@@ -205,7 +207,7 @@ def held_values(x, keys: list, per_chunk, only_where=frozenset()):
         return None
     if not keys:
         return {}, {}
-    replies = _run(client, None, values_of_held, per_chunk, keys, only_where)
+    replies = _run(client, None, values_of_held, per_chunk, keys, only_where, extra)
     if replies is None:
         return None
     values, holder = {}, {}
@@ -216,17 +218,37 @@ def held_values(x, keys: list, per_chunk, only_where=frozenset()):
     return (values, holder) if len(values) == len(keys) else None
 
 
-def reduce_persisted(x, plan, split_every: int = 16):
+def chunk_offsets(x) -> dict:
+    """Chunk key -> where the chunk starts in ``x`` (a tuple of element offsets, one per axis)."""
+    import itertools
+
+    import numpy as np
+
+    starts = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int).tolist() for c in x.chunks]
+    return {(x.name, *index): tuple(starts[d][i] for d, i in enumerate(index))
+            for index in itertools.product(*(range(n) for n in x.numblocks))}
+
+
+def reduce_persisted(x, plan, split_every: int = 16, located=None):
     """The reduction of all of ``x`` now, from the workers holding its chunks; None where the graph must
     be computed instead (see the module docstring). Each chunk's own partial comes back and the client
-    folds them in chunk order with the graph's tree (``fold_in_order``): the same bits as the graph."""
+    folds them in chunk order with the graph's tree (``fold_in_order``): the same bits as the graph.
+    ``located(block, offsets)``: what the plan reduces instead of a bare chunk (argmin/argmax need
+    each chunk's place in the array)."""
     if len(plan.axes) != x.ndim or x.npartitions == 0:
         return None
     keys = placement.chunk_keys(x)
-    found = held_values(x, keys, plan.partial)
+    if located is None:
+        found = held_values(x, keys, plan.partial)
+    else:
+        found = held_values(x, keys, functools.partial(_partial_of_located, plan, located), extra=chunk_offsets(x))
     if found is None:
         return None
     return fold_in_order(plan, split_every, [found[0][k] for k in keys])
+
+
+def _partial_of_located(plan, located, block, *offsets):
+    return plan.partial(located(block, offsets))
 
 
 def scan_persisted(x, plan: ScanPlan, name: str):
@@ -300,8 +322,11 @@ class WholeOfHeld(_OneBlockOfHeld):
     @property
     def dask(self):
         if self._graph is None:
-            x, plan, split_every, token = self._direct
-            self._graph = reduction(x, plan, split_every, placement.grouping_for(x, True), token=token).dask
+            x, plan, split_every, token, build, _ = self._direct
+            if build is not None:
+                self._graph = build(token).dask
+            else:
+                self._graph = reduction(x, plan, split_every, placement.grouping_for(x, True), token=token).dask
         return self._graph
 
     @dask.setter
@@ -310,8 +335,8 @@ class WholeOfHeld(_OneBlockOfHeld):
 
     def compute(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
-            x, plan, split_every, _ = self._direct
-            value = reduce_persisted(x, plan, split_every)
+            x, plan, split_every, _, _, located = self._direct
+            value = reduce_persisted(x, plan, split_every, located)
             if value is not None:
                 return _device(type(self._meta).__module__.startswith("cupy"), value)
         return super().compute(**kwargs)
@@ -354,14 +379,16 @@ def is_held(x) -> bool:
         and placement.default_client() is not None
 
 
-def whole_of_held(x, plan, split_every: int) -> WholeOfHeld:
-    """The lazy whole reduction of a persisted ``x`` whose graph is built only when asked for."""
+def whole_of_held(x, plan, split_every: int, build=None, located=None) -> WholeOfHeld:
+    """The lazy whole reduction of a persisted ``x`` whose graph is built only when asked for: by
+    ``build(token)`` where given (a graph over something made from ``x``, with this token), else
+    ``graph.reduction`` of ``x``. ``located``: see ``reduce_persisted``."""
     token = tokenize(x, plan, split_every, "whole-of-held")
     name = f"{plan.label}-aggregate-{token}"
     chunks = ((1,),) * x.ndim if plan.keepdims else ()
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
     out = WholeOfHeld(HighLevelGraph({name: MaterializedLayer({})}, {name: set()}), name, chunks, meta=meta)
-    out._direct = (x, plan, split_every, token)
+    out._direct = (x, plan, split_every, token, build, located)
     out._graph = None  # built on first use
     return out
 

@@ -240,13 +240,18 @@ def _run(x, kind, plan, split_every, caller):
             # a whole statistic of a persisted array: .compute() folds the chunks' partials where they are
             return direct.whole_of_held(x, plan, fan)
         if plan.stat in _ARG:
-            located = x.map_blocks(_locate, dtype=x.dtype, meta=x._meta, name=f"{plan.stat}-locate-{x.name}")
-            holder = placement.holders(x)
-            groups = None
-            if holder:  # the same workers hold the located chunks
-                holder = {(located.name, *k[1:]): w for k, w in holder.items()}
-                groups = placement.by_worker(holder, True)
-            return graph.reduction(located, plan, fan, groups)
+            def located_graph(token=None):
+                located = x.map_blocks(_locate, dtype=x.dtype, meta=x._meta, name=f"{plan.stat}-locate-{x.name}")
+                holder = placement.holders(x)
+                groups = None
+                if holder:  # the same workers hold the located chunks
+                    holder = {(located.name, *k[1:]): w for k, w in holder.items()}
+                    groups = placement.by_worker(holder, True)
+                return graph.reduction(located, plan, fan, groups, token=token)
+
+            if len(plan.axes) == x.ndim and direct.is_held(x):
+                return direct.whole_of_held(x, plan, fan, build=located_graph, located=Located)
+            return located_graph()
         return graph.reduction(x, plan, fan, placement.grouping_for(x, True))
     if kind == "cupy":
         import cupy

@@ -181,7 +181,8 @@ def test_a_scan_error_on_a_worker_surfaces_and_leaves_nothing_behind(client):
     assert not any(client.run(_kept_keys, prefix).values())
 
 
-@pytest.mark.parametrize("stat", ["var", "std", "nanvar", "nanmean", "nanmax", "nanmin", "any", "all", "nansum"])
+@pytest.mark.parametrize("stat", ["var", "std", "nanvar", "nanmean", "nanmax", "nanmin", "any", "all", "nansum",
+                                  "argmax", "argmin", "nanargmax", "nanargmin"])
 def test_whole_statistics_of_held_chunks_run_no_task(client, stat):
     rng = np.random.default_rng(len(stat))
     x = (rng.standard_normal(9 * 1000) * 10).astype(np.float32)
@@ -214,3 +215,14 @@ def test_exact_reductions_of_held_chunks_run_no_task(client, fn):
     if fn != "nansum":  # nansum has no compute=
         assert np.asarray(getattr(mr, fn)(d, exact=True, compute=True)).tobytes() == np.asarray(got).tobytes()
     assert np.asarray(got).tobytes() == np.asarray(getattr(mr, fn)(x, exact=True)).tobytes()  # same bits as NumPy input
+
+
+def test_held_argmax_of_a_2d_array_knows_each_chunks_place(client):
+    rng = np.random.default_rng(30)
+    x = rng.integers(0, 50, size=(60, 45)).astype(np.float64)  # many ties: the first occurrence must win
+    d = client.persist(da.from_array(x, chunks=(13, 10)))
+    distributed.wait(d)
+    for fn in ("argmax", "argmin"):
+        lazy = getattr(mr, fn)(d)
+        got, tasks = _tasks_during(client, lazy.compute)
+        assert tasks == 0 and got == getattr(np, fn)(x) == client.compute(lazy).result(), fn

@@ -222,7 +222,7 @@ def test_methods_of_held_results_take_the_direct_paths(client):
     assert cupy.asnumpy(seeded.compute()).tobytes() == cupy.asnumpy(graph.compute()).tobytes()
 
 
-@pytest.mark.parametrize("stat", ["var", "std", "nanmax", "any"])
+@pytest.mark.parametrize("stat", ["var", "std", "nanmax", "any", "argmax", "nanargmin"])
 def test_held_statistics_compute_without_tasks(client, stat):
     """A whole statistic of a persisted array: ``.compute()`` folds each chunk's (host) partial on the
     client, no task runs, and the value is the graph's, as a CuPy array like the graph's."""
