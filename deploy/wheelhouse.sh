@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Collect every wheel multireduce needs on a machine with no network (air-gapped nodes, the GPU box).
 #
-#   deploy/wheelhouse.sh DIR [--python 3.12] [--cuda 13] [--with-cupy] [--with-dask-cuda] [--only-missing]
+#   deploy/wheelhouse.sh DIR [--python 3.12] [--cuda 13] [--with-cupy] [--with-dask-cuda] [--only-missing] [--no-self]
+#
+# --no-self leaves multireduce's own wheel out: for a machine that imports a checkout (the GPU box runs
+# the work tree with PYTHONPATH=/tmp/site:$PWD, where an installed copy in /tmp/site would shadow it).
 #
 # Then, on the offline machine:
 #   python -m pip install --no-index --find-links DIR multireduce[cluster,cuda13]
 # or, where the image already has numpy/cupy and only the Dask stack is missing (--only-missing):
 #   python -m pip install --no-index --no-deps --target SITE DIR/*.whl && export PYTHONPATH=SITE
 set -euo pipefail
-dir=${1:?usage: deploy/wheelhouse.sh DIR [--python X.Y] [--cuda 12|13] [--with-cupy] [--with-dask-cuda] [--only-missing]}
+dir=${1:?usage: deploy/wheelhouse.sh DIR [--python X.Y] [--cuda 12|13] [--with-cupy] [--with-dask-cuda] [--only-missing] [--no-self]}
 shift
-py=3.12 cuda=13 cupy=0 daskcuda=0 only_missing=0
+py=3.12 cuda=13 cupy=0 daskcuda=0 only_missing=0 self=1
 while [ $# -gt 0 ]; do
   case $1 in
     --python) py=$2; shift 2 ;;
@@ -18,6 +21,7 @@ while [ $# -gt 0 ]; do
     --with-cupy) cupy=1; shift ;;
     --with-dask-cuda) daskcuda=1; shift ;;
     --only-missing) only_missing=1; shift ;;
+    --no-self) self=0; shift ;;
     *) echo "deploy/wheelhouse.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,5 +46,5 @@ if [ "$cupy" = 1 ]; then
   fetch "cupy-cuda${cuda}x" fastrlock
 fi
 # multireduce itself
-python3 -m pip wheel -q --no-deps -w "$dir" "$here"
+[ "$self" = 1 ] && python3 -m pip wheel -q --no-deps -w "$dir" "$here"
 ls "$dir"
