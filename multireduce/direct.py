@@ -306,32 +306,46 @@ def _distributed_is_the_scheduler() -> bool:
         and placement.default_client() is not None
 
 
-class WholeOfHeld(_OneBlockOfHeld):
-    """A whole reduction over a persisted array whose ``.compute()`` takes the direct path (one
-    ``client.run``, each chunk's partial folded on the client in the graph's order: the same value
-    and type as the graph's), and the graph when that path cannot (a chunk in no worker's memory, a
-    worker gone, arguments to ``compute``, another scheduler). ``dask.compute``, ``client.compute`` and
-    ``.persist`` run the graph.
+class _GraphOnDemand:
+    """A result whose task graph is built when something first asks for it (``.dask``): building it
+    looks placement up (one ``who_has``) and lays out the per-worker tasks, which the direct paths of
+    ``.compute()`` / ``.persist()`` never need (~5 ms on a GPU box, 2026-11-25). Its name does not depend
+    on placement (the bits do not either). First in the bases: the property shadows Dask's slot."""
 
-    The graph is built when something first asks for it (``.dask``): building it looks placement up
-    (one ``who_has``) and lays out the per-worker tasks, ~5 ms on a GPU box (2026-11-25) that
-    ``.compute()`` does not need. Its name does not depend on placement (the bits do not either)."""
-
-    __slots__ = ("_direct", "_graph")
+    __slots__ = ()
 
     @property
     def dask(self):
         if self._graph is None:
-            x, plan, split_every, token, build, _ = self._direct
-            if build is not None:
-                self._graph = build(token).dask
-            else:
-                self._graph = reduction(x, plan, split_every, placement.grouping_for(x, True), token=token).dask
+            self._graph = self._build_graph()
         return self._graph
 
     @dask.setter
     def dask(self, graph):
         self._graph = graph
+
+
+def _graph_on_demand(cls, name: str, chunks, meta, direct: tuple):
+    out = cls(HighLevelGraph({name: MaterializedLayer({})}, {name: set()}), name, chunks, meta=meta)
+    out._direct = direct
+    out._graph = None  # built on first use
+    return out
+
+
+class WholeOfHeld(_GraphOnDemand, _OneBlockOfHeld):
+    """A whole reduction over a persisted array whose ``.compute()`` takes the direct path (one
+    ``client.run``, each chunk's partial folded on the client in the graph's order: the same value
+    and type as the graph's), and the graph when that path cannot (a chunk in no worker's memory, a
+    worker gone, arguments to ``compute``, another scheduler). ``dask.compute``, ``client.compute`` and
+    ``.persist`` run the graph, built on demand."""
+
+    __slots__ = ("_direct", "_graph")
+
+    def _build_graph(self):
+        x, plan, split_every, token, build, _ = self._direct
+        if build is not None:
+            return build(token).dask
+        return reduction(x, plan, split_every, placement.grouping_for(x, True), token=token).dask
 
     def compute(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
@@ -342,24 +356,16 @@ class WholeOfHeld(_OneBlockOfHeld):
         return super().compute(**kwargs)
 
 
-class ScanOfHeld(_OfHeld):
+class ScanOfHeld(_GraphOnDemand, _OfHeld):
     """A scan of a persisted array whose ``.persist()`` takes ``scan_persisted`` (two ``client.run``
     calls, no task) and the graph when that path cannot. ``client.persist``, ``dask.persist`` and
-    ``.compute`` run the graph, which is built when something first asks for it (``.dask``), as
-    ``WholeOfHeld``'s is."""
+    ``.compute`` run the graph, built on demand."""
 
     __slots__ = ("_direct", "_graph")
 
-    @property
-    def dask(self):
-        if self._graph is None:
-            x, plan, split_every, token = self._direct
-            self._graph = scan(x, plan, split_every, placement.grouping_for(x, commutative=True), token=token).dask
-        return self._graph
-
-    @dask.setter
-    def dask(self, graph):
-        self._graph = graph
+    def _build_graph(self):
+        x, plan, split_every, token = self._direct
+        return scan(x, plan, split_every, placement.grouping_for(x, commutative=True), token=token).dask
 
     def persist(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
@@ -387,10 +393,7 @@ def whole_of_held(x, plan, split_every: int, build=None, located=None) -> WholeO
     name = f"{plan.label}-aggregate-{token}"
     chunks = ((1,),) * x.ndim if plan.keepdims else ()
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
-    out = WholeOfHeld(HighLevelGraph({name: MaterializedLayer({})}, {name: set()}), name, chunks, meta=meta)
-    out._direct = (x, plan, split_every, token, build, located)
-    out._graph = None  # built on first use
-    return out
+    return _graph_on_demand(WholeOfHeld, name, chunks, meta, (x, plan, split_every, token, build, located))
 
 
 def scan_of_held(x, plan: ScanPlan, split_every: int) -> ScanOfHeld:
@@ -398,7 +401,4 @@ def scan_of_held(x, plan: ScanPlan, split_every: int) -> ScanOfHeld:
     token = tokenize(x, plan, split_every, "scan-of-held")
     name = f"{plan.label}-{token}"
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
-    out = ScanOfHeld(HighLevelGraph({name: MaterializedLayer({})}, {name: set()}), name, x.chunks, meta=meta)
-    out._direct = (x, plan, split_every, token)
-    out._graph = None  # built on first use
-    return out
+    return _graph_on_demand(ScanOfHeld, name, x.chunks, meta, (x, plan, split_every, token))
