@@ -226,3 +226,18 @@ def test_held_argmax_of_a_2d_array_knows_each_chunks_place(client):
         lazy = getattr(mr, fn)(d)
         got, tasks = _tasks_during(client, lazy.compute)
         assert tasks == 0 and got == getattr(np, fn)(x) == client.compute(lazy).result(), fn
+
+
+def test_profile_held_runs_on_the_cpu(capsys, monkeypatch):
+    """benchmarks/profile_held.py --cpu: a real LocalCluster (loopback); the direct scan shows no task."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "profile_held", raising=False)
+    import profile_held
+
+    profile_held.main(["--cpu", "--repeats", "1"])
+    out = capsys.readouterr().out
+    direct_scan = next(line for line in out.splitlines() if line.startswith("| mr.cumsum(x).persist() |"))
+    assert "| tasks 0 |" in direct_scan and "| client.persist(mr.cumsum(x)) |" in out
