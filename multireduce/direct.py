@@ -58,10 +58,6 @@ from .core import ScanPlan
 from .graph import _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fold_in_order, reduction, scan
 
 
-class ChunkMissing(LookupError):
-    """A worker no longer holds a chunk it held when placement was looked up."""
-
-
 class _Failed:
     """The reduction's own error on a worker, handed back as a value: ``client.run`` would re-raise it
     on the client as it is, where a ``TimeoutError`` or ``ConnectionError`` from an operator could not
@@ -116,7 +112,8 @@ def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, da
     ``_Failed``. Reading the worker's own memory needs no placement lookup and cannot be stale."""
     try:
         held = [k for k in keys if k in dask_worker.data]
-        computed = [None if k in only_where else _on_device_of(dask_worker.data[k], per_chunk, *(extra or {}).get(k, ()))
+        extra = extra or {}
+        computed = [None if k in only_where else _on_device_of(dask_worker.data[k], per_chunk, *extra.get(k, ()))
                     for k in held]
         return dict(zip(held, _to_host_together(computed)))
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
