@@ -5,7 +5,7 @@
 #   bash benchmarks/run_multigpu.sh [PHASES] [multigpu.py args...]
 # PHASES: "all" (= "tests bench") or a quoted list of tests (multi-GPU, spill, fault and OOM tests, the
 # deploy/ TLS cluster, a soak), soak (the soak alone), bench (benchmarks/multigpu.py --quick, multigpu_stats.py), profile
-# (multigpu.py --profile). Each phase fits one device call (<= 10 minutes).
+# (multigpu.py --profile, profile_held.py). Each phase fits one device call (<= 10 minutes).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests bench"
@@ -17,7 +17,8 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/env.txt"
 rc=0
 if has tests; then
-timeout 330 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/gpu/test_oom.py tests/gpu/test_gpu_exact.py \
+timeout 330 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/test_direct.py tests/test_scan_placement.py \
+  tests/gpu/test_oom.py tests/gpu/test_gpu_exact.py \
   -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 240 -rfEs > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
 tail -n 3 "$OUT/multi-gpu-tests.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/multi-gpu-tests.log" | head -30
 # deploy/: TLS scheduler + GPU workers, a client with the certificate runs sum and cumsum
@@ -61,6 +62,9 @@ fi
 if has profile; then
 timeout 200 python3 benchmarks/multigpu.py --profile > "$OUT/profile-multigpu.log" 2>&1 || rc=1
 tail -n 40 "$OUT/profile-multigpu.log"
+# the direct paths (held .compute() / .persist()) phase by phase, beside Dask's per-task floor
+for c in 26 28; do timeout 90 python3 benchmarks/profile_held.py --chunk-log2 $c > "$OUT/profile-held-$c.log" 2>&1 || rc=1; done
+grep -h "^|\|^worker\|workers," "$OUT"/profile-held-*.log
 fi
 # the device returns at most 8 files: more than that travel as one archive
 if [ "$(ls -A "$OUT" | wc -l)" -gt 8 ]; then
