@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import pickle
 import traceback
+import uuid
 
 import dask
 from dask.utils import parse_timedelta
@@ -64,7 +66,12 @@ class _Failed:
     be told apart from a comm failure (a placement error) and would be recomputed through the graph."""
 
     def __init__(self, error: BaseException, where: str):
-        error.add_note(f"raised on worker {where} by multireduce's direct reduction:\n{traceback.format_exc()}")
+        note = f"raised on worker {where} by multireduce's direct reduction:\n{traceback.format_exc()}"
+        try:  # the error travels pickled; one that cannot come back whole is sent as its type and text
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # noqa: BLE001 - any failure to round-trip
+            error = Exception(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
+        error.add_note(note)
         self.error = error
 
 
@@ -136,6 +143,16 @@ def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):
         return {k: sizeof(v) for k, v in kept.items()}
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
+
+
+def _drop_kept_on_live(client, workers: list, keys: list) -> None:
+    """``drop_kept`` on those of ``workers`` still alive, given up on as soon as one of them leaves: a
+    run that names a dead address would hold the call for the scheduler's whole connect timeout (30 s).
+    A worker that left took its outputs with it."""
+    live = set(client.sync(client.scheduler.identity)["workers"])
+    alive = [w for w in workers if w in live]
+    if alive:
+        _run(client, alive, drop_kept, keys)  # None (a worker left meanwhile) is as good as done
 
 
 def drop_kept(keys: list, dask_worker=None):
@@ -282,10 +299,10 @@ def scan_persisted(x, plan: ScanPlan, name: str):
     try:
         kept = _run(client, list(work), scan_and_keep, plan, work)
     except BaseException:  # a worker's own error: nothing of this scan may stay behind
-        client.run(drop_kept, out_keys, workers=list(work), on_error="ignore")
+        _drop_kept_on_live(client, list(work), out_keys)
         raise
     if kept is None or sum(len(k) for k in kept.values()) != len(out_keys):
-        client.run(drop_kept, out_keys, workers=list(work), on_error="ignore")
+        _drop_kept_on_live(client, list(work), out_keys)
         return None
     nbytes = {k: n for per_worker in kept.values() for k, n in per_worker.items()}
     client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
@@ -304,10 +321,12 @@ def _distributed_is_the_scheduler() -> bool:
 
 
 class _GraphOnDemand:
-    """A result whose task graph is built when something first asks for it (``.dask``): building it
-    looks placement up (one ``who_has``) and lays out the per-worker tasks, which the direct paths of
-    ``.compute()`` / ``.persist()`` never need (~5 ms on a GPU box, 2026-11-25). Its name does not depend
-    on placement (the bits do not either). First in the bases: the property shadows Dask's slot."""
+    """A result whose task graph is built when something first asks for it (``.dask``): laying out the
+    per-worker tasks is work the direct paths of ``.compute()`` / ``.persist()`` never need (a few ms
+    on a GPU box, 2026-11-25). Placement is still looked up when the result is made (one ``who_has``,
+    ~1 ms): the name follows the grouping, as the graph's always did, so two results under one name
+    never carry different tasks (Dask warns of that, and it happened when a worker died between two
+    builds). First in the bases: the property shadows Dask's slot."""
 
     __slots__ = ()
 
@@ -339,14 +358,14 @@ class WholeOfHeld(_GraphOnDemand, _OneBlockOfHeld):
     __slots__ = ("_direct", "_graph")
 
     def _build_graph(self):
-        x, plan, split_every, token, build, _ = self._direct
+        x, plan, split_every, token, build, _, groups = self._direct
         if build is not None:
-            return build(token).dask
-        return reduction(x, plan, split_every, placement.grouping_for(x, True), token=token).dask
+            return build(token, groups).dask
+        return reduction(x, plan, split_every, groups, token=token).dask
 
     def compute(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
-            x, plan, split_every, _, _, located = self._direct
+            x, plan, split_every, _, _, located, _ = self._direct
             value = reduce_persisted(x, plan, split_every, located)
             if value is not None:
                 return _device(type(self._meta).__module__.startswith("cupy"), value)
@@ -361,15 +380,16 @@ class ScanOfHeld(_GraphOnDemand, _OfHeld):
     __slots__ = ("_direct", "_graph")
 
     def _build_graph(self):
-        x, plan, split_every, token = self._direct
-        return scan(x, plan, split_every, placement.grouping_for(x, commutative=True), token=token).dask
+        x, plan, split_every, token, groups = self._direct
+        return scan(x, plan, split_every, groups, token=token).dask
 
     def persist(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
-            x, plan, _, token = self._direct
-            # its own name: the graph's tasks under the same keys would differ (dask warns, and an
-            # earlier graph result still held would be mixed with these)
-            out = scan_persisted(x, plan, f"{plan.label}-seeded-{token}")
+            x, plan, _, _, _ = self._direct
+            # a fresh name for every call, as scattered data gets: the graph's tasks under the same
+            # keys would differ (Dask warns), and a dropped earlier result's release could reach the
+            # scheduler after this one's registration and forget its chunks (seen: 6 of 20 calls)
+            out = scan_persisted(x, plan, f"{plan.label}-seeded-{uuid.uuid4().hex}")
             if out is not None:
                 return out
         return super().persist(**kwargs)
@@ -384,18 +404,20 @@ def is_held(x) -> bool:
 
 def whole_of_held(x, plan, split_every: int, build=None, located=None) -> WholeOfHeld:
     """The lazy whole reduction of a persisted ``x`` whose graph is built only when asked for: by
-    ``build(token)`` where given (a graph over something made from ``x``, with this token), else
-    ``graph.reduction`` of ``x``. ``located``: see ``reduce_persisted``."""
-    token = tokenize(x, plan, split_every, "whole-of-held")
+    ``build(token, groups)`` where given (a graph over something made from ``x``, with this token and
+    ``x``'s grouping), else ``graph.reduction`` of ``x``. ``located``: see ``reduce_persisted``."""
+    groups = placement.grouping_for(x, True)
+    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     name = f"{plan.label}-aggregate-{token}"
     chunks = ((1,),) * x.ndim if plan.keepdims else ()
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
-    return _graph_on_demand(WholeOfHeld, name, chunks, meta, (x, plan, split_every, token, build, located))
+    return _graph_on_demand(WholeOfHeld, name, chunks, meta, (x, plan, split_every, token, build, located, groups))
 
 
 def scan_of_held(x, plan: ScanPlan, split_every: int) -> ScanOfHeld:
     """The lazy scan of a persisted ``x`` whose graph is built only when asked for."""
-    token = tokenize(x, plan, split_every, "scan-of-held")
+    groups = placement.grouping_for(x, commutative=True)
+    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
     name = f"{plan.label}-{token}"
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
-    return _graph_on_demand(ScanOfHeld, name, x.chunks, meta, (x, plan, split_every, token))
+    return _graph_on_demand(ScanOfHeld, name, x.chunks, meta, (x, plan, split_every, token, groups))

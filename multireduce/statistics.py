@@ -240,9 +240,9 @@ def _run(x, kind, plan, split_every, caller):
             # a whole statistic of a persisted array: .compute() folds the chunks' partials where they are
             return direct.whole_of_held(x, plan, fan)
         if plan.stat in _ARG:
-            def located_graph(token=None):
+            def located_graph(token=None, groups_of_x=None):
                 located = x.map_blocks(_locate, dtype=x.dtype, meta=x._meta, name=f"{plan.stat}-locate-{x.name}")
-                holder = placement.holders(x)
+                holder = groups_of_x.holder if groups_of_x is not None else placement.holders(x)
                 groups = None
                 if holder:  # the same workers hold the located chunks
                     holder = {(located.name, *k[1:]): w for k, w in holder.items()}

@@ -241,3 +241,51 @@ def test_profile_held_runs_on_the_cpu(capsys, monkeypatch):
     out = capsys.readouterr().out
     direct_scan = next(line for line in out.splitlines() if line.startswith("| mr.cumsum(x).persist() |"))
     assert "| tasks 0 |" in direct_scan and "| client.persist(mr.cumsum(x)) |" in out
+
+
+def test_persisting_the_same_scan_again_never_loses_chunks(client):
+    """Every direct scan gets fresh keys: with shared keys, a dropped earlier result's release could
+    reach the scheduler after the next one's registration and forget its chunks (4 of 10 calls)."""
+    x = np.arange(100.0)
+    d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    names = set()
+    for _ in range(10):
+        y = mr.cumsum(d).persist()
+        names.add(y.name)
+        assert float(y[-1].compute()) == 4950.0
+        del y
+    assert len(names) == 10
+
+
+def test_dropping_kept_outputs_skips_workers_that_left(client):
+    """A scan abandoned because a worker left drops what the others kept without naming the dead
+    address (a run to it would wait the scheduler's 30 s connect timeout)."""
+    live = sorted(client.scheduler_info()["workers"])
+    key = ("kept-by-a-failed-scan", 0)
+    client.run(lambda dask_worker: dask_worker.update_data(data={key: np.ones(3)}), workers=[live[0]])
+    t0 = time.monotonic()
+    direct._drop_kept_on_live(client, ["tcp://127.0.0.1:9", live[0]], [key])
+    assert time.monotonic() - t0 < 5
+    assert not client.run(_kept_keys, "kept-by-a-failed-scan")[live[0]]
+
+
+class _TwoArgumentError(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a} {b}")
+
+
+def test_an_error_that_cannot_round_trip_comes_back_as_its_type_and_text():
+    import pickle
+
+    try:
+        raise _TwoArgumentError(1, 2)
+    except _TwoArgumentError as error:
+        failed = direct._Failed(error, "tcp://worker")
+    back = pickle.loads(pickle.dumps(failed)).error  # as client.run hands it over
+    assert "_TwoArgumentError: 1 2" in str(back) and any("raised on worker" in n for n in back.__notes__)
+    try:
+        raise TimeoutError("an operator's own")
+    except TimeoutError as error:
+        failed = direct._Failed(error, "tcp://worker")
+    back = pickle.loads(pickle.dumps(failed)).error
+    assert type(back) is TimeoutError  # errors that pickle keep their type

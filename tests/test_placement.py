@@ -16,7 +16,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import multireduce as mr  # noqa: E402
-from multireduce import placement  # noqa: E402
+from multireduce import direct, placement  # noqa: E402
 
 from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold, sequential_scan, task_count  # noqa: E402
 
@@ -188,16 +188,16 @@ def test_whole_reduction_is_partials_and_one_aggregate(client):
 
 
 def test_a_held_whole_reduction_builds_its_graph_only_when_asked(client, monkeypatch):
-    """``mr.sum(d)`` of a persisted array looks nothing up and lays out no task until its graph is
-    needed: ``.compute()`` (the direct path) never needs it; ``client.compute``, ``dask.compute``,
-    arithmetic and ``repr`` build it then, with the per-worker grouping, under the same name."""
+    """``mr.sum(d)`` of a persisted array lays out no task until its graph is needed: ``.compute()``
+    (the direct path) never needs it; ``client.compute``, ``dask.compute``, arithmetic and ``repr``
+    build it then, with the per-worker grouping, under the same name."""
     x = np.random.default_rng(9).integers(-1000, 1000, size=12 * 1000)
     d, _ = _spread(client, x, 1000, [0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 2, 1])
 
-    def no_lookup(*args, **kwargs):
-        raise AssertionError("placement looked up")
+    def no_graph(*args, **kwargs):
+        raise AssertionError("the graph was built")
 
-    monkeypatch.setattr(placement, "holders", no_lookup)
+    monkeypatch.setattr(direct, "reduction", no_graph)
     lazy = mr.sum(d)
     assert lazy.compute() == x.sum() and lazy._graph is None
     monkeypatch.undo()

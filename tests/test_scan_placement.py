@@ -17,7 +17,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import multireduce as mr  # noqa: E402
-from multireduce import placement  # noqa: E402
+from multireduce import direct, placement  # noqa: E402
 
 from .helpers import persist_spread  # noqa: E402
 
@@ -163,10 +163,10 @@ def test_a_held_scan_builds_its_graph_only_when_asked(client, monkeypatch):
     x = np.random.default_rng(14).integers(-1000, 1000, size=N_CHUNKS * 1003)
     d, _ = persist_spread(client, x, 1003, PLACEMENTS["uneven"])
 
-    def no_lookup(*args, **kwargs):
-        raise AssertionError("placement looked up")
+    def no_graph(*args, **kwargs):
+        raise AssertionError("the graph was built")
 
-    monkeypatch.setattr(placement, "holders", no_lookup)
+    monkeypatch.setattr(direct, "scan", no_graph)
     lazy = mr.cumsum(d)
     np.testing.assert_array_equal(lazy.persist().compute(), np.cumsum(x))
     assert lazy._graph is None
