@@ -56,6 +56,8 @@ def _check_sum(x, ref):
         assert seconds < BOUND_S, f"compute={compute}: {seconds:.1f} s"
     got, seconds = _timed(lambda: mr.cumsum(x).compute())
     assert np.allclose(got, np.cumsum(ref)) and seconds < BOUND_S
+    got, seconds = _timed(lambda: mr.cumsum(x).persist().compute())  # the direct scan
+    assert np.allclose(got, np.cumsum(ref)) and seconds < BOUND_S
 
 
 def _kill_one(cluster, client, address):
@@ -86,20 +88,29 @@ def test_restart_and_persist_under_the_same_name(cluster, client):
     _check_sum(again, ref2)
 
 
-def test_worker_killed_between_lookup_and_run(cluster, client, monkeypatch):
+@pytest.mark.parametrize("how", ["compute=True", ".compute()", "scan .persist()"])
+def test_worker_killed_between_creation_and_run(cluster, client, monkeypatch, how):
+    """A worker holding chunks dies after the result was made and just before the direct path's
+    ``client.run``: the answer is right (the graph recomputes) and nothing waits out a timeout."""
     x, ref = _persisted(client, seed=10)
-    look_up = placement.holders
+    victim = next(iter(placement.holders(x, client).values()))
+    lazy = mr.cumsum(x) if how.startswith("scan") else mr.sum(x)
+    real_run, killed = direct._run, []
 
-    def then_kill(arr, c=None):
-        found = look_up(arr, c)
-        _kill_one(cluster, client, next(iter(found.values())))
-        return found
+    def kill_then_run(*args):
+        if not killed:
+            killed.append(victim)
+            _kill_one(cluster, client, victim)
+        return real_run(*args)
 
-    monkeypatch.setattr(placement, "holders", then_kill)
-    got, seconds = _timed(lambda: mr.sum(x, compute=True))
+    monkeypatch.setattr(direct, "_run", kill_then_run)
+    call = {"compute=True": lambda: mr.sum(x, compute=True), ".compute()": lazy.compute,
+            "scan .persist()": lambda: lazy.persist().compute()}[how]
+    got, seconds = _timed(call)
     monkeypatch.undo()
-    # the run stops waiting on the dead worker at its next liveness check, and the graph recomputes
-    assert np.isclose(got, ref.sum()) and seconds < BOUND_S, seconds
+    assert killed == [victim]
+    want = np.cumsum(ref) if how.startswith("scan") else ref.sum()
+    assert np.allclose(got, want, rtol=1e-12) and seconds < BOUND_S, (how, seconds)
 
 
 def _strings(block):
