@@ -135,14 +135,32 @@ def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):
     from dask.sizeof import sizeof
 
     kept = {}
+    mine = work.get(dask_worker.address, ())
+    if any(in_key not in dask_worker.data for in_key, _, _ in mine):
+        # a replica the client chose is gone (the Active Memory Manager drops extra copies every 2 s):
+        # placement, not the operator: the caller falls back to the graph
+        return _Moved()
     try:
-        for in_key, out_key, carry in work.get(dask_worker.address, ()):
+        for in_key, out_key, carry in mine:
             kept[out_key] = _on_device_of(dask_worker.data[in_key], lambda b: _scan_seeded(plan, b, carry,
                                                                                           0 if carry is None else 1))
         dask_worker.update_data(data=kept, stimulus_id=f"multireduce-scan-{plan.label}")
         return {k: sizeof(v) for k, v in kept.items()}
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
+
+
+class _Moved:
+    """``scan_and_keep``'s answer when an input chunk it was given is no longer in this worker's memory."""
+
+
+def _release_registered(keys: list, client_id: str, dask_scheduler=None):
+    """Runs on the scheduler: let go of ``keys`` that a failed ``update_data`` may have registered in
+    part (in memory, wanted by nobody): wanted by this client, then released, as a dropped future is."""
+    known = [k for k in keys if k in dask_scheduler.tasks]
+    if known:
+        dask_scheduler.client_desires_keys(keys=known, client=client_id)
+        dask_scheduler.client_releases_keys(keys=known, client=client_id, stimulus_id="multireduce-scan-failed")
 
 
 def _drop_kept_on_live(client, workers: list, keys: list) -> None:
@@ -301,12 +319,21 @@ def scan_persisted(x, plan: ScanPlan, name: str):
     except BaseException:  # a worker's own error: nothing of this scan may stay behind
         _drop_kept_on_live(client, list(work), out_keys)
         raise
-    if kept is None or sum(len(k) for k in kept.values()) != len(out_keys):
+    # every worker answered with its outputs and is still there (one may have left after its reply,
+    # in the last gap of the liveness check): else the graph runs instead
+    live = set(client.sync(client.scheduler.identity)["workers"])
+    if (kept is None or any(isinstance(r, _Moved) for r in kept.values()) or any(w not in live for w in kept)
+            or sum(len(k) for k in kept.values()) != len(out_keys)):
         _drop_kept_on_live(client, list(work), out_keys)
         return None
     nbytes = {k: n for per_worker in kept.values() for k, n in per_worker.items()}
-    client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
-                nbytes=nbytes, client=client.id)
+    try:
+        client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
+                    nbytes=nbytes, client=client.id)
+    except Exception:  # noqa: BLE001 - a worker gone in the last instant: nothing registered may stay
+        client.run_on_scheduler(_release_registered, out_keys, client.id)
+        _drop_kept_on_live(client, list(work), out_keys)
+        return None
     chunk_type = type(x._meta)
     layer = {}
     for k in out_keys:
@@ -314,6 +341,8 @@ def scan_persisted(x, plan: ScanPlan, name: str):
         client.futures[k].finish(type=chunk_type)
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
     return da.Array(HighLevelGraph.from_collections(name, layer, dependencies=[]), name, x.chunks, meta=meta)
+
+
 def _distributed_is_the_scheduler() -> bool:
     """``.compute()`` / ``.persist()`` without arguments would run on the default distributed client."""
     return dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed") \

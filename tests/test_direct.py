@@ -289,3 +289,34 @@ def test_an_error_that_cannot_round_trip_comes_back_as_its_type_and_text():
         failed = direct._Failed(error, "tcp://worker")
     back = pickle.loads(pickle.dumps(failed)).error
     assert type(back) is TimeoutError  # errors that pickle keep their type
+
+
+def _forget_data(key, dask_worker):
+    from distributed.worker_state_machine import RemoveReplicasEvent
+
+    # what the Active Memory Manager's ReduceReplicas has a worker do with a surplus replica
+    dask_worker.handle_stimulus(RemoveReplicasEvent(keys=[key], stimulus_id="test-reduce-replicas"))
+
+
+def test_a_replica_gone_before_the_scan_falls_back_to_the_graph(client, monkeypatch):
+    """Between the totals run and the scans, an input chunk leaves the worker chosen to scan it (the
+    Active Memory Manager drops extra replicas): the direct scan falls back to the graph, right and
+    with nothing left behind, instead of raising the worker's KeyError."""
+    x = np.arange(60.0)
+    d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2])
+    client.replicate(distributed.futures_of(d), n=3)
+    real_run = direct._run
+
+    def drop_then_run(c, workers, fn, *args):
+        if fn is direct.scan_and_keep:
+            work = args[1]
+            worker = sorted(work)[0]
+            c.run(_forget_data, work[worker][0][0], workers=[worker])
+        return real_run(c, workers, fn, *args)
+
+    monkeypatch.setattr(direct, "_run", drop_then_run)
+    out = mr.cumsum(d).persist()
+    monkeypatch.undo()
+    assert "seeded" not in out.name  # the graph ran
+    np.testing.assert_array_equal(out.compute(), np.cumsum(x))
+    assert not any(client.run(_kept_keys, "cumsum-seeded").values())
