@@ -52,12 +52,12 @@ from dask.utils import parse_timedelta
 
 import dask.array as da
 from dask.array.utils import meta_from_array
-from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import placement
 from .core import ScanPlan
-from .graph import _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fold_in_order, reduction, scan
+from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fold_in_order, reduction, scan,
+                    stage_token)
 
 
 class _Failed:
@@ -254,11 +254,10 @@ def chunk_offsets(x) -> dict:
     """Chunk key -> where the chunk starts in ``x`` (a tuple of element offsets, one per axis)."""
     import itertools
 
-    import numpy as np
+    from dask.array.core import slices_from_chunks
 
-    starts = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int).tolist() for c in x.chunks]
-    return {(x.name, *index): tuple(starts[d][i] for d, i in enumerate(index))
-            for index in itertools.product(*(range(n) for n in x.numblocks))}
+    return {(x.name, *index): tuple(s.start for s in where)
+            for index, where in zip(itertools.product(*map(range, x.numblocks)), slices_from_chunks(x.chunks))}
 
 
 def reduce_persisted(x, plan, split_every: int = 16, located=None):
@@ -319,10 +318,8 @@ def scan_persisted(x, plan: ScanPlan, name: str):
     except BaseException:  # a worker's own error: nothing of this scan may stay behind
         _drop_kept_on_live(client, list(work), out_keys)
         raise
-    # every worker answered with its outputs and is still there (one may have left after its reply,
-    # in the last gap of the liveness check): else the graph runs instead
-    live = set(client.sync(client.scheduler.identity)["workers"])
-    if (kept is None or any(isinstance(r, _Moved) for r in kept.values()) or any(w not in live for w in kept)
+    # every worker answered with its outputs: else the graph runs instead
+    if (kept is None or any(isinstance(r, _Moved) for r in kept.values())
             or sum(len(k) for k in kept.values()) != len(out_keys)):
         _drop_kept_on_live(client, list(work), out_keys)
         return None
@@ -330,7 +327,8 @@ def scan_persisted(x, plan: ScanPlan, name: str):
     try:
         client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
                     nbytes=nbytes, client=client.id)
-    except Exception:  # noqa: BLE001 - a worker gone in the last instant: nothing registered may stay
+    except Exception:  # noqa: BLE001 - a worker that left after its reply (the scheduler refuses its
+        # address): nothing registered in part may stay, and the graph runs instead
         client.run_on_scheduler(_release_registered, out_keys, client.id)
         _drop_kept_on_live(client, list(work), out_keys)
         return None
@@ -436,7 +434,7 @@ def whole_of_held(x, plan, split_every: int, build=None, located=None) -> WholeO
     ``build(token, groups)`` where given (a graph over something made from ``x``, with this token and
     ``x``'s grouping), else ``graph.reduction`` of ``x``. ``located``: see ``reduce_persisted``."""
     groups = placement.grouping_for(x, True)
-    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
+    token = stage_token(x, plan, split_every, groups)
     name = f"{plan.label}-aggregate-{token}"
     chunks = ((1,),) * x.ndim if plan.keepdims else ()
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
@@ -446,7 +444,7 @@ def whole_of_held(x, plan, split_every: int, build=None, located=None) -> WholeO
 def scan_of_held(x, plan: ScanPlan, split_every: int) -> ScanOfHeld:
     """The lazy scan of a persisted ``x`` whose graph is built only when asked for."""
     groups = placement.grouping_for(x, commutative=True)
-    token = tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
+    token = stage_token(x, plan, split_every, groups)
     name = f"{plan.label}-{token}"
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
     return _graph_on_demand(ScanOfHeld, name, x.chunks, meta, (x, plan, split_every, token, groups))

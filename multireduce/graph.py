@@ -76,6 +76,13 @@ def _lanes(x: da.Array, along: Sequence[int]):
         yield lane, index
 
 
+def stage_token(x: da.Array, plan, split_every: int, groups: Grouping | None) -> str:
+    """The token in a result's stage names: the input, the plan, the fan-in and the grouping (a
+    grouping by worker names the placement, so two graphs under one name never differ)."""
+    groups = groups or contiguous_groups(1)
+    return tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
+
+
 def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None, along: Sequence[int],
                     stages: dict[str, str], emit, chunks, dtype, last_apart: bool = False,
                     per_chunk: da.Array | None = None, token: str | None = None) -> da.Array:
@@ -87,7 +94,7 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     (``stages``: stage -> name pattern with ``{label}`` and ``{token}``), which is what the dashboard
     shows. Over chunks held in memory, tasks reading one worker's chunks ask for it (``_pinned``)."""
     groups = groups or contiguous_groups(1)
-    token = token or tokenize(x, plan, split_every, getattr(groups, "__qualname__", groups))
+    token = token or stage_token(x, plan, split_every, groups)
     names = {stage: pattern.format(label=plan.label, token=token) for stage, pattern in stages.items()}
     layer: dict = {}
     for lane, index in _lanes(x, along):
