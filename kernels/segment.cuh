@@ -163,13 +163,96 @@ struct WarpTransposeLoad {
   }
 };
 
+// ---- a thread's heads ----------------------------------------------------------------------------------
+// The heads among a thread's elements [a, a + valid) as a bit mask (bit k: an offset equals a + k; a run
+// of equal offsets sets its bit once), with the index of the first offset at or after a and how many
+// offsets (repeats counted) fall in the run. A tile's offsets, [tile_first[b], tile_first[b+1]), are
+// staged in shared memory, relative to the tile start, when at most CAP of them fall in it: then every
+// search and walk below is a shared-memory read, and a tile pays two dependent global loads (its bounds,
+// then its offsets, both while its data is in flight) instead of one per search step. 10^7 segments over
+// 2^28 float32 elements put about 300 offsets in a tile of 8192. A tile with more (segments shorter than
+// 4 elements on average, or runs of repeats) searches the global array, skipping a run of repeats by one
+// binary search. Every thread of the block must call this (it may hold a __syncthreads).
+template <int BLOCK, int CAP>
+struct ThreadHeads {
+  unsigned mask;    // bit k: a head at a + k
+  index_t first;    // the first offset index with offsets[first] >= a
+  index_t count;    // offsets in [a, a + valid), repeats counted
+
+  __device__ __forceinline__ void find(const index_t* offsets, const index_t* tile_first, index_t tile_start,
+                                       index_t a, int valid, int* staged) {
+    const index_t lo = tile_first[blockIdx.x], hi = tile_first[blockIdx.x + 1];
+    mask = 0;
+    if (hi == lo) {  // no offset in the tile (uniform across the block): nothing to stage or search
+      first = lo;
+      count = 0;
+      return;
+    }
+    if (hi - lo <= CAP) {  // uniform across the block
+      const int m = (int)(hi - lo);
+      for (int j = threadIdx.x; j < m; j += BLOCK) staged[j] = (int)(__ldg(offsets + lo + j) - tile_start);
+      __syncthreads();
+      const int from = (int)(a - tile_start);
+      int l = 0, h = m;  // the first staged offset at or after ``from``
+      while (l < h) {
+        const int mid = (l + h) / 2;
+        if (staged[mid] < from) l = mid + 1;
+        else h = mid;
+      }
+      int j = l;
+      for (; j < m; ++j) {
+        const int at = staged[j] - from;
+        if (at >= valid) break;
+        mask |= 1u << at;
+      }
+      first = lo + l;
+      count = j - l;
+      return;
+    }
+    index_t l = lo, h = hi;
+    while (l < h) {
+      const index_t mid = l + (h - l) / 2;
+      if (__ldg(offsets + mid) < a) l = mid + 1;
+      else h = mid;
+    }
+    first = l;
+    index_t j = l;
+    while (j < hi) {
+      const index_t o = __ldg(offsets + j);
+      if (o >= a + valid) break;  // past my items (or an offset n in the last tile)
+      mask |= 1u << (int)(o - a);
+      index_t rl = j + 1, rh = hi;  // past the run of offsets equal to o
+      if (rl < rh && __ldg(offsets + rl) == o) {
+        while (rl < rh) {
+          const index_t mid = rl + (rh - rl) / 2;
+          if (__ldg(offsets + mid) <= o) rl = mid + 1;
+          else rh = mid;
+        }
+      }
+      j = rl;
+    }
+    count = j - first;
+  }
+};
+
+// Offsets staged per tile: a quarter of the tile's elements (segments of 4 or more on average).
+template <int BLOCK, int ITEMS>
+struct StagedOffsets {
+  static constexpr int kCount = BLOCK * ITEMS / 4;
+};
+
 // ---- 1. where each tile's offsets begin --------------------------------------------------------------
 // tile_first[b] (b in [0, tiles]) = lower_bound(offsets, b * tile).
+// ``bad`` (or nullptr): the offsets check's flag (segment_check_offsets, queued before on the same
+// stream). Where it is set, every tile gets no offsets, so the kernels after this one, already queued
+// while the host waits for the flag, read no offset and write only their own outputs, which the host
+// then drops to raise the error.
 __global__ void segment_tile_starts(const index_t* offsets, index_t m, index_t tile, index_t tiles,
-                                    index_t* tile_first) {
+                                    index_t* tile_first, const int* bad) {
+  const bool refused = bad != nullptr && __ldg(bad) != 0;
   for (index_t b = (index_t)blockIdx.x * blockDim.x + threadIdx.x; b <= tiles; b += (index_t)gridDim.x * blockDim.x) {
     const index_t at = b * tile;
-    index_t lo = 0, hi = m;
+    index_t lo = 0, hi = refused ? 0 : m;
     while (lo < hi) {
       const index_t mid = lo + (hi - lo) / 2;
       if (__ldg(offsets + mid) < at) lo = mid + 1;
@@ -185,35 +268,31 @@ __global__ void segment_tile_starts(const index_t* offsets, index_t m, index_t t
 // (head_seg: the segment the tile's first closure finishes, -1 if none or if nothing is to be written;
 // head_value: the fold of the tile's elements of that segment).
 template <class T, class Acc, class Op, int BLOCK, int ITEMS>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     segment_reduce_tiles(const T* in, index_t n, const index_t* offsets, index_t m, const index_t* tile_first,
                          Acc identity, Acc* out, int* tile_flag, Acc* tile_value, index_t* head_seg,
                          Acc* head_value) {
+  static_assert(ITEMS <= 32, "a thread's heads fit one 32-bit mask");
   using Load = WarpTransposeLoad<T, ITEMS>;
   constexpr index_t kTile = (index_t)BLOCK * ITEMS;
+  constexpr int kStaged = StagedOffsets<BLOCK, ITEMS>::kCount;
   __shared__ int scratch_f[BLOCK / kWarp];
   __shared__ Acc scratch_v[BLOCK / kWarp];
   __shared__ index_t shared_head_seg;
   __shared__ Acc shared_head_value;
   __shared__ unsigned staging[BLOCK / kWarp][Load::kSharedWords];
+  __shared__ int staged[kStaged];
   Op op;
   const index_t tile_start = (index_t)blockIdx.x * kTile;
   const index_t a = tile_start + (index_t)threadIdx.x * ITEMS;  // this thread's first element
+  const int valid = (int)(n - a <= 0 ? 0 : (n - a < ITEMS ? n - a : ITEMS));
 
   // issue the loads first: the offset search below runs while they are in flight
   Load load;
   load.fetch(in, tile_start + (index_t)(threadIdx.x / kWarp) * kWarp * ITEMS, n);
-
-  // s = the segment of element a - 1 (-1: before offsets[0]); the first head at or after a is
-  // offsets[s + 1]. Offsets in [k_lo, k_hi) lie inside this tile.
-  index_t lo = tile_first[blockIdx.x], hi = tile_first[blockIdx.x + 1];
-  while (lo < hi) {
-    const index_t mid = lo + (hi - lo) / 2;
-    if (__ldg(offsets + mid) < a) lo = mid + 1;
-    else hi = mid;
-  }
-  index_t s = lo - 1;
-  index_t next = s + 1 < m ? __ldg(offsets + s + 1) : n;  // n: no head ahead
+  ThreadHeads<BLOCK, kStaged> heads;
+  heads.find(offsets, tile_first, tile_start, a, valid, staged);
+  index_t s = heads.first - 1;  // the segment of element a - 1 (-1: before offsets[0])
   load.transpose(staging[threadIdx.x / kWarp]);
   const auto& u = load.u;
 
@@ -231,14 +310,39 @@ __global__ void __launch_bounds__(BLOCK)
       out[seg] = v;
     }
   };
-  if (next >= a + ITEMS && a + ITEMS <= n) {  // no head among my items: a plain fold
+  // No repeated offsets and not the array's last element: the heads mask alone says where segments end.
+  // A warp with no head folds plainly; any other folds without branching on the heads (at 10^7 segments
+  // nearly every lane of a warp has one, each at its own element, so a branch per head would run the
+  // closing code at almost every element): a predicated store per element, the first closure kept.
+  const bool by_mask = a + ITEMS < n && heads.count == __popc(heads.mask);
+  const bool warp_has_heads = __any_sync(kFullMask, heads.mask != 0);
+  if (by_mask && !warp_has_heads) {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) acc = op(acc, load_as<Acc, Op>(u.e[k]));
-  } else {
+  } else if (by_mask) {
+    const index_t before = heads.first - 1;  // the segment of element a - 1; closure j ends segment before + j
+    int j = 0;
+    Acc first_close = identity;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const bool head = (heads.mask >> k) & 1u;
+      const Acc x = load_as<Acc, Op>(u.e[k]);
+      if (head && j > 0) out[before + j] = acc;
+      first_close = head && j == 0 ? acc : first_close;
+      j += head;
+      acc = head ? x : op(acc, x);
+    }
+    if (j > 0) {
+      closed = true;
+      first_seg = before;
+      first_value = first_close;
+    }
+  } else if (valid > 0) {  // repeated offsets (empty segments to fill) or the array's end: walk the offsets
+    index_t next = s + 1 < m ? __ldg(offsets + s + 1) : n;  // n: no head ahead
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const index_t i = a + k;
-      if (i < n) {
+      if (k < valid) {
         if (next <= i) {  // i is a head: the segment of i - 1 ended there; skip (and fill) empty ones
           close(s, acc);
           acc = identity;
@@ -253,11 +357,11 @@ __global__ void __launch_bounds__(BLOCK)
         acc = op(acc, load_as<Acc, Op>(u.e[k]));
       }
     }
-  }
-  if (a < n && n <= a + ITEMS) {  // the last element is here: its segment ends; later ones are empty
-    close(s, acc);
-    acc = identity;
-    for (index_t k = s + 1; k < m; ++k) out[k] = identity;
+    if (n <= a + ITEMS) {  // the last element is here: its segment ends; later ones are empty
+      close(s, acc);
+      acc = identity;
+      for (index_t k = s + 1; k < m; ++k) out[k] = identity;
+    }
   }
 
   if (threadIdx.x == 0) shared_head_seg = -1;
@@ -403,6 +507,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   __shared__ Acc scratch_v[BLOCK / kWarp];
   __shared__ Acc tile_exclusive;
   __shared__ __align__(16) unsigned char warp_space[BLOCK / kWarp][kWarpBytes];
+  constexpr int kStaged = StagedOffsets<BLOCK, ITEMS>::kCount;
+  __shared__ int staged[kStaged];
   Op op;
   const LookbackState<Acc> st{words};
   const index_t tile = blockIdx.x;
@@ -414,34 +520,11 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
   Load load;
   load.fetch(in, tile_start + (index_t)(threadIdx.x / kWarp) * kWarp * ITEMS, n);
 
-  // my heads, while the loads are in flight: the first offset at or after a, then each distinct one
-  // below a + ITEMS (a run of repeats is skipped by one binary search, so a million equal offsets cost
-  // one thread 20 loads, not a million)
-  unsigned heads = 0;
-  {
-    index_t lo = tile_first[blockIdx.x], hi = tile_first[blockIdx.x + 1];
-    while (lo < hi) {
-      const index_t mid = lo + (hi - lo) / 2;
-      if (__ldg(offsets + mid) < a) lo = mid + 1;
-      else hi = mid;
-    }
-    hi = tile_first[blockIdx.x + 1];
-    for (index_t j = lo; j < hi;) {
-      const index_t o = __ldg(offsets + j);
-      if (o >= a + valid) break;  // past my items (or an offset n in the last tile)
-      heads |= 1u << (int)(o - a);
-      index_t l = j + 1, h = hi;
-      if (l < h && __ldg(offsets + l) == o) {
-        while (l < h) {
-          const index_t mid = l + (h - l) / 2;
-          if (__ldg(offsets + mid) <= o) l = mid + 1;
-          else h = mid;
-        }
-      }
-      j = l;
-    }
-    if (a == 0 && !has_carry && valid > 0) heads |= 1u;  // nothing runs into element 0
-  }
+  // my heads, while the loads are in flight
+  ThreadHeads<BLOCK, kStaged> found;
+  found.find(offsets, tile_first, tile_start, a, valid, staged);
+  unsigned heads = found.mask;
+  if (a == 0 && !has_carry && valid > 0) heads |= 1u;  // nothing runs into element 0
   load.transpose(reinterpret_cast<unsigned*>(warp_space[threadIdx.x / kWarp]));
   const auto& u = load.u;
 

@@ -549,7 +549,7 @@ def _segment_args(x, offsets, op, dtype, caller, scan=False):
     if is_cupy_array(offsets) and kind == "cupy" and _gpu_segments(x, _dt.accumulator_dtype(out), out if scan else None):
         # 10^7 offsets stay on the GPU: one fused check there, no host round trip of the array
         acc = _dt.accumulator_dtype(out)
-        return x, kind, _device_offsets(offsets, n, caller, op, x.dtype, acc, out if scan else None), op, acc, out
+        return x, kind, _DeviceOffsets(offsets, n, caller, op, x.dtype, acc, out if scan else None), op, acc, out
     if is_cupy_array(offsets):
         offsets = offsets.get()
     elif v.is_dask_array(offsets):
@@ -583,19 +583,34 @@ def _offsets_range_error(given, n, ascending, caller):
                       + ("" if ascending else ", not ascending"))
 
 
-def _device_offsets(offsets, n, caller, op, dtype, acc, scan_out=None):
-    """CuPy offsets checked on the GPU (the same rules and messages as NumPy ones), as int64, by a kernel
-    of the module that reduces ``dtype`` into ``acc`` with ``op`` next (scans it into ``scan_out``)."""
-    from .backends import cupy_segment
+class _DeviceOffsets:
+    """CuPy offsets as int64, with their check (the same rules and messages as NumPy ones) queued on the
+    GPU by a kernel of the module that reduces ``dtype`` into ``acc`` with ``op`` next (scans it into
+    ``scan_out``). The work is queued behind the check before the host waits for it, so the GPU never
+    idles between them; where the check fails the work reads no offset (segment_tile_starts) and
+    ``run`` raises instead of returning its result."""
 
-    given = offsets
-    offsets = _integer_offsets(offsets, caller)
-    inside, ascending = cupy_segment.check_offsets(offsets, n, op, dtype, acc, scan_out)
-    if not (inside and ascending):
-        if given.dtype == np.uint64:  # the int64 copy wrapped values past 2**63: order them as given
-            ascending = bool((given[1:] >= given[:-1]).all())
-        raise _offsets_range_error(given, n, ascending, caller)
-    return offsets
+    def __init__(self, offsets, n, caller, op, dtype, acc, scan_out=None):
+        import cupy
+
+        from .backends import cupy_segment
+
+        self.given, self.n, self.caller = offsets, n, caller
+        self.offsets = cupy.ascontiguousarray(_integer_offsets(offsets, caller))
+        self.check = cupy_segment.OffsetsCheck(self.offsets, n, op, dtype, acc, scan_out)
+
+    def run(self, work):
+        """``work(offsets, check)``'s result, or the offsets error."""
+        try:
+            result = work(self.offsets, self.check)
+        finally:
+            inside, ascending = self.check.result()  # always: the pinned flag must land before it is freed
+        if not (inside and ascending):
+            given = self.given
+            if given.dtype == np.uint64:  # the int64 copy wrapped values past 2**63: order them as given
+                ascending = bool((given[1:] >= given[:-1]).all())
+            raise _offsets_range_error(given, self.n, ascending, self.caller)
+        return result
 
 
 def _gpu_segments(block, acc, out=None):
@@ -636,6 +651,10 @@ def segment_reduce(x, offsets, op="sum", dtype=None):
     x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
     if kind.startswith("dask"):
         return _dask_segment_reduce(x, offsets, op, acc, out)
+    if isinstance(offsets, _DeviceOffsets):
+        from .backends import cupy_segment
+
+        return offsets.run(lambda o, check: cupy_segment.segment_reduce(x, o, op, acc, check)).astype(out, copy=False)
     return _segment_reduce_block(x, offsets, op, acc).astype(out, copy=False)
 
 
@@ -645,8 +664,12 @@ def segment_scan(x, offsets, op="sum", dtype=None):
     first run is seeded with the running value carried from the chunks before it."""
     caller = "multireduce.segment_scan"
     x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller, scan=True)
+    if isinstance(offsets, _DeviceOffsets):  # they stay on the device
+        from .backends import cupy_segment
+
+        return offsets.run(lambda o, check: cupy_segment.segment_scan(x, o, op, acc, out, check=check))
     if not kind.startswith("dask") and _gpu_segments(x, acc, out):
-        return _segment_scan_task(x, offsets, op, acc, out, [None], 0)  # device offsets stay there
+        return _segment_scan_task(x, offsets, op, acc, out, [None], 0)
     offsets = _host(offsets)
     heads = np.unique(offsets[offsets < x.shape[0]])
     if kind.startswith("dask"):

@@ -159,10 +159,11 @@ def _sms(device: int) -> int:
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def segment_reduce(x, offsets, op: Operator, acc):
+def segment_reduce(x, offsets, op: Operator, acc, check=None):
     """``op`` over x[offsets[i]:offsets[i+1]] (the last to the end) for each i, in ``acc``, on x's GPU:
-    a CuPy array of len(offsets). ``offsets``: ascending int64 in [0, len(x)] (checked by the caller),
-    NumPy or CuPy."""
+    a CuPy array of len(offsets). ``offsets``: ascending int64 in [0, len(x)], NumPy or CuPy: checked by
+    the caller, or by ``check`` (an OffsetsCheck queued before on this stream and not yet waited for:
+    where it fails, the work reads no offset and its result must be dropped)."""
     acc = np.dtype(acc)
     identity = op.identity(acc)
     with cupy.cuda.Device(x.data.device_id):
@@ -175,7 +176,7 @@ def segment_reduce(x, offsets, op: Operator, acc):
         tile = tile_elements(x.dtype.itemsize)
         tiles = tile_count(n, x.dtype.itemsize)
         i64 = np.int64
-        tile_first = _tile_starts(ks, offsets, tile, tiles, x.data.device_id)
+        tile_first = _tile_starts(ks, offsets, tile, tiles, x.data.device_id, check)
         out = cupy.empty(m, dtype=acc)
         tile_flag = cupy.empty(tiles, dtype=np.int32)
         tile_value = cupy.empty(tiles, dtype=acc)
@@ -201,11 +202,14 @@ def _carry_pass(ks, tiles: int, tile_flag, tile_value, head_seg, head_value, ide
                                              group_value, identity, seed, out))
 
 
-def _tile_starts(ks, offsets, tile: int, tiles: int, device: int):
-    """tile_first[b] (b in [0, tiles]): the first offset at or after b * tile, on the GPU."""
+def _tile_starts(ks, offsets, tile: int, tiles: int, device: int, check=None):
+    """tile_first[b] (b in [0, tiles]): the first offset at or after b * tile, on the GPU (none for any
+    tile where ``check``, a pending OffsetsCheck, fails)."""
     tile_first = cupy.empty(tiles + 1, dtype=np.int64)
     grid = min(-(-(tiles + 1) // SEARCH_BLOCK), 16 * _sms(device))
-    ks["starts"](grid, SEARCH_BLOCK, (offsets, np.int64(offsets.shape[0]), np.int64(tile), np.int64(tiles), tile_first))
+    bad = np.uint64(0) if check is None else check.bad  # a null pointer: nothing to wait for
+    ks["starts"](grid, SEARCH_BLOCK, (offsets, np.int64(offsets.shape[0]), np.int64(tile), np.int64(tiles), tile_first,
+                                      bad))
     return tile_first
 
 
@@ -221,14 +225,14 @@ def deterministic_scan(deterministic: bool | None = None) -> bool:
     return choice == "fixed"
 
 
-def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None, deterministic=None):
+def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=None, deterministic=None, check=None):
     """Inclusive scan of ``x`` restarting at every offset below len(x) (repeats count once), in ``acc``,
     written as ``out_dtype``, on x's GPU; ``carry`` (a value in ``acc``, or None) is the running value the
     elements before the first offset continue (earlier Dask chunks). ``offsets``: ascending integers in
     [0, len(x)] (checked by the caller), NumPy or CuPy. One pass with look-back, whose float sums may
     differ in the last bits run to run; ``deterministic`` (None: see deterministic_scan) reads the data
     twice (tile folds, their scan, a rescan) for the same bits every time. ``staged`` (private: benchmarks
-    and tests) picks the store path, else STAGED_STORES."""
+    and tests) picks the store path, else STAGED_STORES. ``check``: as for segment_reduce."""
     acc, out_dtype = np.dtype(acc), np.dtype(out_dtype)
     deterministic = deterministic_scan(deterministic)
     identity = op.identity(acc)
@@ -240,7 +244,7 @@ def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=No
         offsets = cupy.ascontiguousarray(cupy.asarray(offsets, dtype=np.int64))
         ks = _kernels_for(op, scan_names(x.dtype, acc, out_dtype, op, staged, deterministic))
         tiles = tile_count(n, x.dtype.itemsize)
-        tile_first = _tile_starts(ks, offsets, tile_elements(x.dtype.itemsize), tiles, x.data.device_id)
+        tile_first = _tile_starts(ks, offsets, tile_elements(x.dtype.itemsize), tiles, x.data.device_id, check)
         out = cupy.empty(n, dtype=out_dtype)
         seed = identity if carry is None else acc.type(carry)
         head = (x, out, np.int64(n), offsets, tile_first, identity, seed, np.int32(carry is not None))
@@ -257,19 +261,36 @@ def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=No
         return out
 
 
-def check_offsets(offsets, n: int, op: Operator, dtype, acc, out=None) -> tuple[bool, bool]:
-    """(all in [0, n], ascending) for int64 CuPy ``offsets``: one kernel (from the module that reduces
-    ``dtype`` into ``acc`` by ``op`` next, or with ``out`` the one that scans it into ``out``) and one
-    4-byte copy back, the only wait before the work (bad input raises before any)."""
-    m = int(offsets.shape[0])
-    if m == 0:
-        return True, True
-    offsets = cupy.ascontiguousarray(offsets)
-    with cupy.cuda.Device(offsets.data.device_id):
-        bad = cupy.zeros(1, dtype=np.int32)
-        grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(offsets.data.device_id))
-        names = (segment_names(dtype, acc, op) if out is None
-                 else scan_names(dtype, acc, out, op, deterministic=deterministic_scan()))
-        _kernels_for(op, names)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), bad))
-        found = int(bad.get()[0])
-    return not found & 1, not found & 2
+class OffsetsCheck:
+    """segment_check_offsets queued on the GPU: ``bad`` is its flag on the device (for the kernels queued
+    after it: segment_tile_starts gives no tile an offset where it is set); the flag also travels to
+    pinned host memory behind an event, so result() waits for the check alone, not for the work queued
+    after it, and the GPU is never idle between the check and the work."""
+
+    def __init__(self, offsets, n: int, op: Operator, dtype, acc, out=None):
+        m = int(offsets.shape[0])
+        self.bad, self._host, self._event = None, None, None
+        if m == 0:
+            return
+        import cupyx
+
+        with cupy.cuda.Device(offsets.data.device_id):
+            self.bad = cupy.zeros(1, dtype=np.int32)
+            grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(offsets.data.device_id))
+            names = (segment_names(dtype, acc, op) if out is None
+                     else scan_names(dtype, acc, out, op, deterministic=deterministic_scan()))
+            _kernels_for(op, names)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), self.bad))
+            self._host = cupyx.empty_pinned(1, dtype=np.int32)
+            stream = cupy.cuda.get_current_stream()
+            cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, self.bad.data.ptr, 4,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+            self._event = stream.record()
+
+    def result(self) -> tuple[bool, bool]:
+        """(all in [0, n], ascending), once the check has run."""
+        if self._event is None:
+            return True, True
+        self._event.synchronize()
+        found = int(self._host[0])
+        return not found & 1, not found & 2
+

@@ -49,6 +49,7 @@ def _layouts(rng, n):
     yield "late start", np.array([n // 2, n // 2 + 1])[: 1 + (n > 1)]
     yield "clusters", np.sort(np.concatenate([np.full(5, n // 3), np.full(3, n // 2), [0], np.full(4, n)]))
     yield "long", np.sort(rng.integers(0, n + 1, 3))
+    yield "distinct short", np.sort(rng.choice(n + 1, max(1, n // 5), replace=False))  # heads as masks
 
 
 def _data(rng, n, dtype, opname):
@@ -190,6 +191,27 @@ def test_device_offsets_are_checked_before_any_work():
     got = mr.segment_reduce(x, offsets)
     np.testing.assert_array_equal(cupy.asnumpy(got), mr.segment_reduce(cupy.asnumpy(x), [0, 4, 4, 7]))
     np.testing.assert_array_equal(cupy.asnumpy(offsets), [0, 4, 4, 7])  # not modified
+
+
+@pytest.mark.parametrize("call", [mr.segment_reduce, mr.segment_scan])
+def test_refused_offsets_leave_no_trace(call):
+    """The offsets check is queued before the work and waited for after it is queued: hostile offsets
+    (far out of range, negative, descending, over many tiles) raise, the work behind the check reads no
+    offset (no illegal address on the next synchronize), and the next call is right."""
+    n = 1 << 20
+    rng = np.random.default_rng(3)
+    host = rng.standard_normal(n).astype(np.float32)
+    x = cupy.asarray(host)
+    hostile = [np.array([5, -(2**40), 2**50, 3]), np.sort(rng.integers(0, n, 5000))[::-1].copy(),
+               np.concatenate([np.arange(0, n, 3), [n + 1]]), np.array([-1] * 3000 + [0])]
+    for offsets in hostile:
+        with pytest.raises(ValueError, match="'offsets'"):
+            call(x, cupy.asarray(offsets))
+        cupy.cuda.Device().synchronize()
+    good = np.sort(rng.choice(n + 1, 4000, replace=False))
+    got = cupy.asnumpy(call(x, cupy.asarray(good)))
+    want = call(host, good)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.large
@@ -508,6 +530,11 @@ def _boundary_layouts(n, itemsize):
     yield "one huge", np.array([3, n - 2])
     yield "late huge", np.array([group + 7])
     yield "tiny", np.arange(0, n, 3)
+    # a tile stages up to a quarter of its elements' worth of offsets in shared memory, else searches the
+    # global array: tile 0 exactly at that capacity, tile 1 one past it, tile 2 at it with one repeat
+    stage = tile // 4
+    yield "staging edge", np.clip(np.sort(np.concatenate([np.arange(0, tile, 4), np.arange(tile, 2 * tile, 4), [tile + 1],
+                                                          np.arange(2 * tile, 3 * tile, 4)[:stage - 1], [2 * tile + 8]])), 0, n)
 
 
 def _groups_n(itemsize, groups=3, extra=77):
