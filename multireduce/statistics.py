@@ -654,8 +654,18 @@ def segment_reduce(x, offsets, op="sum", dtype=None):
     if isinstance(offsets, _DeviceOffsets):
         from .backends import cupy_segment
 
-        return offsets.run(lambda o, check: cupy_segment.segment_reduce(x, o, op, acc, check)).astype(out, copy=False)
-    return _segment_reduce_block(x, offsets, op, acc).astype(out, copy=False)
+        return _as_dtype(offsets.run(lambda o, check: cupy_segment.segment_reduce(x, o, op, acc, check)), out)
+    return _as_dtype(_segment_reduce_block(x, offsets, op, acc), out)
+
+
+def _as_dtype(values, dtype):
+    """``values.astype(dtype, copy=False)``; on the GPU through the prebuilt finishing kernel, since CuPy's
+    astype compiles an elementwise kernel at its first use."""
+    if is_cupy_array(values):
+        from .backends import cupy_backend
+
+        return cupy_backend.finish(values, None, dtype)
+    return values.astype(dtype, copy=False)
 
 
 def segment_scan(x, offsets, op="sum", dtype=None):

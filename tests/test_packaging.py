@@ -140,6 +140,16 @@ def test_prebuilt_kernels_match_the_current_source():
         missing = sorted(set(kernels.standalone_instantiations(entry)) - set(built["mangled"]))
         assert not missing, f"{entry}: {len(missing)} instantiations not prebuilt, e.g. {missing[0]}"
         total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
+    from multireduce.backends import cupy_segment
+
+    for opname, expressions in cupy_segment.all_segment_instantiations():
+        built = index.get(cupy_segment.PREBUILT_PREFIX + opname)
+        assert built is not None, f"{opname}'s segment kernels: not prebuilt: run tools/build_prebuilt.py"
+        assert built["key"] == cupy_segment.prebuilt_key(get_operator(opname)), \
+            f"{opname}'s segment kernels changed since the prebuilt binaries were made: run tools/build_prebuilt.py"
+        missing = sorted(set(expressions) - set(built["mangled"]))
+        assert not missing, f"{opname}'s segment kernels: {len(missing)} not prebuilt, e.g. {missing[0]}"
+        total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
     assert total < 24e6, f"prebuilt binaries take {total / 1e6:.1f} MB"
 
 

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from multireduce import kernels
+from multireduce.backends import cupy_segment
 from multireduce.operators import get_operator
 from multireduce.tuning import policy
 
@@ -99,11 +100,15 @@ def _external(symbol: str) -> str:
 
 def build(name: str, expressions: list[str], nvcc: str, work: str) -> dict:
     """One fatbin: ``name`` is a built-in operator's name (the production source with its functor) or
-    ``module:<entry>`` (an operator-free source, kernels.STANDALONE)."""
-    stem = name.replace("module:", "module-").replace(".cuh", "")
+    ``module:<entry>`` (an operator-free source, kernels.STANDALONE) or ``segment:<operator>`` (the
+    segment kernels of a built-in operator, backends/cupy_segment)."""
+    stem = name.replace("module:", "module-").replace(".cuh", "").replace(cupy_segment.PREBUILT_PREFIX, "segment-")
     if name.startswith("module:"):
         entry = name.split(":", 1)[1]
         source, key = kernels.kernel_source(entry), kernels.standalone_key(entry)
+    elif name.startswith(cupy_segment.PREBUILT_PREFIX):
+        op = get_operator(name[len(cupy_segment.PREBUILT_PREFIX):])
+        source, key = cupy_segment.module_text(op), cupy_segment.prebuilt_key(op)
     else:
         op = get_operator(name)
         source, key = kernels.module_text(op), kernels.prebuilt_key(op)
@@ -127,6 +132,7 @@ def main(argv=None) -> int:
     groups = [(op, exprs) for op, entry, exprs in kernels.all_instantiations(policy(9), candidates=False)
               if entry == kernels.ENTRY]
     groups += [("module:" + entry, kernels.standalone_instantiations(entry)) for entry in kernels.STANDALONE]
+    groups += [(cupy_segment.PREBUILT_PREFIX + op, exprs) for op, exprs in cupy_segment.all_segment_instantiations()]
     work = tempfile.mkdtemp(prefix="multireduce-prebuilt-")
     try:
         with ThreadPoolExecutor(args.jobs) as pool:

@@ -95,12 +95,13 @@ def scan_names(dtype, acc, out, op: Operator, staged: bool | None = None, determ
 
 
 def all_segment_instantiations() -> list[tuple[str, list[str]]]:
-    """(operator name, name expressions) for every built-in operator over the dtype table: the reduction
-    and the scan (output in the result dtype; its deterministic form for float accumulators)."""
+    """(operator name, name expressions) for every built-in operator (the nan-family too) over the dtype
+    table: the reduction and the scan (output in the result dtype; its deterministic form for float
+    accumulators). tools/build_prebuilt.py ships these precompiled; CI compiles them with nvcc."""
     from ..operators import get_operator
 
     groups = []
-    for opname in ("sum", "prod", "min", "max"):
+    for opname in ("sum", "prod", "min", "max", "nansum", "nanprod", "nanmin", "nanmax"):
         op = get_operator(opname)
         exprs: set[str] = set()
         for dtype in _dt.GPU_DTYPES:
@@ -123,16 +124,35 @@ def module_text(op: Operator) -> str:
     return _kernels.kernel_source() + "\n" + text + "\n" + op.cuda_source()
 
 
+#: kernels.py's prebuilt index names a built-in operator's segment module "segment:<operator>"
+PREBUILT_PREFIX = "segment:"
+
+
+def prebuilt_key(op: Operator) -> str:
+    """What the prebuilt segment module of ``op`` was compiled from (its source with ``op``'s functor, and
+    the options): a binary whose key differs is never loaded."""
+    import hashlib
+
+    text = module_text(op) + "\n// " + " ".join(_kernels.COMPILE_OPTIONS)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 _modules: dict = {}
 _lock = threading.Lock()
 
 
 def _kernels_for(op: Operator, names: dict[str, str]) -> dict:
-    """role -> Kernel for ``names`` (segment_names or scan_names), one module per operator and names."""
-    key = (cupy.cuda.runtime.getDevice(), op.cuda_functor, op.cuda_source(), frozenset(names.items()))
+    """role -> Kernel for ``names`` (segment_names or scan_names), one module per operator and names: the
+    shipped binary for built-in operators (no compiler at first call), else NVRTC."""
+    device = cupy.cuda.runtime.getDevice()
+    key = (device, op.cuda_functor, op.cuda_source(), frozenset(names.items()))
     found = _modules.get(key)
     if found is None:
         with _lock:
+            if key not in _modules and op.builtin:
+                prebuilt = _kernels._from_prebuilt(PREBUILT_PREFIX + op.name, lambda: prebuilt_key(op), names, device)
+                if prebuilt is not None:
+                    _modules[key] = prebuilt
             if key not in _modules:
                 try:
                     module = cupy.RawModule(code=module_text(op), options=_kernels.COMPILE_OPTIONS,

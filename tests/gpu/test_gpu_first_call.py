@@ -1,5 +1,5 @@
-"""No compiler at first call: built-in reductions and scans of CuPy data, in a fresh process with empty
-kernel caches, run on prebuilt kernels only, ours and what finishes them (no CuPy elementwise kernel,
+"""No compiler at first call: built-in reductions, scans and segment reductions and scans of CuPy data, in
+a fresh process with empty kernel caches, run on prebuilt kernels only, ours and what finishes them (no CuPy elementwise kernel,
 which CuPy would compile with NVRTC at its first use)."""
 
 from __future__ import annotations
@@ -51,6 +51,17 @@ for dtype in dtypes.GPU_DTYPES:
             got = getattr(mr, name)(x, axis=axis).get()
             ref = getattr(np, name)(wide, axis=axis).astype(got.dtype)
             assert got.shape == ref.shape, CALL
+            tol = 1e-2 if dtype == np.float16 else 1e-6
+            assert np.allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol), CALL
+    # segments (1-D), offsets on the device: the check, the kernels (prebuilt per operator) and the cast
+    host = rng.integers(0, 2, 100_003).astype(dtype)
+    x, starts = cupy.asarray(host), np.sort(rng.choice(100_004, 997, replace=False))
+    for name in ("segment_reduce", "segment_scan"):
+        for opname in ("sum", "prod", "min", "max") + (("nansum", "nanmax") if host.dtype.kind == "f" else ()):
+            CALL = (name, opname, str(dtype))
+            got = getattr(mr, name)(x, cupy.asarray(starts), opname).get()
+            ref = getattr(mr, name)(host, starts, opname)  # the NumPy path compiles nothing
+            assert got.dtype == ref.dtype and got.shape == ref.shape, CALL
             tol = 1e-2 if dtype == np.float16 else 1e-6
             assert np.allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol), CALL
 assert not compiled, f"NVRTC ran {len(compiled)} times, first for {compiled[0][0]}: ...{compiled[0][1]}"
