@@ -34,7 +34,6 @@ from .. import dtypes as _dt
 from .. import kernels as _kernels
 from . import numpy_stats as _host
 
-name = "cupy"
 ENTRY = "stats.cuh"
 
 BLOCK = 256
