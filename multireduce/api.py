@@ -357,15 +357,20 @@ _PARAMETERS = {
 }
 
 
+def document(fn, params: tuple[str, ...], returns: str, summary: str | None = None):
+    """Give ``fn`` a NumPy-style docstring: ``summary`` (default: ``fn``'s own docstring), then the shared
+    texts of ``params`` and ``returns``. Returns ``fn``."""
+    import inspect
+
+    summary = inspect.cleandoc(fn.__doc__ or "") if summary is None else summary
+    body = "\n".join(_PARAMETERS[p] for p in params)
+    fn.__doc__ = f"{summary}\n\nParameters\n----------\n{body}\n\nReturns\n-------\n{returns}\n"
+    return fn
+
+
 def _doc(summary: str, params: tuple[str, ...], returns: str):
-    """Attach a NumPy-style docstring built from the shared parameter texts."""
-
-    def attach(fn):
-        body = "\n".join(_PARAMETERS[p] for p in params)
-        fn.__doc__ = f"{summary}\n\nParameters\n----------\n{body}\n\nReturns\n-------\n{returns}\n"
-        return fn
-
-    return attach
+    """``document`` as a decorator."""
+    return lambda fn: document(fn, params, returns, summary)
 
 
 _REDUCTION = ("x", "axis", "dtype", "keepdims", "split_every", "algorithm", "compute")

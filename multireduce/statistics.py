@@ -61,21 +61,6 @@ VAR_BOUND = 1e-11
 _ARG = ("argmax", "argmin", "nanargmax", "nanargmin")
 _MOMENTS = ("var", "std", "nanvar", "nanstd", "nanmean")
 
-# the parameters each family documents (texts: api._PARAMETERS, one per shared parameter)
-_ARG_PARAMS = ("x", "arg_axis", "keepdims", "split_every")
-_MOMENT_PARAMS = ("x", "axis", "moments_dtype", "ddof", "keepdims", "split_every")
-_FOLD_PARAMS = ("x", "axis", "keepdims", "split_every")
-_NUMBERS_REDUCED = ("x", "axis", "dtype", "keepdims", "split_every")
-_NUMBERS_SCANNED = ("x", "scan_axis", "dtype", "split_every")
-_SEGMENT_PARAMS = ("segment_x", "offsets", "segment_op", "segment_dtype")
-_INDEX = """out : numpy.intp or numpy.ndarray, cupy.ndarray or dask.array.Array
-    Indices (intp) into the reduced axis, or into the flattened array for ``axis=None``: a NumPy scalar
-    where NumPy input is reduced to one value."""
-_SEGMENTED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
-    One value per offset, of the input's array type."""
-_SEGMENT_SCANNED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
-    An array of the shape of ``x``, of the input's array type."""
-
 
 @dataclass(frozen=True)
 class _Commutative:
@@ -337,28 +322,24 @@ def _arg(stat, x, axis, keepdims, split_every):
     return _run(x, kind, plan, split_every, caller)
 
 
-@api._doc("""Index of the largest element, as ``numpy.argmax``: the flat index for ``axis=None``, the first
-occurrence on ties, the first NaN if there is one; an empty slice raises ValueError.""",
-          _ARG_PARAMS, _INDEX)
 def argmax(x, axis=None, keepdims=False, *, split_every=None):
+    """Index of the largest element, as ``numpy.argmax``: the flat index for ``axis=None``, the first
+    occurrence on ties, the first NaN if there is one; an empty slice raises ValueError."""
     return _arg("argmax", x, axis, keepdims, split_every)
 
 
-@api._doc("Index of the smallest element, as ``numpy.argmin`` (first occurrence, first NaN wins).",
-          _ARG_PARAMS, _INDEX)
 def argmin(x, axis=None, keepdims=False, *, split_every=None):
+    """Index of the smallest element, as ``numpy.argmin`` (first occurrence, first NaN wins)."""
     return _arg("argmin", x, axis, keepdims, split_every)
 
 
-@api._doc("``numpy.nanargmax``: NaNs ignored; an all-NaN slice raises ValueError.",
-          _ARG_PARAMS, _INDEX)
 def nanargmax(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanargmax``: NaNs ignored; an all-NaN slice raises ValueError."""
     return _arg("nanargmax", x, axis, keepdims, split_every)
 
 
-@api._doc("``numpy.nanargmin``: NaNs ignored; an all-NaN slice raises ValueError.",
-          _ARG_PARAMS, _INDEX)
 def nanargmin(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanargmin``: NaNs ignored; an all-NaN slice raises ValueError."""
     return _arg("nanargmin", x, axis, keepdims, split_every)
 
 
@@ -384,35 +365,30 @@ def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
     return _run(x, kind, plan, split_every, caller)
 
 
-@api._doc("""Variance, as ``numpy.var`` (integers give float64), in one pass over the data: each chunk's
-(count, mean, M2) merged with Chan's formula. ``ddof`` >= count warns and gives inf/NaN as NumPy.""",
-          _MOMENT_PARAMS, api._REDUCED)
 def var(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """Variance, as ``numpy.var`` (integers give float64), in one pass over the data: each chunk's
+    (count, mean, M2) merged with Chan's formula. ``ddof`` >= count warns and gives inf/NaN as NumPy."""
     return _moment("var", x, axis, dtype, ddof, keepdims, split_every)
 
 
-@api._doc("Standard deviation, as ``numpy.std``: the square root of ``var``.",
-          _MOMENT_PARAMS, api._REDUCED)
 def std(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """Standard deviation, as ``numpy.std``: the square root of ``var``."""
     return _moment("std", x, axis, dtype, ddof, keepdims, split_every)
 
 
-@api._doc("``numpy.nanvar``: NaNs do not count; an all-NaN slice warns and gives NaN.",
-          _MOMENT_PARAMS, api._REDUCED)
 def nanvar(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """``numpy.nanvar``: NaNs do not count; an all-NaN slice warns and gives NaN."""
     return _moment("nanvar", x, axis, dtype, ddof, keepdims, split_every)
 
 
-@api._doc("``numpy.nanstd``: the square root of ``nanvar``.",
-          _MOMENT_PARAMS, api._REDUCED)
 def nanstd(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+    """``numpy.nanstd``: the square root of ``nanvar``."""
     return _moment("nanstd", x, axis, dtype, ddof, keepdims, split_every)
 
 
-@api._doc("""``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN.
-Integer and bool input holds no NaN: it is ``mean`` (as NumPy hands it to ``np.mean``), bit for bit.""",
-          ("x", "axis", "moments_dtype", "keepdims", "split_every"), api._REDUCED)
 def nanmean(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
+    """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN.
+    Integer and bool input holds no NaN: it is ``mean`` (as NumPy hands it to ``np.mean``), bit for bit."""
     caller = "multireduce.nanmean"
     x, kind = _prepare(x, caller, "biufc")
     if x.dtype.kind not in "fc":
@@ -464,34 +440,29 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
     return result
 
 
-@api._doc("``numpy.nanmin``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises.",
-          _FOLD_PARAMS, api._REDUCED)
 def nanmin(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanmin``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
     return _nan_extreme("nanmin", x, axis, keepdims, split_every)
 
 
-@api._doc("``numpy.nanmax``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises.",
-          _FOLD_PARAMS, api._REDUCED)
 def nanmax(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.nanmax``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
     return _nan_extreme("nanmax", x, axis, keepdims, split_every)
 
 
-@api._doc("``numpy.any``: True where some element is non-zero (NaN counts as non-zero); empty -> False.",
-          _FOLD_PARAMS, api._REDUCED)
 def any(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.any``: True where some element is non-zero (NaN counts as non-zero); empty -> False."""
     return _fold("any", x, axis, keepdims, split_every, "biufc", np.bool_)
 
 
-@api._doc("``numpy.all``: True where every element is non-zero; empty -> True.",
-          _FOLD_PARAMS, api._REDUCED)
 def all(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.all``: True where every element is non-zero; empty -> True."""
     return _fold("all", x, axis, keepdims, split_every, "biufc", np.bool_)
 
 
-@api._doc("""``numpy.count_nonzero``: an intp (NumPy 2 gives an ``np.intp`` scalar, not an int, for
-``axis=None`` too).""",
-          _FOLD_PARAMS, api._REDUCED)
 def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
+    """``numpy.count_nonzero``: an intp (NumPy 2 gives an ``np.intp`` scalar, not an int, for
+    ``axis=None`` too)."""
     return _fold("count_nonzero", x, axis, keepdims, split_every, "biufc", np.intp)
 
 
@@ -527,10 +498,9 @@ def _nan_to(block, fill):
     return xp.where(xp.isnan(block), xp.asarray(fill, dtype=block.dtype), block)
 
 
-@api._doc("""``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0; inf - inf stays NaN), masked as the
-kernels load each element; ``exact=True`` as in ``sum``.""",
-          _NUMBERS_REDUCED + ("exact",), api._REDUCED)
 def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=False):
+    """``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0; inf - inf stays NaN), masked as the
+    kernels load each element; ``exact=True`` as in ``sum``."""
     caller = "multireduce.nansum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
         return _exact.sum(x, axis, dtype, keepdims, split_every, skipnan=True, caller=caller)
@@ -538,18 +508,16 @@ def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
-@api._doc("``numpy.nanprod``: NaN counts as 1, masked as the kernels load each element.",
-          _NUMBERS_REDUCED, api._REDUCED)
 def nanprod(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
+    """``numpy.nanprod``: NaN counts as 1, masked as the kernels load each element."""
     caller = "multireduce.nanprod"
     x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every, keepdims)
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
-@api._doc("""``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens), masked as the
-scan kernels load each element; ``exact=True`` as in ``cumsum``.""",
-          _NUMBERS_SCANNED + ("exact",), api._SCANNED)
 def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
+    """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens), masked as the
+    scan kernels load each element; ``exact=True`` as in ``cumsum``."""
     caller = "multireduce.nancumsum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
         return _exact.cumsum(x, axis, dtype, split_every, skipnan=True, caller=caller)
@@ -557,9 +525,8 @@ def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every)
 
 
-@api._doc("``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens).",
-          _NUMBERS_SCANNED, api._SCANNED)
 def nancumprod(x, axis=None, dtype=None, *, split_every=None):
+    """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
     caller = "multireduce.nancumprod"
     x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every)
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every)
@@ -657,15 +624,14 @@ def _xp(x):
     return np
 
 
-@api._doc("""One value per start offset: ``op`` over ``x[offsets[i]:offsets[i+1]]`` (the last segment runs to
-the end), as ``np.<ufunc>.reduceat`` with ascending offsets, except that an empty segment gives the
-operator's identity (reduceat gives ``x[offsets[i]]``). Elements before ``offsets[0]`` take no part.
-
-``op`` is any registered operator (user ones included; non-commutative ones keep element order).
-On Dask, segments may straddle chunks: each chunk reduces the segments that start in it, and a
-segment cut by chunk boundaries is finished with the head pieces of the chunks it runs into.""",
-          _SEGMENT_PARAMS, _SEGMENTED)
 def segment_reduce(x, offsets, op="sum", dtype=None):
+    """One value per start offset: ``op`` over ``x[offsets[i]:offsets[i+1]]`` (the last segment runs to
+    the end), as ``np.<ufunc>.reduceat`` with ascending offsets, except that an empty segment gives the
+    operator's identity (reduceat gives ``x[offsets[i]]``). Elements before ``offsets[0]`` take no part.
+
+    ``op`` is any registered operator (user ones included; non-commutative ones keep element order).
+    On Dask, segments may straddle chunks: each chunk reduces the segments that start in it, and a
+    segment cut by chunk boundaries is finished with the head pieces of the chunks it runs into."""
     caller = "multireduce.segment_reduce"
     x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller)
     if kind.startswith("dask"):
@@ -673,11 +639,10 @@ def segment_reduce(x, offsets, op="sum", dtype=None):
     return _segment_reduce_block(x, offsets, op, acc).astype(out, copy=False)
 
 
-@api._doc("""Inclusive scan of 1-D ``x`` that restarts at every offset in ``offsets`` (ascending, in
-[0, len(x)]); the elements before ``offsets[0]`` form a segment of their own. Dask: each chunk's
-first run is seeded with the running value carried from the chunks before it.""",
-          _SEGMENT_PARAMS, _SEGMENT_SCANNED)
 def segment_scan(x, offsets, op="sum", dtype=None):
+    """Inclusive scan of 1-D ``x`` that restarts at every offset in ``offsets`` (ascending, in
+    [0, len(x)]); the elements before ``offsets[0]`` form a segment of their own. Dask: each chunk's
+    first run is seeded with the running value carried from the chunks before it."""
     caller = "multireduce.segment_scan"
     x, kind, offsets, op, acc, out = _segment_args(x, offsets, op, dtype, caller, scan=True)
     if not kind.startswith("dask") and _gpu_segments(x, acc, out):
@@ -815,3 +780,31 @@ def _dask_segment_scan(x, heads, op, acc, out):
 __all__ = ["segment_reduce", "segment_scan", "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
            "nanmin", "nanmax", "nansum", "nanprod", "nancumsum", "nancumprod", "any", "all", "count_nonzero",
            "StatPlan", "VAR_BOUND"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Docstrings: each function's own text, then its parameters in NumPy's style (the shared texts of
+# api._PARAMETERS, one per parameter)
+# ------------------------------------------------------------------------------------------------
+_INDEX = """out : numpy.intp or numpy.ndarray, cupy.ndarray or dask.array.Array
+    Indices (intp) into the reduced axis, or into the flattened array for ``axis=None``: a NumPy scalar
+    where NumPy input is reduced to one value."""
+_SEGMENTED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
+    One value per offset, of the input's array type."""
+_SEGMENT_SCANNED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
+    An array of the shape of ``x``, of the input's array type."""
+for _functions, _params, _returns in [
+    ((argmax, argmin, nanargmax, nanargmin), ("x", "arg_axis", "keepdims", "split_every"), _INDEX),
+    ((var, std, nanvar, nanstd), ("x", "axis", "moments_dtype", "ddof", "keepdims", "split_every"), api._REDUCED),
+    ((nanmean,), ("x", "axis", "moments_dtype", "keepdims", "split_every"), api._REDUCED),
+    ((nanmin, nanmax, any, all, count_nonzero), ("x", "axis", "keepdims", "split_every"), api._REDUCED),
+    ((nansum,), ("x", "axis", "dtype", "keepdims", "split_every", "exact"), api._REDUCED),
+    ((nanprod,), ("x", "axis", "dtype", "keepdims", "split_every"), api._REDUCED),
+    ((nancumsum,), ("x", "scan_axis", "dtype", "split_every", "exact"), api._SCANNED),
+    ((nancumprod,), ("x", "scan_axis", "dtype", "split_every"), api._SCANNED),
+    ((segment_reduce,), ("segment_x", "offsets", "segment_op", "segment_dtype"), _SEGMENTED),
+    ((segment_scan,), ("segment_x", "offsets", "segment_op", "segment_dtype"), _SEGMENT_SCANNED),
+]:
+    for _fn in _functions:
+        api.document(_fn, _params, _returns)
+del _functions, _params, _returns, _fn
