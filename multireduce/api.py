@@ -305,6 +305,29 @@ _PARAMETERS = {
     "dtype": """dtype : data-type, optional
     The type of the result, also used for the accumulator (float16 is accumulated in float32). By
     default, NumPy's rule for this function.""",
+    "arg_axis": """axis : None or int, optional
+    The axis to search along. The default, None, searches the flattened array.""",
+    "moments_dtype": """dtype : data-type, optional
+    The type of the result: a floating type (nanmean: complex too). The moments are accumulated in float64
+    (complex128 for complex input) whatever it is. By default, NumPy's rule for this function (float64
+    for integers and booleans).""",
+    "ddof": """ddof : int or float, optional
+    Delta degrees of freedom: the divisor is ``N - ddof``, N the number of elements (nanvar/nanstd: of
+    non-NaN elements). Default 0.""",
+    "segment_x": """x : 1-D numpy.ndarray, cupy.ndarray or dask.array.Array (or array_like)
+    The input, one dimension. NumPy input is computed now on the CPU, CuPy input now on its GPU, and a
+    Dask array gives a lazy Dask array (segments may straddle its chunks).""",
+    "offsets": """offsets : 1-D array_like of integers (NumPy or CuPy)
+    The start of each segment, ascending, in [0, len(x)]. CuPy offsets of CuPy input are checked and
+    used on the GPU where the segment kernels run; a Dask array of offsets is refused (the segment
+    layout shapes the graph: compute it first).""",
+    "segment_op": """op : str or Operator, optional
+    "sum" (default), "prod", "min", "max" or the name of an operator registered with
+    ``multireduce.register_operator`` (or the Operator it returned); non-commutative ones keep element
+    order.""",
+    "segment_dtype": """dtype : data-type, optional
+    The type of the result, also used for the accumulator (float16 is accumulated in float32). By
+    default, NumPy's rule for the operator.""",
     "keepdims": """keepdims : bool, optional
     If True, the reduced axes are left in the result with size one.""",
     "inclusive": """inclusive : bool, optional
@@ -334,15 +357,20 @@ _PARAMETERS = {
 }
 
 
+def document(fn, params: tuple[str, ...], returns: str, summary: str | None = None):
+    """Give ``fn`` a NumPy-style docstring: ``summary`` (default: ``fn``'s own docstring), then the shared
+    texts of ``params`` and ``returns``. Returns ``fn``."""
+    import inspect
+
+    summary = inspect.cleandoc(fn.__doc__ or "") if summary is None else summary
+    body = "\n".join(_PARAMETERS[p] for p in params)
+    fn.__doc__ = f"{summary}\n\nParameters\n----------\n{body}\n\nReturns\n-------\n{returns}\n"
+    return fn
+
+
 def _doc(summary: str, params: tuple[str, ...], returns: str):
-    """Attach a NumPy-style docstring built from the shared parameter texts."""
-
-    def attach(fn):
-        body = "\n".join(_PARAMETERS[p] for p in params)
-        fn.__doc__ = f"{summary}\n\nParameters\n----------\n{body}\n\nReturns\n-------\n{returns}\n"
-        return fn
-
-    return attach
+    """``document`` as a decorator."""
+    return lambda fn: document(fn, params, returns, summary)
 
 
 _REDUCTION = ("x", "axis", "dtype", "keepdims", "split_every", "algorithm", "compute")

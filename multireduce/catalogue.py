@@ -58,7 +58,18 @@ SCAN_ALGORITHMS = tuple(a.name for a in _ENTRIES if a.family == "scan")
 
 
 def algorithms(family: str | None = None) -> list[str]:
-    """Names accepted by ``algorithm=`` ("auto" picks per size): ``family`` is "reduce", "scan" or None."""
+    """Names accepted by ``algorithm=`` ("auto" picks per size).
+
+    Parameters
+    ----------
+    family : {"reduce", "scan"} or None, optional
+        The reductions' names, the scans', or (None, the default) both.
+
+    Returns
+    -------
+    names : list of str
+        "auto" first, then the catalogue's kernels in ladder order.
+    """
     if family not in (None, "reduce", "scan"):
         raise ValueError(f"algorithms: argument 'family' must be 'reduce', 'scan' or None; got {family!r}")
     return ["auto"] + [a.name for a in _ENTRIES if family in (None, a.family)]

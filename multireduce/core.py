@@ -166,10 +166,6 @@ class ScanPlan:
         # totals are partial results: folded as they are (a NaN total of nancumsum stays NaN)
         return backend.scan(stacked, self.op.partials, self.axis, self.acc_dtype, self.acc_dtype)
 
-    def scan_block_from_totals(self, block, index: int, *totals):
-        """Scan chunk ``index`` seeded from the group totals themselves (few groups: one stage less)."""
-        return self.scan_block(block, self.carries(*totals) if index > 0 else None, index)
-
     def scan_block(self, block, carries=None, index: int = 0):
         """Scan chunk ``index`` of its lane; ``carries`` comes from ``carries`` (None for chunk 0)."""
         backend = backend_for(block)

@@ -327,11 +327,12 @@ def scan_persisted(x, plan: ScanPlan, name: str):
     try:
         client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
                     nbytes=nbytes, client=client.id)
-    except Exception:  # noqa: BLE001 - a worker that left after its reply (the scheduler refuses its
-        # address): nothing registered in part may stay, and the graph runs instead
+    except Exception as error:  # noqa: BLE001 - whatever failed, nothing registered in part may stay
         client.run_on_scheduler(_release_registered, out_keys, client.id)
         _drop_kept_on_live(client, list(work), out_keys)
-        return None
+        if isinstance(error, (KeyError, *_placement_errors())):
+            return None  # a worker that left after its reply (the scheduler's KeyError for its address): the graph
+        raise  # anything else is a defect to see, not a placement to recompute around
     chunk_type = type(x._meta)
     layer = {}
     for k in out_keys:

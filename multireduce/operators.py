@@ -437,6 +437,14 @@ def register_operator(
 
 
 def unregister_operator(name: str) -> None:
+    """Forget the operator registered under ``name`` (nothing happens if there is none).
+
+    Parameters
+    ----------
+    name : str
+        A name given to ``register_operator``; the built-in operators cannot be unregistered
+        (ValueError).
+    """
     if name in _BUILTINS:
         raise ValueError(f"unregister_operator: {name!r} is a built-in operator")
     _REGISTRY.pop(name, None)

@@ -813,3 +813,31 @@ def _dask_segment_scan(x, heads, op, acc, out):
 __all__ = ["segment_reduce", "segment_scan", "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
            "nanmin", "nanmax", "nansum", "nanprod", "nancumsum", "nancumprod", "any", "all", "count_nonzero",
            "StatPlan", "VAR_BOUND"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Docstrings: each function's own text, then its parameters in NumPy's style (the shared texts of
+# api._PARAMETERS, one per parameter)
+# ------------------------------------------------------------------------------------------------
+_INDEX = """out : numpy.intp or numpy.ndarray, cupy.ndarray or dask.array.Array
+    Indices (intp) into the reduced axis, or into the flattened array for ``axis=None``: a NumPy scalar
+    where NumPy input is reduced to one value."""
+_SEGMENTED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
+    One value per offset, of the input's array type."""
+_SEGMENT_SCANNED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
+    An array of the shape of ``x``, of the input's array type."""
+for _functions, _params, _returns in [
+    ((argmax, argmin, nanargmax, nanargmin), ("x", "arg_axis", "keepdims", "split_every"), _INDEX),
+    ((var, std, nanvar, nanstd), ("x", "axis", "moments_dtype", "ddof", "keepdims", "split_every"), api._REDUCED),
+    ((nanmean,), ("x", "axis", "moments_dtype", "keepdims", "split_every"), api._REDUCED),
+    ((nanmin, nanmax, any, all, count_nonzero), ("x", "axis", "keepdims", "split_every"), api._REDUCED),
+    ((nansum,), ("x", "axis", "dtype", "keepdims", "split_every", "exact"), api._REDUCED),
+    ((nanprod,), ("x", "axis", "dtype", "keepdims", "split_every"), api._REDUCED),
+    ((nancumsum,), ("x", "scan_axis", "dtype", "split_every", "exact"), api._SCANNED),
+    ((nancumprod,), ("x", "scan_axis", "dtype", "split_every"), api._SCANNED),
+    ((segment_reduce,), ("segment_x", "offsets", "segment_op", "segment_dtype"), _SEGMENTED),
+    ((segment_scan,), ("segment_x", "offsets", "segment_op", "segment_dtype"), _SEGMENT_SCANNED),
+]:
+    for _fn in _functions:
+        api.document(_fn, _params, _returns)
+del _functions, _params, _returns, _fn

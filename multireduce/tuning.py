@@ -63,6 +63,16 @@ class Policy:
     catalogue_block: int = 256  # the catalogue reductions' BLOCK template argument
     elementwise_block: int = 256  # one thread per output: columns, the catalogue's add-back and finish
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
+    # statistics (kernels/stats.cuh, backends/cupy_stats.py): stats_rows, stats_columns and stats_fold,
+    # measured on an H200 with these numbers (docs/performance.md, session 10: var/std float32 0.94 x copy
+    # at 2^28)
+    stats_block: int = 256  # threads per block of all three kernels (a template argument)
+    stats_row_unroll: int = 4  # 16-byte packs in flight per thread in stats_rows (a template argument)
+    stats_column_unroll: int = 8  # elements in flight per thread in stats_columns (a template argument)
+    stats_rows_blocks_per_sm: int = 4  # stats_rows blocks per SM for one long row: one wave at up to 64 registers
+    stats_columns_threads_per_sm: int = 2048  # stats_columns threads per SM the pieces aim to fill
+    stats_short_row: int = 2048  # rows shorter than this go to stats_columns (a thread per row and piece)
+    stats_min_piece: int = 32  # stats_columns: elements per thread at least
 
     def scan_shape(self, in_size: int, acc_size: int, out_size: int) -> ScanShape:
         """The look-back tile for these element sizes."""

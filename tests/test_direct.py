@@ -320,3 +320,64 @@ def test_a_replica_gone_before_the_scan_falls_back_to_the_graph(client, monkeypa
     assert "seeded" not in out.name  # the graph ran
     np.testing.assert_array_equal(out.compute(), np.cumsum(x))
     assert not any(client.run(_kept_keys, "cumsum-seeded").values())
+
+
+class _SchedulerWith:
+    """``client.scheduler`` with its ``update_data`` replaced (everything else is the real one's)."""
+
+    def __init__(self, real, update_data):
+        self._real, self.update_data = real, update_data
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _registered(prefix, dask_scheduler):
+    return [str(k) for k in dask_scheduler.tasks if prefix in str(k)]
+
+
+def _nothing_left(client, prefix: str, timeout: float = 10.0) -> bool:
+    """No key named ``prefix``-something on the scheduler nor on any worker (workers free theirs when told,
+    a moment later)."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_registered, prefix) or any(client.run(_kept_keys, prefix).values()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_worker_gone_before_registration_falls_back_to_the_graph(client, monkeypatch):
+    """The workers kept their outputs, but one of them left before the client registered them: the
+    scheduler refuses its address (KeyError) after registering the keys before it. The graph runs
+    instead, and nothing registered in part or kept stays behind."""
+    x = np.arange(60.0)
+    d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2])
+    real = client.scheduler
+
+    async def with_a_departed_worker(*, who_has, nbytes, client):
+        last = sorted(who_has, key=str)[-1]
+        return await real.update_data(who_has={**who_has, last: ["tcp://127.0.0.1:9"]}, nbytes=nbytes, client=client)
+
+    monkeypatch.setattr(client, "scheduler", _SchedulerWith(real, with_a_departed_worker))
+    out = mr.cumsum(d).persist()
+    monkeypatch.undo()
+    assert "seeded" not in out.name  # the graph ran
+    np.testing.assert_array_equal(out.compute(), np.cumsum(x))
+    assert _nothing_left(client, "cumsum-seeded")
+
+
+def test_an_unexpected_registration_error_surfaces(client, monkeypatch):
+    """Only a departed worker or a comm failure falls back to the graph: any other error while registering
+    the outputs is raised (a defect is never recomputed around), and nothing kept stays behind."""
+    d = _spread(client, np.arange(60.0), 10, [0, 1, 2, 0, 1, 2])
+
+    async def broken(**kwargs):
+        raise RuntimeError("a defect in the registration")
+
+    monkeypatch.setattr(client, "scheduler", _SchedulerWith(client.scheduler, broken))
+    lazy = mr.cumsum(d)
+    with pytest.raises(RuntimeError, match="a defect in the registration"):
+        lazy.persist()
+    monkeypatch.undo()
+    assert _nothing_left(client, "cumsum-seeded")

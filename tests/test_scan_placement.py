@@ -173,3 +173,24 @@ def test_a_held_scan_builds_its_graph_only_when_asked(client, monkeypatch):
     monkeypatch.undo()
     np.testing.assert_array_equal(client.compute(lazy).result(), np.cumsum(x))  # the graph, built now
     assert lazy.name in lazy.__dask_graph__().layers
+
+
+def _restrictions(prefix, dask_scheduler):
+    return {str(k): (sorted(ts.worker_restrictions or ()), ts.loose_restrictions)
+            for k, ts in dask_scheduler.tasks.items() if str(k).startswith(prefix)}
+
+
+def test_the_pinning_annotations_reach_the_scheduler(client):
+    """graph._pinned's worker annotations (``_WorkerOf``/``_Pinned``) are not dropped on the way: over held
+    chunks Dask's fusion, which drops annotations, does not run (graph._OfHeld), so every scan task
+    reaches the scheduler restricted, loosely, to the worker holding its chunk."""
+    chunk = 1000
+    d, _ = persist_spread(client, np.arange(N_CHUNKS * chunk, dtype=np.int64), chunk, PLACEMENTS["uneven"])
+    holder = placement.holders(d, client)
+    lazy = mr.cumsum(d)
+    out = client.persist(lazy)
+    distributed.wait(out)
+    seen = client.run_on_scheduler(_restrictions, f"('{lazy.name}'")
+    assert len(seen) == N_CHUNKS
+    for key, index in zip(placement.chunk_keys(d), range(N_CHUNKS)):
+        assert seen[str((lazy.name, index))] == ([holder[key]], True), key

@@ -98,3 +98,16 @@ def test_policy_constants_reach_the_template_arguments():
     source = kernels.kernel_source() + kernels.kernel_source(kernels.CATALOGUE_ENTRY)
     assert "kCatalogueBlock" not in source
     assert "int BLOCK, int VECTORS>\n__global__ void __launch_bounds__(BLOCK) reduce_vectorized" in source
+
+
+def test_statistics_template_arguments_come_from_the_policy():
+    """kernels/stats.cuh's template arguments are the policy's numbers (one source of launch constants)."""
+    from multireduce.backends import cupy_stats
+
+    p = policy(9)
+    names = cupy_stats.stat_names("var", np.float32)
+    assert names["rows"].endswith(f", {p.stats_block}, {p.stats_row_unroll}>")
+    assert names["columns"].endswith(f", {p.stats_block}, {p.stats_column_unroll}>")
+    assert names["fold"].endswith(f", {p.stats_block}>")
+    assert (cupy_stats.BLOCKS_PER_SM, cupy_stats.THREADS_PER_SM, cupy_stats.SHORT_ROW, cupy_stats.MIN_PIECE) == (
+        p.stats_rows_blocks_per_sm, p.stats_columns_threads_per_sm, p.stats_short_row, p.stats_min_piece)

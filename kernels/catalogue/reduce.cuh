@@ -14,42 +14,37 @@ __device__ __forceinline__ Acc load_or(const T* in, index_t i, index_t n, Acc id
   return i < n ? convert<Acc>(in[i]) : identity;
 }
 
-// The first rungs' prologue: one element per thread into shared memory (identity past the end).
+// What a thread brings to its block's tree: one element (rungs 1-3), two (first add during load: each
+// block covers 2*blockDim elements, halving the blocks), or a grid-stride fold of many.
 template <class T, class Acc>
-__device__ __forceinline__ void load_one_per_thread(Acc* s, const T* in, index_t n, Acc identity) {
-  s[threadIdx.x] = load_or(in, (index_t)blockIdx.x * blockDim.x + threadIdx.x, n, identity);
+__device__ __forceinline__ Acc load_one(const T* in, index_t n, Acc identity) {
+  return load_or(in, (index_t)blockIdx.x * blockDim.x + threadIdx.x, n, identity);
+}
+
+template <class T, class Acc, class Op>
+__device__ __forceinline__ Acc load_two(const T* in, index_t n, Acc identity, Op op) {
+  index_t i = (index_t)blockIdx.x * blockDim.x * 2 + threadIdx.x;
+  return op(load_or(in, i, n, identity), load_or(in, i + blockDim.x, n, identity));
+}
+
+template <class T, class Acc, class Op>
+__device__ __forceinline__ Acc load_grid_stride(const T* in, index_t n, Acc identity, Op op) {
+  Acc v = identity;
+  const index_t stride = (index_t)gridDim.x * blockDim.x;
+  for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) v = op(v, convert<Acc>(in[i]));
+  return v;
+}
+
+// The frame of the shared-memory rungs: every thread's value into shared memory, the rung's tree over
+// the block (its result valid in thread 0), and thread 0 writes the block's partial. A rung is what it
+// loads and which tree it walks.
+template <int BLOCK, class Acc, class Op, class Tree>
+__device__ __forceinline__ void shared_tree_partial(Acc v, Op op, Tree tree, Acc* partials) {
+  __shared__ Acc s[BLOCK];
+  s[threadIdx.x] = v;
   __syncthreads();
-}
-
-// 1. Neighbored pairs: thread t works when t % (2*stride) == 0, so most of each warp idles (divergence).
-//    Pairs are neighbours, so order is kept.
-template <class T, class Acc, class Op, int BLOCK>
-__global__ void reduce_neighbored_partials(const T* in, index_t n, Acc identity, Acc* partials) {
-  __shared__ Acc s[BLOCK];
-  Op op;
-  const unsigned t = threadIdx.x;
-  load_one_per_thread(s, in, n, identity);
-  for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
-    if (t % (2 * stride) == 0) s[t] = op(s[t], s[t + stride]);
-    __syncthreads();
-  }
-  if (t == 0) partials[blockIdx.x] = s[0];
-}
-
-// 2. Neighbored pairs with compact thread indices: threads 0..k work on slots 2*stride*t, so whole
-//    warps retire, but the strided slots collide in shared-memory banks. Order is kept.
-template <class T, class Acc, class Op, int BLOCK>
-__global__ void reduce_neighbored_compact_partials(const T* in, index_t n, Acc identity, Acc* partials) {
-  __shared__ Acc s[BLOCK];
-  Op op;
-  const unsigned t = threadIdx.x;
-  load_one_per_thread(s, in, n, identity);
-  for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
-    unsigned slot = 2 * stride * t;
-    if (slot < blockDim.x) s[slot] = op(s[slot], s[slot + stride]);
-    __syncthreads();
-  }
-  if (t == 0) partials[blockIdx.x] = s[0];
+  v = tree(s, threadIdx.x, op);
+  if (threadIdx.x == 0) partials[blockIdx.x] = v;
 }
 
 // Sequential addressing: the active half reads the other half; conflict-free, commutative only.
@@ -59,35 +54,6 @@ __device__ __forceinline__ void shared_interleaved(Acc* s, unsigned t, unsigned 
     if (t < half) s[t] = op(s[t], s[t + half]);
     __syncthreads();
   }
-}
-
-// 3. Interleaved pairs.
-template <class T, class Acc, class Op, int BLOCK>
-__global__ void reduce_interleaved_partials(const T* in, index_t n, Acc identity, Acc* partials) {
-  __shared__ Acc s[BLOCK];
-  Op op;
-  const unsigned t = threadIdx.x;
-  load_one_per_thread(s, in, n, identity);
-  shared_interleaved(s, t, 0, op);
-  if (t == 0) partials[blockIdx.x] = s[0];
-}
-
-// 4. First add during load: each block covers 2*blockDim elements, halving the blocks.
-template <class T, class Acc, class Op>
-__device__ __forceinline__ Acc load_two(const T* in, index_t n, Acc identity, Op op) {
-  index_t i = (index_t)blockIdx.x * blockDim.x * 2 + threadIdx.x;
-  return op(load_or(in, i, n, identity), load_or(in, i + blockDim.x, n, identity));
-}
-
-template <class T, class Acc, class Op, int BLOCK>
-__global__ void reduce_first_add_partials(const T* in, index_t n, Acc identity, Acc* partials) {
-  __shared__ Acc s[BLOCK];
-  Op op;
-  const unsigned t = threadIdx.x;
-  s[t] = load_two(in, n, identity, op);
-  __syncthreads();
-  shared_interleaved(s, t, 0, op);
-  if (t == 0) partials[blockIdx.x] = s[0];
 }
 
 // The last 64 -> 1 steps inside warp 0: no block barrier, __syncwarp between steps (the seeds'
@@ -105,58 +71,108 @@ __device__ __forceinline__ Acc last_warp(Acc* s, unsigned t, Op op) {
   return v;
 }
 
+// ---- the trees ------------------------------------------------------------------------------------
+// Neighbored pairs: thread t works when t % (2*stride) == 0, so most of each warp idles (divergence).
+// Pairs are neighbours, so order is kept.
+struct NeighboredTree {
+  template <class Acc, class Op>
+  __device__ __forceinline__ Acc operator()(Acc* s, unsigned t, Op op) const {
+    for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
+      if (t % (2 * stride) == 0) s[t] = op(s[t], s[t + stride]);
+      __syncthreads();
+    }
+    return s[0];
+  }
+};
+
+// Neighbored pairs with compact thread indices: threads 0..k work on slots 2*stride*t, so whole warps
+// retire, but the strided slots collide in shared-memory banks. Order is kept.
+struct NeighboredCompactTree {
+  template <class Acc, class Op>
+  __device__ __forceinline__ Acc operator()(Acc* s, unsigned t, Op op) const {
+    for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
+      const unsigned slot = 2 * stride * t;
+      if (slot < blockDim.x) s[slot] = op(s[slot], s[slot + stride]);
+      __syncthreads();
+    }
+    return s[0];
+  }
+};
+
+// Interleaved pairs down to one value (sequential addressing all the way).
+struct InterleavedTree {
+  template <class Acc, class Op>
+  __device__ __forceinline__ Acc operator()(Acc* s, unsigned t, Op op) const {
+    shared_interleaved(s, t, 0, op);
+    return s[0];
+  }
+};
+
+// Interleaved pairs down to 64 values, then warp 0 alone (``last_warp``).
+struct InterleavedLastWarpTree {
+  template <class Acc, class Op>
+  __device__ __forceinline__ Acc operator()(Acc* s, unsigned t, Op op) const {
+    shared_interleaved(s, t, 32, op);
+    return t < 32 ? last_warp(s, t, op) : s[t];
+  }
+};
+
+// Complete unrolling: BLOCK is a compile-time constant, so every level and its test unroll.
+template <int BLOCK>
+struct CompleteUnrollTree {
+  static_assert(BLOCK >= 64 && BLOCK <= 1024 && (BLOCK & (BLOCK - 1)) == 0, "BLOCK is a power of two, 64..1024");
+  template <class Acc, class Op>
+  __device__ __forceinline__ Acc operator()(Acc* s, unsigned t, Op op) const {
+    if (BLOCK >= 1024) { if (t < 512) s[t] = op(s[t], s[t + 512]); __syncthreads(); }
+    if (BLOCK >= 512) { if (t < 256) s[t] = op(s[t], s[t + 256]); __syncthreads(); }
+    if (BLOCK >= 256) { if (t < 128) s[t] = op(s[t], s[t + 128]); __syncthreads(); }
+    if (BLOCK >= 128) { if (t < 64) s[t] = op(s[t], s[t + 64]); __syncthreads(); }
+    return t < 32 ? last_warp(s, t, op) : s[t];
+  }
+};
+
+// ---- the rungs ------------------------------------------------------------------------------------
+// 1. Neighbored pairs.
+template <class T, class Acc, class Op, int BLOCK>
+__global__ void reduce_neighbored_partials(const T* in, index_t n, Acc identity, Acc* partials) {
+  shared_tree_partial<BLOCK>(load_one(in, n, identity), Op(), NeighboredTree(), partials);
+}
+
+// 2. Neighbored pairs, compact thread indices.
+template <class T, class Acc, class Op, int BLOCK>
+__global__ void reduce_neighbored_compact_partials(const T* in, index_t n, Acc identity, Acc* partials) {
+  shared_tree_partial<BLOCK>(load_one(in, n, identity), Op(), NeighboredCompactTree(), partials);
+}
+
+// 3. Interleaved pairs.
+template <class T, class Acc, class Op, int BLOCK>
+__global__ void reduce_interleaved_partials(const T* in, index_t n, Acc identity, Acc* partials) {
+  shared_tree_partial<BLOCK>(load_one(in, n, identity), Op(), InterleavedTree(), partials);
+}
+
+// 4. First add during load.
+template <class T, class Acc, class Op, int BLOCK>
+__global__ void reduce_first_add_partials(const T* in, index_t n, Acc identity, Acc* partials) {
+  shared_tree_partial<BLOCK>(load_two(in, n, identity, Op()), Op(), InterleavedTree(), partials);
+}
+
 // 5. Unrolled last warp.
 template <class T, class Acc, class Op, int BLOCK>
 __global__ void reduce_unroll_last_warp_partials(const T* in, index_t n, Acc identity, Acc* partials) {
-  __shared__ Acc s[BLOCK];
-  Op op;
-  const unsigned t = threadIdx.x;
-  s[t] = load_two(in, n, identity, op);
-  __syncthreads();
-  shared_interleaved(s, t, 32, op);
-  if (t < 32) {
-    Acc v = last_warp(s, t, op);
-    if (t == 0) partials[blockIdx.x] = v;
-  }
+  shared_tree_partial<BLOCK>(load_two(in, n, identity, Op()), Op(), InterleavedLastWarpTree(), partials);
 }
 
-// 6. Complete unrolling: BLOCK is a compile-time constant, so every level and its test unroll.
+// 6. Complete unrolling.
 template <class T, class Acc, class Op, int BLOCK>
 __global__ void __launch_bounds__(BLOCK) reduce_complete_unroll_partials(const T* in, index_t n, Acc identity,
                                                                          Acc* partials) {
-  static_assert(BLOCK >= 64 && BLOCK <= 1024 && (BLOCK & (BLOCK - 1)) == 0, "BLOCK is a power of two, 64..1024");
-  __shared__ Acc s[BLOCK];
-  Op op;
-  const unsigned t = threadIdx.x;
-  index_t i = (index_t)blockIdx.x * BLOCK * 2 + t;
-  s[t] = op(load_or(in, i, n, identity), load_or(in, i + BLOCK, n, identity));
-  __syncthreads();
-  if (BLOCK >= 1024) { if (t < 512) s[t] = op(s[t], s[t + 512]); __syncthreads(); }
-  if (BLOCK >= 512) { if (t < 256) s[t] = op(s[t], s[t + 256]); __syncthreads(); }
-  if (BLOCK >= 256) { if (t < 128) s[t] = op(s[t], s[t + 128]); __syncthreads(); }
-  if (BLOCK >= 128) { if (t < 64) s[t] = op(s[t], s[t + 64]); __syncthreads(); }
-  if (t < 32) {
-    Acc v = last_warp(s, t, op);
-    if (t == 0) partials[blockIdx.x] = v;
-  }
+  shared_tree_partial<BLOCK>(load_two(in, n, identity, Op()), Op(), CompleteUnrollTree<BLOCK>(), partials);
 }
 
 // 7. Many elements per thread: a fixed grid strides over the input, then the shared-memory tree.
 template <class T, class Acc, class Op, int BLOCK>
 __global__ void reduce_grid_stride_partials(const T* in, index_t n, Acc identity, Acc* partials) {
-  __shared__ Acc s[BLOCK];
-  Op op;
-  const unsigned t = threadIdx.x;
-  Acc v = identity;
-  const index_t stride = (index_t)gridDim.x * blockDim.x;
-  for (index_t i = (index_t)blockIdx.x * blockDim.x + t; i < n; i += stride) v = op(v, convert<Acc>(in[i]));
-  s[t] = v;
-  __syncthreads();
-  shared_interleaved(s, t, 32, op);
-  if (t < 32) {
-    v = last_warp(s, t, op);
-    if (t == 0) partials[blockIdx.x] = v;
-  }
+  shared_tree_partial<BLOCK>(load_grid_stride(in, n, identity, Op()), Op(), InterleavedLastWarpTree(), partials);
 }
 
 // 8. Warp shuffles: registers instead of shared memory for all but one value per warp.
@@ -164,10 +180,7 @@ template <class T, class Acc, class Op, int BLOCK>
 __global__ void reduce_warp_shuffle_partials(const T* in, index_t n, Acc identity, Acc* partials) {
   __shared__ Acc scratch[kWarp];
   Op op;
-  Acc v = identity;
-  const index_t stride = (index_t)gridDim.x * blockDim.x;
-  for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) v = op(v, convert<Acc>(in[i]));
-  v = block_reduce<BLOCK>(v, op, identity, scratch);
+  Acc v = block_reduce<BLOCK>(load_grid_stride(in, n, identity, op), op, identity, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = v;
 }
 
@@ -178,10 +191,7 @@ __global__ void reduce_last_block(const T* in, index_t n, Acc identity, Acc* par
   __shared__ Acc scratch[kWarp];
   __shared__ unsigned int is_last;
   Op op;
-  Acc v = identity;
-  const index_t stride = (index_t)gridDim.x * blockDim.x;
-  for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) v = op(v, convert<Acc>(in[i]));
-  v = block_reduce<BLOCK>(v, op, identity, scratch);
+  Acc v = block_reduce<BLOCK>(load_grid_stride(in, n, identity, op), op, identity, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = v;
   if (!arrive_last(counter, &is_last)) return;
   v = identity;

@@ -32,18 +32,22 @@ except ImportError:  # the kernel names, the layout logic and the nvcc check (CI
 
 from .. import dtypes as _dt
 from .. import kernels as _kernels
+from ..tuning import Policy
 from . import numpy_stats as _host
 
-name = "cupy"
 ENTRY = "stats.cuh"
 
-BLOCK = 256
-ROW_UNROLL = 4  # 16-byte packs in flight per thread in stats_rows
-COLUMN_UNROLL = 8  # elements in flight per thread in stats_columns
-BLOCKS_PER_SM = 4  # stats_rows blocks per SM for one long row: one wave at up to 64 registers
-THREADS_PER_SM = 2048  # stats_columns threads per SM
-SHORT_ROW = 2048  # rows shorter than this go to stats_columns (a thread per row and piece)
-MIN_PIECE = 32  # stats_columns: elements per thread at least
+# The launch constants are tuning.Policy's (what each one is, and what it measured, is said there). The
+# module is prebuilt from one instantiation list for every architecture, so it takes the one policy
+# tuning._POLICIES has; an architecture with its own policy would need its own stats instantiations.
+_POLICY = Policy()
+BLOCK = _POLICY.stats_block
+ROW_UNROLL = _POLICY.stats_row_unroll
+COLUMN_UNROLL = _POLICY.stats_column_unroll
+BLOCKS_PER_SM = _POLICY.stats_rows_blocks_per_sm
+THREADS_PER_SM = _POLICY.stats_columns_threads_per_sm
+SHORT_ROW = _POLICY.stats_short_row
+MIN_PIECE = _POLICY.stats_min_piece
 
 _ARG = ("argmax", "argmin", "nanargmax", "nanargmin")
 _MOMENTS = {"var": 0, "std": 1, "nanvar": 0, "nanstd": 1, "nanmean": 2}  # the fold's result mode

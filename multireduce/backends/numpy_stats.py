@@ -14,8 +14,6 @@ import warnings
 
 import numpy as np
 
-name = "numpy"
-
 
 def _size(block, axes) -> int:
     return math.prod(block.shape[a] for a in axes)

@@ -1,0 +1,55 @@
+"""Every exported function documents its parameters in NumPy's style, and a parameter shared by several
+functions reads the same wherever it stands (the texts come from one table, ``api._PARAMETERS``)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+
+import multireduce as mr
+from multireduce import api
+
+EXPORTED = sorted(n for n in mr.__all__ if inspect.isfunction(getattr(mr, n)))
+
+
+def _documented(doc: str) -> dict[str, str]:
+    """name -> its entry (the ``name : type`` line and the indented lines under it) in the Parameters section."""
+    section = doc.split("Parameters\n", 1)[1].split("\n\n", 1)[0] if "Parameters\n" in doc else ""
+    lines = inspect.cleandoc(section).splitlines()
+    entries: dict[str, list[str]] = {}
+    current = None
+    for line in lines[1:] if lines and set(lines[0]) == {"-"} else lines:
+        head = re.match(r"(\w+) : ", line)
+        if head:
+            current = entries.setdefault(head.group(1), [])
+        if current is not None:
+            current.append(line)
+    return {name: "\n".join(text) for name, text in entries.items()}
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_every_parameter_is_documented(name):
+    fn = getattr(mr, name)
+    params = list(inspect.signature(fn).parameters)
+    if not params:
+        return
+    doc = fn.__doc__ or ""
+    assert re.search(r"^\s*Parameters\n\s*----------$", doc, flags=re.M), f"{name}: no NumPy-style Parameters section"
+    documented = _documented(doc)
+    missing = [p for p in params if p not in documented]
+    assert not missing, f"{name}: parameters {missing} are not documented"
+    assert list(documented) == params, f"{name}: documented in the order {list(documented)}, signature {params}"
+
+
+def test_shared_parameters_read_the_same_everywhere():
+    texts: dict[str, set[str]] = {}
+    for name in EXPORTED:
+        if name in ("register_operator", "unregister_operator", "algorithms", "operators"):
+            continue  # their parameters are their own
+        for param, text in _documented(getattr(mr, name).__doc__ or "").items():
+            texts.setdefault(text, set()).add(name)
+    known = set(api._PARAMETERS.values())
+    strays = {t.splitlines()[0]: sorted(names) for t, names in texts.items() if t not in known}
+    assert not strays, f"parameter texts that are not in api._PARAMETERS: {strays}"
