@@ -73,6 +73,15 @@ class Policy:
     stats_columns_threads_per_sm: int = 2048  # stats_columns threads per SM the pieces aim to fill
     stats_short_row: int = 2048  # rows shorter than this go to stats_columns (a thread per row and piece)
     stats_min_piece: int = 32  # stats_columns: elements per thread at least
+    # segmented reduce and scan (kernels/segment.cuh, backends/cupy_segment.py), measured on an H100 with
+    # these numbers (docs/performance.md, session 13: 0.90 / 0.88 / 0.66 x copy at 10^3 / 10^5 / 10^7
+    # segments over 2^28 float32)
+    segment_block: int = 256  # threads per tile (a template argument)
+    segment_tile_bytes: int = 128  # bytes per thread: eight 16-byte loads in flight for 4- and 8-byte types
+    segment_max_items: int = 32  # elements per thread at most: a thread's heads are one 32-bit mask
+    segment_carry_block: int = 256  # the carry pass between tiles: threads per block
+    segment_carry_items: int = 4  # consecutive tiles per carry thread: 1024 tiles per block
+    segment_search_block: int = 256  # tile starts and the offsets check
 
     def scan_shape(self, in_size: int, acc_size: int, out_size: int) -> ScanShape:
         """The look-back tile for these element sizes."""

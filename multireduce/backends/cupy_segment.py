@@ -24,12 +24,14 @@ except ImportError:  # the kernel names and the nvcc check (CI, no GPU) need no 
 from .. import dtypes as _dt
 from .. import kernels as _kernels
 from ..operators import Operator
+from ..tuning import policy
 
-BLOCK = 256  # threads per tile
-CARRY_BLOCK = 256  # the carry pass between tiles: threads per block
-CARRY_ITEMS = 4  # consecutive tiles per carry thread: 1024 tiles (2^23 float32 elements) per block, so
-#                  2^28 float32 elements take 32 blocks and no thread waits on a long serial walk
-SEARCH_BLOCK = 256
+_POLICY = policy(9)  # launch constants (template arguments: one set for every GPU, as tuning.policy says)
+BLOCK = _POLICY.segment_block  # threads per tile
+CARRY_BLOCK = _POLICY.segment_carry_block  # the carry pass between tiles: threads per block
+CARRY_ITEMS = _POLICY.segment_carry_items  # consecutive tiles per carry thread: 1024 tiles (2^23 float32
+#   elements) per block, so 2^28 float32 elements take 32 blocks and no thread waits on a long serial walk
+SEARCH_BLOCK = _POLICY.segment_search_block
 #: The scan's stores: through a per-warp shared buffer, coalesced (True), or straight from each thread's
 #: registers (False); bench_segments times both ("multireduce kernels" / "... direct stores").
 STAGED_STORES = True
@@ -40,7 +42,7 @@ LOOKBACK_ENV = "MULTIREDUCE_SCAN_LOOKBACK"
 def items_per_thread(itemsize: int) -> int:
     """Elements per thread: 128 bytes (eight 16-byte loads in flight) for 4- and 8-byte types; 32 for the
     narrow ones, whose per-element head checks, not loads, would otherwise dominate the unrolled code."""
-    return min(32, 128 // itemsize)
+    return min(_POLICY.segment_max_items, _POLICY.segment_tile_bytes // itemsize)
 
 
 def tile_elements(itemsize: int) -> int:
