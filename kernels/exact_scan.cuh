@@ -42,6 +42,7 @@ namespace exact {
 
 constexpr int kTileOut = kWords + 3;  // a tile's words, then its NaN, +inf and -inf counts (0 or 1)
 constexpr double kTrack = 0x1p1000;   // |prefix| or |element| past this: eb = inf (TwoSum could overflow)
+constexpr int kScanMinBlocks = 3;     // pass 2: resident blocks per SM asked of ptxas (<= 85 registers at 256 threads)
 
 struct Partial {
   double hi, lo, eb;
@@ -450,7 +451,7 @@ __device__ __forceinline__ int padded(int i) { return i + (i >> 5); }  // shared
 // Pass 2: one block per tile (grid-stride). seeds: 4 int64 per tile (exact_scan_seeds); out: rows x n;
 // marked[t]: how many threads of tile t left a sentinel (0: the tile is final).
 template <class T, class Out, int Block, int Items>
-__global__ void __launch_bounds__(Block) exact_scan_tiles(const T* __restrict__ x, index_t rows, index_t n,
+__global__ void __launch_bounds__(Block, kScanMinBlocks) exact_scan_tiles(const T* __restrict__ x, index_t rows, index_t n,
                                                           index_t tiles, const long long* __restrict__ seeds,
                                                           int skipnan, Out* __restrict__ out,
                                                           int* __restrict__ marked) {
