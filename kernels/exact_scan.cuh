@@ -213,14 +213,6 @@ __device__ __forceinline__ double half_gap_down(double c) {
   const bool power = (static_cast<unsigned long long>(__double_as_longlong(c)) & ((1ull << 52) - 1)) == 0ull;
   return ldexp(1.0, (e > Emin ? e : Emin) - (P - 1) - ((power && e > Emin) ? 2 : 1));
 }
-template <int P, int Emin>
-__device__ __forceinline__ bool is_even(double c) {  // the last bit of c's significand in the format
-  if (c == 0.0) return true;
-  const int e = exponent_of(c);
-  const double m = ldexp(c, (P - 1) - (e > Emin ? e : Emin));
-  return (static_cast<unsigned long long>(m) & 1ull) == 0ull;
-}
-
 // The rounding of the Partial's value to Out as a double Out holds exactly (or +-inf), when the bound
 // proves it; false: fall back to the exact words.
 template <class Out>
