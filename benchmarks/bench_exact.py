@@ -2,12 +2,17 @@
 
     python benchmarks/bench_exact.py [--quick] [--gpu]
     python benchmarks/bench_exact.py --gpu-exact [--quick | --logs 26,28]
+    python benchmarks/bench_exact.py --gpu-exact-cumsum [--logs 24,26,28]
 
 --gpu-exact: the exact GPU sum (kernels/exact.cuh) against our plain sum, cupy.sum and torch.sum on the
 same device array, float32/float64, 2^20..2^30 elements, uniform / normal / ill-conditioned (condition
 number ~1e16) / 90-orders-of-magnitude data; median of repeats timed with CUDA events; bandwidth and the
 ratio to the plain sum's; "exact kernel" is the kernel alone (device words), "exact" the whole call
 (words to the host, fold, rounding). A table is printed last.
+
+--gpu-exact-cumsum: the exact GPU cumsum (kernels/exact_scan.cuh, mr.cumsum(exact=True)) against the plain
+mr.cumsum and cupy.cumsum, float32/float64, uniform / normal / ill-conditioned, 2^24/2^26/2^28; CUDA-event
+medians; bandwidth counts the input read and the output written once; issue 15's goal: exact >= 0.5 x plain.
 
 Data: uniform, normal, and ill-conditioned (condition number ~1e16: large terms that cancel, leaving
 small ones). Prints one line per (device, dtype, data, n, function): best-of-3 seconds and the ratio
@@ -141,14 +146,64 @@ def gpu_exact(quick: bool, logs=None):
               f"| {cell('torch')} | {r['exact kernel'][1]:.2f} | {r['exact'][1]:.2f} |")
 
 
+def gpu_exact_cumsum(logs=None):
+    import cupy
+
+    from multireduce.backends import cupy_exact
+
+    logs = logs or [24, 26, 28]
+    rows = []
+    for dtype in (np.float32, np.float64):
+        for kind in ("uniform", "normal", "ill"):
+            for lg in logs:
+                n = 1 << lg
+                try:
+                    g = make_gpu(kind, n, dtype)
+                except cupy.cuda.memory.OutOfMemoryError:
+                    print(f"gpu {np.dtype(dtype)} {kind} 2^{lg}: skipped (device memory)")
+                    continue
+                repeat = 21 if lg <= 26 else 7
+                rows2 = g.reshape(1, n)
+                t = {
+                    "plain": median_ms(lambda: mr.cumsum(g), repeat),
+                    "cupy": median_ms(lambda: cupy.cumsum(g), repeat),
+                    "exact kernels": median_ms(lambda: cupy_exact.device_cumsum(rows2, g.dtype), repeat),
+                    "exact": median_ms(lambda: mr.cumsum(g, exact=True), repeat),
+                }
+                if lg <= 20:  # the host oracle is ~2 us per element
+                    assert cupy.asnumpy(mr.cumsum(g, exact=True)).tobytes() == exact.cumsum(cupy.asnumpy(g)).tobytes()
+                nbytes = 2 * g.nbytes  # read once, written once
+                for name, ms in t.items():
+                    gbs = nbytes / (ms * 1e-3) / 1e9
+                    rows.append((np.dtype(dtype).name, kind, lg, name, ms, gbs, t["plain"] / ms))
+                    print(f"gpu {np.dtype(dtype)} {kind:8s} 2^{lg}: cumsum {name:13s} {ms:9.4f} ms {gbs:8.1f} GB/s "
+                          f"{t['plain'] / ms:5.2f} x plain", flush=True)
+                del g, rows2
+                cupy.get_default_memory_pool().free_all_blocks()
+    print("\n| dtype | data | n | exact GB/s | exact kernels GB/s | plain mr.cumsum GB/s | cupy.cumsum GB/s "
+          "| exact / plain |")
+    print("|---|---|---|---|---|---|---|---|")
+    by = {}
+    for dt, kind, lg, name, ms, gbs, ratio in rows:
+        by.setdefault((dt, kind, lg), {})[name] = (gbs, ratio)
+    for (dt, kind, lg), r in by.items():
+        print(f"| {dt} | {kind} | 2^{lg} | {r['exact'][0]:.0f} | {r['exact kernels'][0]:.0f} | {r['plain'][0]:.0f} "
+              f"| {r['cupy'][0]:.0f} | {r['exact'][1]:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2^20..2^24 elements, cumsum at 2^18 (<= 90 s)")
     ap.add_argument("--gpu", action="store_true", help="also time CuPy input (cupy.sum, torch.sum, mr.sum)")
     ap.add_argument("--gpu-exact", action="store_true",
                     help="exact GPU sum vs plain/cupy/torch sums, CUDA-event medians, table last")
-    ap.add_argument("--logs", default=None, help="with --gpu-exact: sizes as powers of two, e.g. 26,28")
+    ap.add_argument("--gpu-exact-cumsum", action="store_true",
+                    help="exact GPU cumsum vs mr.cumsum/cupy.cumsum, CUDA-event medians, table last")
+    ap.add_argument("--logs", default=None, help="with --gpu-exact(-cumsum): sizes as powers of two, e.g. 26,28")
     args = ap.parse_args()
+    if args.gpu_exact_cumsum:
+        gpu_exact_cumsum([int(v) for v in args.logs.split(',')] if args.logs else None)
+        return
     if args.gpu_exact:
         gpu_exact(args.quick, [int(v) for v in args.logs.split(',')] if args.logs else None)
         return

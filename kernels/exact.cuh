@@ -221,11 +221,10 @@ __device__ __forceinline__ void add_pack(const Pack<T>& pack, Expansion<Terms>& 
 // grid-stride over blockIdx.x, then the scalar tail. Pack p always goes to thread p mod (grid threads);
 // Unroll only loads that thread's next packs before adding any, since the kernel is latency-bound (one
 // 16-byte load in flight per thread does not cover DRAM latency at a few blocks per SM).
+// visit_range: the same with ``thread`` of ``threads`` given (the exact scan's pass 1: a warp per tile).
 template <class T, int Terms, int Unroll>
-__device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Expansion<Terms>& ex,
-                                          Banks& acc) {
-  const index_t thread = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const index_t threads = static_cast<index_t>(gridDim.x) * blockDim.x;
+__device__ __forceinline__ void visit_range(const T* __restrict__ x, index_t n, index_t thread, index_t threads,
+                                            Expansion<Terms>& ex, Banks& acc) {
   constexpr int P = Pack<T>::kCount;
   const unsigned long long address = reinterpret_cast<unsigned long long>(x);
   index_t head = static_cast<index_t>(((16 - (address & 15)) & 15) / sizeof(T));
@@ -243,6 +242,14 @@ __device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Ex
   }
   for (; p < packs; p += threads) add_pack<T, Terms>(body[p], ex, acc);
   for (index_t i = head + packs * P + thread; i < n; i += threads) ex.add(to_double(x[i]), acc);
+}
+
+template <class T, int Terms, int Unroll>
+__device__ __forceinline__ void visit_row(const T* __restrict__ x, index_t n, Expansion<Terms>& ex,
+                                          Banks& acc) {
+  const index_t thread = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const index_t threads = static_cast<index_t>(gridDim.x) * blockDim.x;
+  visit_range<T, Terms, Unroll>(x, n, thread, threads, ex, acc);
 }
 
 // The block's exact sum as digits in [0, 2^32) for every word but the last (signed), so the grid's
@@ -455,3 +462,5 @@ __global__ void exact_round_rows(const long long* __restrict__ words, index_t ro
 
 }  // namespace exact
 }  // namespace mr
+
+#include "exact_scan.cuh"

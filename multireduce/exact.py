@@ -10,7 +10,8 @@ infinity; a finite sum beyond the dtype's range rounds to inf.
 On the CPU the per-chunk pass is vectorized: elements are binned by exponent with ``np.bincount``; each element
 contributes two pieces of at most 27 bits (float64 weights), so a bin's float sum stays an exact
 integer for up to ``_BATCH`` elements per call; bins are folded into the Python integer afterwards. CuPy chunks get the same integer from the GPU
-kernel of kernels/exact.cuh (backends/cupy_exact.py); only exact cumsums still copy them to the host.
+kernel of kernels/exact.cuh (backends/cupy_exact.py), and exact cumsums of CuPy arrays the scan of
+kernels/exact_scan.cuh (the Dask path's CuPy chunks are still scanned here, on the host).
 """
 
 from __future__ import annotations
@@ -351,14 +352,10 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
         x = flattened(x, kind, caller)
     if kind == "numpy":
         return _cumsum_block(x, ax, dt, skipnan=skipnan)
-    if kind == "cupy":
-        import cupy
-
+    if kind == "cupy":  # on its GPU: kernels/exact_scan.cuh, the same bits
         from .backends import cupy_exact
 
-        if skipnan:  # the GPU path scans on the host from a copy anyway: the mask rides on that copy
-            x = cupy.where(cupy.isnan(x), cupy.zeros((), dtype=x.dtype), x)
-        return cupy_exact.cumsum(x, ax, dt)
+        return cupy_exact.cumsum(x, ax, dt, skipnan)
     if 0 in x.shape:  # nothing to scan, and dask cannot compute a block() of several zero-size delayed chunks
         return x.astype(dt)
     import dask.array as da

@@ -1,5 +1,6 @@
-"""Build and drive tools/exact_host_emulator.cpp: the words of kernels/exact.cuh for one row, computed on
-the host by the kernel's own device functions (tests/test_exact_emulated.py; no GPU needed).
+"""Build and drive tools/exact_host_emulator.cpp: the words of kernels/exact.cuh for one row, and the exact
+cumsum of kernels/exact_scan.cuh, computed on the host by the kernels' own device functions
+(tests/test_exact_emulated.py, tests/test_exact_scan_emulated.py; no GPU needed).
 
     python tools/exact_emulate.py     (builds it and prints the words of a small float32 row)
 """
@@ -18,6 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tools" / "exact_host_emulator.cpp"
 KERNEL = ROOT / "kernels" / "exact.cuh"
+SCAN_KERNEL = ROOT / "kernels" / "exact_scan.cuh"  # included by exact.cuh
 _CODES = {np.dtype(np.float16): "e", np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
 
@@ -30,14 +32,15 @@ def build() -> Path:
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
-    kernel, source = KERNEL.read_bytes(), SOURCE.read_bytes()
-    key = hashlib.sha256(kernel + b"\0" + source + cxx.encode()).hexdigest()[:16]
+    kernel, scan, source = KERNEL.read_bytes(), SCAN_KERNEL.read_bytes(), SOURCE.read_bytes()
+    key = hashlib.sha256(kernel + b"\0" + scan + b"\0" + source + cxx.encode()).hexdigest()[:16]
     binary = Path(tempfile.gettempdir()) / f"mr_exact_emulator_{key}"
     if binary.exists():
         return binary
     with tempfile.TemporaryDirectory() as tmp:
         # exact.cuh's #include "common.cuh" finds this empty file: the emulator's shims stand in for it
         (Path(tmp) / "exact.cuh").write_bytes(kernel)
+        (Path(tmp) / "exact_scan.cuh").write_bytes(scan)
         (Path(tmp) / "common.cuh").write_text("#pragma once\n")
         partial = Path(tmp) / "emulator"
         subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-I", tmp,
@@ -72,6 +75,31 @@ def emulate_round(words: np.ndarray, dt, skipnan: bool = False, divisor: int = 1
     if np.dtype(dt) == np.float32:  # the kernel's own float store (FromRounded<float>), not NumPy's cast
         return fields[:, 1].astype(np.uint32).view(np.float32)
     return fields[:, 0].copy().view(np.float64)
+
+
+def emulate_scan(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 16,
+                 skipnan: bool = False) -> tuple[np.ndarray, int]:
+    """The exact cumsum of the 1-d ``x`` as kernels/exact_scan.cuh computes it with tiles of ``block`` (a
+    multiple of 32) x ``items`` elements: (outputs of ``out_dtype``, default x's, and the count of outputs
+    pass 2 could not prove, which fallback_walk rounded from the exact words)."""
+    x = np.ascontiguousarray(x)
+    out_dt = np.dtype(out_dtype or x.dtype)
+    run = subprocess.run([str(build()), "scan", _CODES[x.dtype], _CODES[out_dt], str(x.size), str(block),
+                          str(items), str(int(skipnan))], input=x.tobytes(), capture_output=True, check=True)
+    fields = [int(v) for v in run.stdout.split()]
+    raw = np.array(fields[1:], dtype=np.uint64).astype({2: np.uint16, 4: np.uint32, 8: np.uint64}[out_dt.itemsize])
+    return raw.view(out_dt), fields[0]
+
+
+def emulate_seed(words: np.ndarray, skipnan: bool = False) -> list[tuple[float, float, float, int]]:
+    """exact_scan.cuh seed_of_words of each row of ``words`` ((rows, KWORDS + 3) int64: words, then the
+    NaN/+inf/-inf counts): [(hi, lo, eb, flags)]."""
+    words = np.ascontiguousarray(words, dtype=np.int64)
+    run = subprocess.run([str(build()), "seed", str(words.shape[0]), str(int(skipnan))], input=words.tobytes(),
+                         capture_output=True, check=True)
+    fields = np.array([int(v) for v in run.stdout.split()], dtype=np.int64).reshape(-1, 4)
+    as_float = fields[:, :3].copy().view(np.float64)
+    return [(float(h), float(lo), float(e), int(f)) for (h, lo, e), f in zip(as_float, fields[:, 3])]
 
 
 if __name__ == "__main__":

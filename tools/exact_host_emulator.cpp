@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cmath>
+#include <algorithm>
 #include <vector>
 
 #define __device__
@@ -22,6 +23,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 struct Dim3 {
   unsigned x = 0, y = 0, z = 0;
@@ -41,6 +43,25 @@ inline double __longlong_as_double(long long v) {
 }
 inline double __dadd_rn(double a, double b) { return a + b; }  // SSE2, round to nearest, no contraction
 inline double __dsub_rn(double a, double b) { return a - b; }
+// Directed roundings: the nearest sum, moved one ulp when its exact error (TwoSum) points that way.
+inline double add_directed(double a, double b, int direction) {
+  const double s = a + b;
+  if (!std::isfinite(s)) return s;
+  const double bv = s - a;
+  const double e = (a - (s - bv)) + (b - bv);
+  if (direction > 0 && e > 0.0) return std::nextafter(s, INFINITY);
+  if (direction < 0 && e < 0.0) return std::nextafter(s, -INFINITY);
+  return s;
+}
+inline double __dadd_ru(double a, double b) { return add_directed(a, b, 1); }
+inline double __dadd_rd(double a, double b) { return add_directed(a, b, -1); }
+inline double __dsub_ru(double a, double b) { return add_directed(a, -b, 1); }
+inline double __dsub_rd(double a, double b) { return add_directed(a, -b, -1); }
+// warp intrinsics: the kernels that use them compile here, the drivers below replay their effect
+template <class V> inline V __shfl_up_sync(unsigned, V v, int) { return v; }
+template <class V> inline V __shfl_xor_sync(unsigned, V v, int) { return v; }
+inline void __syncwarp() {}
+inline int __syncthreads_count(int p) { return p != 0; }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   const unsigned long long old = *p;
   *p = old + v;
@@ -69,8 +90,19 @@ struct Convert {  // exact_round_rows' output conversions compile here but never
   static To apply(const From& v) { return static_cast<To>(v); }
 };
 template <class From>
-struct Convert<half, From> {
-  static half apply(const From&) { return half{0x7e00}; }
+struct Convert<half, From> {  // exact for float16 values, +-inf past the range (FromRounded<half>'s use)
+  static half apply(const From& from) {
+    const double v = static_cast<double>(from);
+    if (v != v) return half{0x7e00};
+    const unsigned short sign = std::signbit(v) ? 0x8000 : 0;
+    const double a = std::fabs(v);
+    if (a > 65504.0) return half{static_cast<unsigned short>(sign | 0x7c00)};
+    if (a < 0x1p-14) return half{static_cast<unsigned short>(sign | static_cast<unsigned short>(a * 0x1p24))};
+    int e;
+    const double m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+    const unsigned mant = static_cast<unsigned>(m * 2048.0) - 1024u;
+    return half{static_cast<unsigned short>(sign | ((e - 1 + 15) << 10) | mant)};
+  }
 };
 }  // namespace mr
 
@@ -150,8 +182,163 @@ static int round_rows(int argc, char** argv) {
   return 0;
 }
 
+// ---- the exact scan (kernels/exact_scan.cuh) -------------------------------------------------------------
+static std::vector<Partial> block_exclusive_replay(const std::vector<Partial>& p, int block) {
+  // exact_scan.cuh block_exclusive: Kogge-Stone within each warp, then over the warp totals, same tree
+  const int warps = block / 32;
+  std::vector<Partial> inc = p, ws(warps), out(block);
+  for (int w = 0; w < warps; ++w) {
+    for (int o = 1; o < 32; o <<= 1) {
+      std::vector<Partial> next(inc.begin() + 32 * w, inc.begin() + 32 * w + 32);
+      for (int lane = o; lane < 32; ++lane) next[lane] = partial_combine(inc[32 * w + lane - o], inc[32 * w + lane]);
+      std::copy(next.begin(), next.end(), inc.begin() + 32 * w);
+    }
+    ws[w] = inc[32 * w + 31];
+  }
+  for (int o = 1; o < warps; o <<= 1) {
+    std::vector<Partial> next = ws;
+    for (int lane = o; lane < warps; ++lane) next[lane] = partial_combine(ws[lane - o], ws[lane]);
+    ws = next;
+  }
+  for (int t = 0; t < block; ++t) {
+    const Partial ex = (t & 31) == 0 ? partial_zero() : inc[t - 1];
+    out[t] = t < 32 ? ex : partial_combine(ws[t / 32 - 1], ex);
+  }
+  return out;
+}
+
+template <class Out>
+static unsigned long long out_bits(const Out& o) {
+  unsigned long long b = 0;
+  std::memcpy(&b, &o, sizeof(Out));
+  return b;
+}
+
+template <class T, class Out, int Terms, int Unroll>
+static int run_scan(const T* x, long long n, int block, int items, bool skipnan) {
+  const long long tile = static_cast<long long>(block) * items;
+  const long long tiles = n ? (n + tile - 1) / tile : 0;
+  std::vector<long long> cum(static_cast<size_t>(tiles) * kTileOut, 0);
+  for (long long t = 0; t < tiles; ++t) {  // pass 1: exact_tile_words, one warp, lanes in turn
+    const long long start = t * tile, len = std::min(tile, n - start);
+    Banks acc = {};
+    unsigned long long flags = 0;
+    for (int lane = 0; lane < 32; ++lane) {
+      Expansion<Terms> ex;
+      ex.init();
+      visit_range<T, Terms, Unroll>(x + start, len, lane, 32, ex, acc);
+      ex.flush(acc);
+      flags |= ex.flags;
+    }
+    long long digits[kWords];
+    propagate_carries(acc, digits);
+    long long* dst = cum.data() + t * kTileOut;
+    for (int j = 0; j < kWords; ++j) dst[j] = digits[j];
+    dst[kWords] = (flags & kNan) ? 1 : 0;
+    dst[kWords + 1] = (flags & kPinf) ? 1 : 0;
+    dst[kWords + 2] = (flags & kNinf) ? 1 : 0;
+    if (t) {  // the carries: an inclusive int64 cumsum along the tiles (cupy.cumsum on the GPU)
+      for (int j = 0; j < kTileOut; ++j) dst[j] += dst[j - kTileOut];
+    }
+  }
+  std::vector<Out> out(static_cast<size_t>(n));
+  long long unproved = 0;
+  long long w[kOut];
+  for (long long t = 0; t < tiles; ++t) {  // pass 2: exact_scan_tiles, threads in turn
+    const long long start = t * tile;
+    const int len = static_cast<int>(std::min(tile, n - start));
+    const Partial seed = t ? seed_of_words(cum.data() + (t - 1) * kTileOut, skipnan) : partial_zero();
+    std::vector<double> v(static_cast<size_t>(tile));
+    std::vector<Partial> mine(block);
+    for (int th = 0; th < block; ++th) {
+      mine[th] = partial_zero();
+      for (int j = 0; j < items; ++j) {
+        const int i = th * items + j;
+        v[i] = i < len ? to_double(x[start + i]) : 0.0;
+        partial_add(mine[th], v[i], skipnan);
+      }
+    }
+    const std::vector<Partial> excl = block_exclusive_replay(mine, block);
+    long long marked = 0;
+    for (int th = 0; th < block; ++th) {
+      Partial run = partial_combine(seed, excl[th]);
+      for (int j = 0; j < items; ++j) {
+        const int i = th * items + j;
+        if (i >= len) continue;
+        partial_add(run, v[i], skipnan);
+        if (!element_output<Out>(run, out[start + i])) ++marked;
+      }
+    }
+    unproved += marked;
+    if (marked) fallback_walk<T, Out>(x + start, out.data() + start, len, t ? cum.data() + (t - 1) * kTileOut : nullptr, w);
+  }
+  std::printf("%lld\n", unproved);
+  for (long long i = 0; i < n; ++i) std::printf("%llu\n", out_bits(out[i]));
+  return 0;
+}
+
+template <class T>
+static int scan_to(char out, const T* x, long long n, int block, int items, bool skipnan) {
+  constexpr int unroll = sizeof(T) == 2 ? 2 : 4;  // cupy_exact.UNROLL
+  if (out == 'e') return run_scan<T, mr::half, 8, unroll>(x, n, block, items, skipnan);
+  if (out == 'f') return run_scan<T, float, 8, unroll>(x, n, block, items, skipnan);
+  if (out == 'd') return run_scan<T, double, 8, unroll>(x, n, block, items, skipnan);
+  std::fprintf(stderr, "unsupported output dtype %c\n", out);
+  return 2;
+}
+
+static int scan_row(int argc, char** argv) {
+  if (argc != 8) {
+    std::fprintf(stderr, "usage: %s scan DTYPE OUT N BLOCK ITEMS SKIPNAN < bytes\n", argv[0]);
+    return 2;
+  }
+  const char dtype = argv[2][0], out = argv[3][0];
+  const long long n = std::atoll(argv[4]);
+  const int block = std::atoi(argv[5]), items = std::atoi(argv[6]);
+  const bool skipnan = std::atoi(argv[7]) != 0;
+  if (block < 32 || block % 32 || items < 1) {
+    std::fprintf(stderr, "BLOCK must be a multiple of 32, ITEMS >= 1\n");
+    return 2;
+  }
+  const size_t item = dtype == 'e' ? 2 : dtype == 'f' ? 4 : 8;
+  const size_t bytes = static_cast<size_t>(n) * item;
+  std::vector<unsigned char> storage(bytes + 16);
+  unsigned char* data = storage.data() + ((16 - (reinterpret_cast<uintptr_t>(storage.data()) & 15)) & 15);
+  if (bytes && std::fread(data, 1, bytes, stdin) != bytes) {
+    std::fprintf(stderr, "short input\n");
+    return 2;
+  }
+  if (dtype == 'e') return scan_to(out, reinterpret_cast<const mr::half*>(data), n, block, items, skipnan);
+  if (dtype == 'f') return scan_to(out, reinterpret_cast<const float*>(data), n, block, items, skipnan);
+  if (dtype == 'd') return scan_to(out, reinterpret_cast<const double*>(data), n, block, items, skipnan);
+  std::fprintf(stderr, "unsupported dtype %c\n", dtype);
+  return 2;
+}
+
+static int seed_rows(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s seed ROWS SKIPNAN < words\n", argv[0]);
+    return 2;
+  }
+  const long long rows = std::atoll(argv[2]);
+  const bool skipnan = std::atoi(argv[3]) != 0;
+  std::vector<long long> words(static_cast<size_t>(rows) * kTileOut);
+  if (!words.empty() && std::fread(words.data(), sizeof(long long), words.size(), stdin) != words.size()) {
+    std::fprintf(stderr, "short input\n");
+    return 2;
+  }
+  for (long long r = 0; r < rows; ++r) {
+    const Partial p = seed_of_words(words.data() + r * kTileOut, skipnan);
+    std::printf("%lld %lld %lld %llu\n", __double_as_longlong(p.hi), __double_as_longlong(p.lo),
+                __double_as_longlong(p.eb), p.flags);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "round") == 0) return round_rows(argc, argv);
+  if (argc > 1 && std::strcmp(argv[1], "scan") == 0) return scan_row(argc, argv);
+  if (argc > 1 && std::strcmp(argv[1], "seed") == 0) return seed_rows(argc, argv);
   if (argc != 8) {
     std::fprintf(stderr, "usage: %s DTYPE N GRID BLOCK TERMS UNROLL BYTE_OFFSET < bytes\n", argv[0]);
     return 2;

@@ -8,9 +8,10 @@ Python integer, so GPU, CPU and any chunking give the same bits.
 
 Served by the kernel: sum/mean/nansum with ``exact=True`` of float16/32/64 CuPy arrays and of the CuPy
 chunks of Dask arrays, any axes, any strides (reduced axes are moved last with one device copy when
-the rows are not already contiguous). Still copied to the host: ``exact=True`` cumsum/nancumsum; the exact
-GPU scan's host side (``tile_carries``) and a model of its pass 2 (``model_scan_tile``) are here and tested
-on the CPU, its pass-2 kernel is not written yet (docs/numerics.md).
+the rows are not already contiguous). ``exact=True`` cumsum/nancumsum of a CuPy array run the exact scan of
+``kernels/exact_scan.cuh`` (``cumsum``/``device_cumsum``: tile words, an int64 cumsum of them, double-double
+pass 2 with a rigorous bound, an exact fallback walk for what it cannot prove); the NumPy models below
+(``tile_carries``, ``model_scan_tile``) are the design's first, simpler form, kept as CPU tests of it.
 """
 
 from __future__ import annotations
@@ -73,8 +74,39 @@ def round_name(dtype) -> str:
     return f"mr::exact::exact_round_rows<{_kernels.ctype(dtype)}>"
 
 
+# The exact scan (kernels/exact_scan.cuh): tiles of SCAN_BLOCK x SCAN_ITEMS elements; pass 1 takes one warp
+# of SCAN_WARPS per tile. Not measured yet: the first GPU run should sweep SCAN_ITEMS (8/16/32) and SCAN_WARPS.
+SCAN_BLOCK = 256
+SCAN_ITEMS = {"float16": 16, "float32": 16, "float64": 16}
+SCAN_WARPS = 8
+SEED_BLOCK = 256
+KTILEOUT = KWORDS + 3  # exact_scan.cuh kTileOut: a tile's words, then its NaN/+inf/-inf counts
+_FALLBACK_GRID = 1024  # blocks of one warp that look for marked tiles (grid-stride; no host round trip)
+
+
+def scan_tile(dtype) -> int:
+    return SCAN_BLOCK * SCAN_ITEMS[np.dtype(dtype).name]
+
+
+def scan_names(dtype, out) -> dict[str, str]:
+    """The four kernels of an exact cumsum of ``dtype`` data into ``out``: pass 1 (tile words), the seeds,
+    pass 2 (the proved roundings) and the fallback walk."""
+    T, O = _kernels.ctype(dtype), _kernels.ctype(out)
+    name = np.dtype(dtype).name
+    return {
+        "words": f"mr::exact::exact_tile_words<{T}, {TERMS}, {SCAN_WARPS}, {UNROLL[name]}>",
+        "seeds": f"mr::exact::exact_scan_seeds<{SEED_BLOCK}>",
+        "tiles": f"mr::exact::exact_scan_tiles<{T}, {O}, {SCAN_BLOCK}, {SCAN_ITEMS[name]}>",
+        "fallback": f"mr::exact::exact_scan_fallback<{T}, {O}>",
+    }
+
+
 def all_exact_instantiations() -> list[str]:
-    return sorted([exact_name(dt) for dt in FLOAT_DTYPES] + [round_name(dt) for dt in FLOAT_DTYPES])
+    names = {exact_name(dt) for dt in FLOAT_DTYPES} | {round_name(dt) for dt in FLOAT_DTYPES}
+    for dt in FLOAT_DTYPES:
+        for out in FLOAT_DTYPES:
+            names.update(scan_names(dt, out).values())
+    return sorted(names)
 
 
 ENTRY = "exact.cuh"
@@ -222,10 +254,50 @@ def reduce(x, plan):
         return cupy.asarray(plan.whole(x))
 
 
-def cumsum(x, axis: int, dt):
-    from ..exact import _cumsum_block
+def _scan_kernels(dtype, out) -> dict:
+    """The exact scan's kernels for (``dtype``, ``out``) on the current device: prebuilt when the binary
+    matches the source, else NVRTC (a group apart from the sum's, so an exact sum compiles none of them)."""
+    return _kernels.get_standalone_kernels(ENTRY, scan_names(dtype, out))
 
-    return cupy.asarray(_cumsum_block(to_host(x), axis, dt))
+
+def device_cumsum(x, dt, skipnan: bool = False):
+    """The exact inclusive cumsum of each row of a C-contiguous 2-d CuPy array (rows x n, n > 0, rows > 0)
+    into a new (rows, n) array of ``dt``, on its GPU: pass 1, an int64 cumsum of the tile words, the seeds,
+    pass 2 and the fallback walk (kernels/exact_scan.cuh); five launches whatever the data, no host sync."""
+    rows, n = x.shape
+    k = _scan_kernels(x.dtype, dt)
+    tile = scan_tile(x.dtype)
+    tiles = -(-n // tile)
+    count = rows * tiles
+    i64 = np.int64
+    words = cupy.empty((rows, tiles, KTILEOUT), dtype=np.int64)
+    k["words"](int(min(-(-count // SCAN_WARPS), 1 << 20)), SCAN_WARPS * 32,
+               (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
+    cum = cupy.cumsum(words, axis=1)  # integer adds on the device: exact, order-free
+    seeds = cupy.empty(count * 4, dtype=np.int64)
+    k["seeds"](int(min(-(-count // SEED_BLOCK), 1 << 16)), SEED_BLOCK,
+               (cum, i64(count), i64(tiles), np.int32(skipnan), seeds))
+    out = cupy.empty((rows, n), dtype=dt)
+    marked = cupy.empty(count, dtype=np.int32)
+    k["tiles"](int(min(count, (1 << 31) - 1)), SCAN_BLOCK,
+               (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(skipnan), out, marked))
+    k["fallback"](int(min(count, _FALLBACK_GRID)), 32,
+                  (x, i64(rows), i64(n), i64(tile), i64(tiles), cum, marked, out))
+    return out
+
+
+def cumsum(x, axis: int, dt, skipnan: bool = False):
+    """exact.cumsum of one CuPy array along ``axis`` on its GPU (``skipnan``: nancumsum): bitwise exact.py's
+    host scan. The scanned axis is moved last with one device copy when it is not already the contiguous
+    one; the result is that layout moved back (as exact.py's)."""
+    dt = np.dtype(dt)
+    with _on_holder(x):
+        moved = cupy.moveaxis(x, axis, -1)
+        if x.size == 0:
+            return cupy.moveaxis(cupy.empty(moved.shape, dtype=dt), -1, axis)
+        rows = cupy.ascontiguousarray(moved).reshape(-1, moved.shape[-1])
+        out = device_cumsum(rows, dt, skipnan)
+        return cupy.moveaxis(out.reshape(moved.shape), -1, axis)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,516 @@
+// multireduce: exact (correctly rounded) inclusive cumulative sums of float16/float32/float64 rows on the GPU.
+// Included by exact.cuh (it uses its Banks, Expansion, visit_range, propagate_carries and round_words).
+//
+// Every output is the exact prefix sum rounded once, half to even, to the output format, with NaN/+-inf as
+// exact.py's host scan (_exact_scan_1d) places them. Rows are cut into tiles of Block * Items elements.
+//
+//   pass 1   exact_tile_words: one warp per tile computes the tile's exact sum as kWords words (the exact
+//            sum kernel's expansions and digit banks) plus its NaN/+inf/-inf counts (0 or 1): kTileOut
+//            int64 per tile, written with plain stores.
+//   carries  an int64 inclusive cumsum of those words along the tiles of a row (cupy.cumsum on the device:
+//            integer adds, so exact and independent of the order; every word but the top is a digit in
+//            [0, 2^32), so 2^31 tiles stay below 2^63). The counts scan alongside: count > 0 is the OR.
+//   seeds    exact_scan_seeds: tile t's carry (the cumsum at t - 1) as a double-double (hi, lo) with a
+//            bound eb on |carry - hi - lo| (0 when the carry fits the 106 bits), and the carried flags.
+//   pass 2   exact_scan_tiles: one block per tile; each thread sums its Items consecutive elements as a
+//            Partial (double-double + bound), the block scans the Partials (warp shuffles, then the warp
+//            totals), each thread seeds its running Partial with (seed + its exclusive prefix) and adds
+//            its elements one by one, writing each output whose rounding the bound proves; an output it
+//            cannot prove gets a sentinel NaN payload, and the tile is marked.
+//   fallback exact_scan_fallback: for each marked tile only, one thread walks the tile with the carry's
+//            exact words, adding every element into them, and rounds the words (round_words, exact.py's
+//            rounding bit for bit) wherever it finds the sentinel. Launched always with a fixed grid: no
+//            host round trip, nothing to do when no tile is marked.
+//
+// The bound. A Partial (hi, lo, eb) stands for a real V with |V - hi - lo| <= eb, hi = RN(hi + lo). Adding
+// an element x, or another Partial, uses only TwoSum steps (exact, absent overflow: magnitudes are kept
+// below 2^kTrack, past which eb becomes +inf) and one addition of the two low parts whose rounding error
+// is itself obtained exactly by a TwoSum and added to eb with upward rounding (__dadd_ru). So eb stays a
+// rigorous bound, and it is exactly 0 while the prefix fits a double-double: then hi + lo IS the exact
+// prefix and ties are decided exactly (float32 integer data around 2^24, float16 around 2^11, float64
+// sums one bit too long). A rounding is proved when both rounding midpoints of the candidate are farther
+// from hi + lo than eb, the distances computed with downward rounding (__dsub_rd, __dadd_rd), so the
+// comparison errs only towards a fallback. The output is then the correctly rounded value whatever the
+// path, so the result is bitwise exact.py's and does not depend on the tile, the block or the schedule.
+//
+// float32 inputs are converted through to_double (subnormals from their bits: CuPy's NVRTC compiles with
+// -ftz=true) and outputs written through FromRounded (bit operations), as the exact sum kernel does.
+#pragma once
+
+namespace mr {
+namespace exact {
+
+constexpr int kTileOut = kWords + 3;  // a tile's words, then its NaN, +inf and -inf counts (0 or 1)
+constexpr double kTrack = 0x1p1000;   // |prefix| or |element| past this: eb = inf (TwoSum could overflow)
+constexpr int kScanMinBlocks = 3;     // pass 2: resident blocks per SM asked of ptxas (<= 85 registers at 256 threads)
+
+struct Partial {
+  double hi, lo, eb;
+  unsigned long long flags;
+};
+
+__device__ __forceinline__ double positive_inf() { return __longlong_as_double(0x7ff0000000000000ll); }
+__device__ __forceinline__ double quiet_nan() { return __longlong_as_double(0x7ff8000000000000ll); }
+
+__device__ __forceinline__ Partial partial_zero() {
+  Partial p;
+  p.hi = 0.0;
+  p.lo = 0.0;
+  p.eb = 0.0;
+  p.flags = 0ull;
+  return p;
+}
+
+// s + e == a + b exactly (Knuth), unless an operation overflows.
+__device__ __forceinline__ void two_sum(double a, double b, double& s, double& e) {
+  s = __dadd_rn(a, b);
+  const double bv = __dsub_rn(s, a);
+  e = __dadd_rn(__dsub_rn(a, __dsub_rn(s, bv)), __dsub_rn(b, bv));
+}
+
+// p += x: a finite x into the double-double, inf/NaN into the flags (NaN ignored when ``skipnan``).
+__device__ __forceinline__ void partial_add(Partial& p, double x, bool skipnan) {
+  const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(x));
+  const int field = static_cast<int>((bits >> 52) & 0x7ff);
+  if (field == 0x7ff) {
+    if (bits & ((1ull << 52) - 1)) {
+      if (!skipnan) p.flags |= kNan;
+    } else {
+      p.flags |= (bits >> 63) ? kNinf : kPinf;
+    }
+    return;
+  }
+  if (field >= 1023 + 1000) {  // |x| >= kTrack
+    p.eb = positive_inf();
+    return;
+  }
+  double s, e, t, et;
+  two_sum(p.hi, x, s, e);
+  two_sum(p.lo, e, t, et);  // the one inexact step: its error et, exactly
+  two_sum(s, t, p.hi, p.lo);
+  p.eb = __dadd_ru(p.eb, fabs(et));
+  if (!(fabs(p.hi) < kTrack)) p.eb = positive_inf();
+}
+
+// a + b (a holds the earlier elements; the flags OR).
+__device__ __forceinline__ Partial partial_combine(const Partial& a, const Partial& b) {
+  Partial r;
+  r.flags = a.flags | b.flags;
+  double s, e, t1, e1, t2, e2;
+  two_sum(a.hi, b.hi, s, e);
+  two_sum(a.lo, b.lo, t1, e1);
+  two_sum(t1, e, t2, e2);
+  two_sum(s, t2, r.hi, r.lo);  // V = s + t2 + e1 + e2 exactly
+  r.eb = __dadd_ru(__dadd_ru(__dadd_ru(a.eb, b.eb), fabs(e1)), fabs(e2));
+  if (!(fabs(r.hi) < kTrack)) r.eb = positive_inf();
+  return r;
+}
+
+// int64 words (any values, as sums of digits) -> digits in [0, 2^32) of the magnitude; returns what is
+// left above the top digit (0 unless the value is past every format), ``negative`` its sign.
+__device__ __forceinline__ long long words_to_digits(const long long* w, unsigned* d, bool& negative) {
+  long long carry = 0;
+  for (int j = 0; j < kWords; ++j) {
+    const long long t = (w[j] & 0xffffffffll) + carry;
+    d[j] = static_cast<unsigned>(t & 0xffffffffll);
+    carry = (t >> 32) + (w[j] >> 32);
+  }
+  negative = carry < 0;
+  if (negative) {
+    unsigned long long c = 1;
+    for (int j = 0; j < kWords; ++j) {
+      const unsigned long long t = static_cast<unsigned long long>(~d[j]) + c;
+      d[j] = static_cast<unsigned>(t);
+      c = t >> 32;
+    }
+    carry = ~carry + static_cast<long long>(c);
+  }
+  return carry;
+}
+
+// A carry (kTileOut words: kWords words of units 2^-1074, then the NaN/+inf/-inf counts) as a Partial: hi
+// the top 53 bits, lo the next 53 bit positions (both truncated, then renormalized by a TwoSum: exact), eb
+// one unit of lo's last position when any bit lies below it, else 0; eb = inf past kTrack.
+__device__ __forceinline__ Partial seed_of_words(const long long* w, bool skipnan) {
+  Partial p = partial_zero();
+  p.flags = ((w[kWords] != 0 && !skipnan) ? kNan : 0ull) | (w[kWords + 1] != 0 ? kPinf : 0ull) |
+            (w[kWords + 2] != 0 ? kNinf : 0ull);
+  unsigned d[kWords];
+  bool negative = false;
+  if (words_to_digits(w, d, negative) != 0) {
+    p.eb = positive_inf();
+    return p;
+  }
+  int top = kWords - 1;
+  while (top >= 0 && d[top] == 0u) --top;
+  if (top < 0) return p;
+  const int msb = 32 * top + highest_bit(d[top]);
+  if (msb - 1074 >= 1000) {
+    p.eb = positive_inf();
+    return p;
+  }
+  const int hs = msb >= 52 ? msb - 52 : 0;
+  double hi = ldexp(static_cast<double>(digit_bits(d, hs, msb - hs + 1)), hs - 1074);
+  double lo = 0.0, eb = 0.0;
+  if (hs > 0) {
+    const int ls = hs >= 53 ? hs - 53 : 0;
+    lo = ldexp(static_cast<double>(digit_bits(d, ls, hs - ls)), ls - 1074);
+    if (any_below(d, ls)) eb = ldexp(1.0, ls - 1074);
+  }
+  if (negative) {
+    hi = -hi;
+    lo = -lo;
+  }
+  two_sum(hi, lo, p.hi, p.lo);
+  p.eb = eb;
+  return p;
+}
+
+// ---- proving a rounding ---------------------------------------------------------------------------------
+template <class Out> struct Format;
+template <> struct Format<half> {
+  static constexpr int kPrecision = 11, kEmin = -14, kEmax = 15;
+};
+template <> struct Format<float> {
+  static constexpr int kPrecision = 24, kEmin = -126, kEmax = 127;
+};
+template <> struct Format<double> {
+  static constexpr int kPrecision = 53, kEmin = -1022, kEmax = 1023;
+};
+
+__device__ __forceinline__ int exponent_of(double a) {  // floor(log2 a) of a normal positive double
+  return static_cast<int>((static_cast<unsigned long long>(__double_as_longlong(a)) >> 52) & 0x7ff) - 1023;
+}
+
+// a (finite, >= 0) rounded to nearest, half to even, to a P-bit format of smallest normal exponent Emin
+// (float16/32 only), as a double: exact, possibly past the format's largest finite (the caller clamps).
+template <int P, int Emin>
+__device__ __forceinline__ double round_magnitude(double a) {
+  const unsigned long long b = static_cast<unsigned long long>(__double_as_longlong(a));
+  const int field = static_cast<int>(b >> 52);
+  if (field == 0) return 0.0;  // below 2^-1022: far below half the smallest float32 subnormal
+  const int e = field - 1023;
+  const unsigned long long mant = (b & ((1ull << 52) - 1)) | (1ull << 52);  // a = mant 2^(e - 52)
+  const int q = (e > Emin ? e : Emin) - (P - 1);                             // the ulp's exponent
+  const int shift = q - (e - 52);                                            // >= 53 - P
+  if (shift > 54) return 0.0;  // a < 2^(q - 2)
+  unsigned long long m = mant >> shift;
+  const unsigned long long rem = mant & ((1ull << shift) - 1), half_unit = 1ull << (shift - 1);
+  if (rem > half_unit || (rem == half_unit && (m & 1ull))) ++m;
+  return ldexp(static_cast<double>(m), q);
+}
+
+// Half the gap from a format value c >= 0 to its neighbour above / below (c = 0: the smallest subnormal's).
+template <int P, int Emin>
+__device__ __forceinline__ double half_gap_up(double c) {
+  const int e = c == 0.0 ? Emin : exponent_of(c);
+  return ldexp(1.0, (e > Emin ? e : Emin) - (P - 1) - 1);
+}
+template <int P, int Emin>
+__device__ __forceinline__ double half_gap_down(double c) {
+  if (c == 0.0) return half_gap_up<P, Emin>(c);
+  const int e = exponent_of(c);
+  const bool power = (static_cast<unsigned long long>(__double_as_longlong(c)) & ((1ull << 52) - 1)) == 0ull;
+  return ldexp(1.0, (e > Emin ? e : Emin) - (P - 1) - ((power && e > Emin) ? 2 : 1));
+}
+// The rounding of the Partial's value to Out as a double Out holds exactly (or +-inf), when the bound
+// proves it; false: fall back to the exact words.
+template <class Out>
+__device__ __forceinline__ bool proved_rounding(const Partial& r, double& out) {
+  constexpr int P = Format<Out>::kPrecision, Emin = Format<Out>::kEmin, Emax = Format<Out>::kEmax;
+  const double inf = positive_inf();
+  if (!(r.eb < inf)) return false;
+  const double a = fabs(r.hi);
+  const double l = r.hi < 0.0 ? -r.lo : r.lo;  // V's magnitude is a + l (+- eb)
+  if constexpr (P == 53) {
+    if (r.eb == 0.0) {  // hi + lo is exact and hi = RN(hi + lo): the correctly rounded value itself
+      out = r.hi == 0.0 ? 0.0 : r.hi;
+      return true;
+    }
+    if (!(a >= 0x1p-1000)) return false;  // near zero (or float64 subnormal): the words decide
+    const int e = exponent_of(a);
+    const bool power = (static_cast<unsigned long long>(__double_as_longlong(a)) & ((1ull << 52) - 1)) == 0ull;
+    const double up = ldexp(1.0, e - 53), down = power ? ldexp(1.0, e - 54) : up;
+    if (__dsub_rd(up, l) > r.eb && __dadd_rd(down, l) > r.eb) {
+      out = r.hi;
+      return true;
+    }
+    return false;
+  } else {
+  if (a == 0.0) {  // then lo == 0
+    if (r.eb != 0.0) return false;
+    out = 0.0;  // an exact zero prefix is +0.0
+    return true;
+  }
+  const double over = ldexp(1.0, Emax + 1);  // the first magnitude past the format: rounds to inf
+  double c = round_magnitude<P, Emin>(a);
+  if (c > over) c = over;
+  const double mid_up = c == over ? inf : c + half_gap_up<P, Emin>(c);
+  const double mid_down = c - half_gap_down<P, Emin>(c);
+  if (a == mid_up || a == mid_down) {  // hi on a midpoint: c is its even side, lo says which side V is on
+    const bool at_up = a == mid_up;
+    const double toward = at_up ? l : -l;  // > 0: V lies past the midpoint, away from c
+    if (__dsub_rd(toward, r.eb) > 0.0) {
+      c = at_up ? c + 2.0 * half_gap_up<P, Emin>(c) : c - 2.0 * half_gap_down<P, Emin>(c);
+    } else if (!(__dsub_rd(-toward, r.eb) > 0.0 || (toward == 0.0 && r.eb == 0.0))) {
+      return false;  // an exact tie (toward == 0, eb == 0) keeps the even c
+    }
+  } else {
+    const double up = mid_up == inf ? inf : __dsub_rd(__dsub_rd(mid_up, a), l);
+    const double down = __dadd_rd(__dsub_rd(a, mid_down), l);
+    if (!(up > r.eb && down > r.eb)) return false;
+  }
+  if (c == 0.0 && !(__dadd_rd(a, l) > r.eb)) return false;  // the sign of a zero result must be known
+  out = c >= over ? inf : c;
+  if (r.hi < 0.0) out = -out;
+  return true;
+  }
+}
+
+// NaN/+-inf of the flags as exact.py's scan: true (and the value) when they decide the output.
+__device__ __forceinline__ bool special_output(unsigned long long flags, double& out) {
+  if (!flags) return false;
+  const bool pinf = (flags & kPinf) != 0, ninf = (flags & kNinf) != 0;
+  if ((flags & kNan) || (pinf && ninf)) {
+    out = quiet_nan();
+  } else {
+    out = pinf ? positive_inf() : -positive_inf();
+  }
+  return true;
+}
+
+// The mark pass 2 leaves on an output it could not prove: a signalling-NaN payload no rounding produces.
+template <class Out> struct Sentinel;
+template <> struct Sentinel<half> {
+  __device__ __forceinline__ static half value() { return half{0x7d0bu}; }
+  __device__ __forceinline__ static bool is(half v) { return v.bits == 0x7d0bu; }
+};
+template <> struct Sentinel<float> {
+  __device__ __forceinline__ static float value() { return bit_cast<float>(0x7fa00badu); }
+  __device__ __forceinline__ static bool is(float v) { return bit_cast<unsigned>(v) == 0x7fa00badu; }
+};
+template <> struct Sentinel<double> {
+  __device__ __forceinline__ static double value() { return bit_cast<double>(0x7ff4000000000badull); }
+  __device__ __forceinline__ static bool is(double v) { return bit_cast<unsigned long long>(v) == 0x7ff4000000000badull; }
+};
+
+// The output of one element given the running Partial after it: false (and the sentinel) when unproved.
+template <class Out>
+__device__ __forceinline__ bool element_output(const Partial& run, Out& o) {
+  double v;
+  if (special_output(run.flags, v) || proved_rounding<Out>(run, v)) {
+    o = FromRounded<Out>::apply(v);
+    return true;
+  }
+  o = Sentinel<Out>::value();
+  return false;
+}
+
+// ---- the fallback: exact words walked along a tile -----------------------------------------------------
+// w += the finite double d (as deposit, into int64 words: a tile's adds stay far below 2^63).
+__device__ __forceinline__ void add_to_words(long long* w, double d) {
+  const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(d));
+  const int field = static_cast<int>((bits >> 52) & 0x7ff);
+  unsigned long long mant = bits & ((1ull << 52) - 1);
+  if (field) mant |= 1ull << 52;
+  if (mant == 0) return;
+  const int pos = field ? field - 1 : 0;
+  const int word = pos >> 5, shift = pos & 31;
+  const unsigned long long low = mant << shift;
+  const long long high = shift ? static_cast<long long>(mant >> (64 - shift)) : 0ll;
+  const long long p0 = static_cast<long long>(low & 0xffffffffull), p1 = static_cast<long long>(low >> 32);
+  if (bits >> 63) {
+    w[word] -= p0;
+    w[word + 1] -= p1;
+    w[word + 2] -= high;
+  } else {
+    w[word] += p0;
+    w[word + 1] += p1;
+    w[word + 2] += high;
+  }
+}
+
+// One tile by one thread: ``w`` (kOut int64, scratch) starts at the carry's words (null: zero), takes every
+// finite element in order, and each sentinel output becomes the words rounded (flags never decide a
+// sentinel's output: pass 2 writes those directly). ``skipnan`` needs no care: a NaN never enters the words.
+template <class T, class Out>
+__device__ __forceinline__ void fallback_walk(const T* __restrict__ x, Out* __restrict__ out, index_t len,
+                                              const long long* __restrict__ carry, long long* w) {
+  for (int j = 0; j < kWords; ++j) w[j] = carry ? carry[j] : 0ll;
+  w[kWords] = 0;
+  for (index_t i = 0; i < len; ++i) {
+    const double v = to_double(x[i]);
+    if (((static_cast<unsigned long long>(__double_as_longlong(v)) >> 52) & 0x7ff) != 0x7ff) add_to_words(w, v);
+    if (Sentinel<Out>::is(out[i])) {
+      out[i] = FromRounded<Out>::apply(round_words(w, Format<Out>::kPrecision, Format<Out>::kEmin, false));
+    }
+  }
+}
+
+// ---- kernels ---------------------------------------------------------------------------------------------
+// Pass 1. x: rows x n (C order); tiles of ``tile`` elements, ``tiles`` per row; out: rows * tiles * kTileOut.
+template <class T, int Terms, int Warps, int Unroll>
+__global__ void __launch_bounds__(Warps * 32) exact_tile_words(const T* __restrict__ x, index_t rows, index_t n,
+                                                               index_t tile, index_t tiles,
+                                                               long long* __restrict__ out) {
+  __shared__ Banks acc[Warps];
+  __shared__ long long digits[Warps][kWords];
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  Banks& mine = acc[warp];
+  const index_t count = rows * tiles;
+  for (index_t t = static_cast<index_t>(blockIdx.x) * Warps + warp; t < count;
+       t += static_cast<index_t>(gridDim.x) * Warps) {
+    const index_t row = t / tiles, start = (t - row * tiles) * tile;
+    const index_t len = n - start < tile ? n - start : tile;
+    for (int j = lane; j < kWords; j += 32) mine.pos[j] = mine.neg[j] = 0u;
+    __syncwarp();
+    Expansion<Terms> ex;
+    ex.init();
+    visit_range<T, Terms, Unroll>(x + row * n + start, len, lane, 32, ex, mine);
+    ex.flush(mine);
+    unsigned long long flags = ex.flags;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) flags |= __shfl_xor_sync(0xffffffffu, flags, o);
+    __syncwarp();
+    if (lane == 0) propagate_carries(mine, digits[warp]);
+    __syncwarp();
+    long long* dst = out + t * kTileOut;
+    for (int j = lane; j < kWords; j += 32) dst[j] = digits[warp][j];
+    if (lane == 0) {
+      dst[kWords] = (flags & kNan) ? 1 : 0;
+      dst[kWords + 1] = (flags & kPinf) ? 1 : 0;
+      dst[kWords + 2] = (flags & kNinf) ? 1 : 0;
+    }
+    __syncwarp();
+  }
+}
+
+// Seeds: cum is the inclusive cumsum of pass 1's words along each row's tiles; seed t = the words of the
+// tiles before t (the first tile of a row: zero), as 4 int64 (hi, lo, eb bits and the flags).
+template <int Block>
+__global__ void __launch_bounds__(Block) exact_scan_seeds(const long long* __restrict__ cum, index_t count,
+                                                          index_t tiles, int skipnan, long long* __restrict__ seeds) {
+  const index_t stride = static_cast<index_t>(gridDim.x) * Block;
+  for (index_t t = static_cast<index_t>(blockIdx.x) * Block + threadIdx.x; t < count; t += stride) {
+    const Partial p = (t % tiles) == 0 ? partial_zero() : seed_of_words(cum + (t - 1) * kTileOut, skipnan != 0);
+    seeds[4 * t] = __double_as_longlong(p.hi);
+    seeds[4 * t + 1] = __double_as_longlong(p.lo);
+    seeds[4 * t + 2] = __double_as_longlong(p.eb);
+    seeds[4 * t + 3] = static_cast<long long>(p.flags);
+  }
+}
+
+__device__ __forceinline__ Partial shuffle_up(const Partial& p, int delta) {
+  Partial r;
+  r.hi = __shfl_up_sync(0xffffffffu, p.hi, delta);
+  r.lo = __shfl_up_sync(0xffffffffu, p.lo, delta);
+  r.eb = __shfl_up_sync(0xffffffffu, p.eb, delta);
+  r.flags = __shfl_up_sync(0xffffffffu, p.flags, delta);
+  return r;
+}
+
+// The exclusive prefix of the threads' Partials in thread order (inclusive Kogge-Stone in each warp, then
+// over the warp totals in warp 0). tools/exact_host_emulator.cpp replays the same combination tree.
+template <int Block>
+__device__ __forceinline__ Partial block_exclusive(const Partial& p, Partial* warp_sums) {
+  constexpr int Warps = Block / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  Partial inc = p;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const Partial up = shuffle_up(inc, o);
+    if (lane >= o) inc = partial_combine(up, inc);
+  }
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    Partial w = lane < Warps ? warp_sums[lane] : partial_zero();
+#pragma unroll
+    for (int o = 1; o < Warps; o <<= 1) {
+      const Partial up = shuffle_up(w, o);
+      if (lane >= o) w = partial_combine(up, w);
+    }
+    if (lane < Warps) warp_sums[lane] = w;
+  }
+  __syncthreads();
+  Partial ex = shuffle_up(inc, 1);
+  if (lane == 0) ex = partial_zero();
+  return warp == 0 ? ex : partial_combine(warp_sums[warp - 1], ex);
+}
+
+__device__ __forceinline__ int padded(int i) { return i + (i >> 5); }  // shared staging without bank conflicts
+
+// Pass 2: one block per tile (grid-stride). seeds: 4 int64 per tile (exact_scan_seeds); out: rows x n;
+// marked[t]: how many threads of tile t left a sentinel (0: the tile is final).
+template <class T, class Out, int Block, int Items>
+__global__ void __launch_bounds__(Block, kScanMinBlocks) exact_scan_tiles(const T* __restrict__ x, index_t rows, index_t n,
+                                                          index_t tiles, const long long* __restrict__ seeds,
+                                                          int skipnan, Out* __restrict__ out,
+                                                          int* __restrict__ marked) {
+  constexpr int Tile = Block * Items;
+  constexpr int Slots = Tile + Tile / 32;
+  constexpr int Bytes = (sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out)) * Slots;
+  __shared__ __align__(16) unsigned char buffer[Bytes];  // the tile's inputs, then its outputs
+  __shared__ Partial warp_sums[Block / 32];
+  T* in = reinterpret_cast<T*>(buffer);
+  Out* res = reinterpret_cast<Out*>(buffer);
+  const bool skip = skipnan != 0;
+  const index_t count = rows * tiles;
+  for (index_t t = blockIdx.x; t < count; t += gridDim.x) {
+    const index_t row = t / tiles, start = (t - row * tiles) * Tile;
+    const int len = static_cast<int>(n - start < Tile ? n - start : Tile);
+    const T* src = x + row * n + start;
+    for (int i = threadIdx.x; i < len; i += Block) in[padded(i)] = src[i];
+    __syncthreads();
+    const int first = static_cast<int>(threadIdx.x) * Items;
+    double v[Items];
+    Partial mine = partial_zero();
+#pragma unroll
+    for (int j = 0; j < Items; ++j) {
+      v[j] = first + j < len ? to_double(in[padded(first + j)]) : 0.0;
+      partial_add(mine, v[j], skip);
+    }
+    Partial run = block_exclusive<Block>(mine, warp_sums);  // its barriers also end the reads of ``in``
+    Partial seed;
+    seed.hi = __longlong_as_double(seeds[4 * t]);
+    seed.lo = __longlong_as_double(seeds[4 * t + 1]);
+    seed.eb = __longlong_as_double(seeds[4 * t + 2]);
+    seed.flags = static_cast<unsigned long long>(seeds[4 * t + 3]);
+    run = partial_combine(seed, run);
+    int unproved = 0;
+#pragma unroll
+    for (int j = 0; j < Items; ++j) {
+      if (first + j < len) {
+        partial_add(run, v[j], skip);
+        Out o;
+        if (!element_output<Out>(run, o)) ++unproved;
+        res[padded(first + j)] = o;
+      }
+    }
+    const int any = __syncthreads_count(unproved);
+    Out* dst = out + row * n + start;
+    for (int i = threadIdx.x; i < len; i += Block) dst[i] = res[padded(i)];
+    if (threadIdx.x == 0) marked[t] = any;
+    __syncthreads();
+  }
+}
+
+// Fallback: grid-stride over tiles, one warp per block, lane 0 walks each marked tile (fallback_walk).
+// cum: pass 1's inclusive cumsum (the carry of tile t is row t - 1 of it within the same row of tiles).
+template <class T, class Out>
+__global__ void __launch_bounds__(32) exact_scan_fallback(const T* __restrict__ x, index_t rows, index_t n,
+                                                          index_t tile, index_t tiles,
+                                                          const long long* __restrict__ cum,
+                                                          const int* __restrict__ marked, Out* __restrict__ out) {
+  __shared__ long long w[kOut];
+  const index_t count = rows * tiles;
+  for (index_t t = blockIdx.x; t < count; t += gridDim.x) {
+    if (marked[t] == 0 || threadIdx.x != 0) continue;
+    const index_t row = t / tiles, k = t - row * tiles, start = k * tile;
+    const index_t len = n - start < tile ? n - start : tile;
+    fallback_walk<T, Out>(x + row * n + start, out + row * n + start, len, k ? cum + (t - 1) * kTileOut : nullptr, w);
+  }
+}
+
+}  // namespace exact
+}  // namespace mr
