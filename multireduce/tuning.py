@@ -82,6 +82,15 @@ class Policy:
     segment_carry_block: int = 256  # the carry pass between tiles: threads per block
     segment_carry_items: int = 4  # consecutive tiles per carry thread: 1024 tiles per block
     segment_search_block: int = 256  # tile starts and the offsets check
+    # exact sums and scans (kernels/exact.cuh, exact_scan.cuh, backends/cupy_exact.py; why these values:
+    # the comments there and docs/performance.md, session 10)
+    exact_block: int = 256  # threads per block of the exact sum (a template argument)
+    exact_terms: int = 8  # expansion length per thread (a template argument)
+    exact_unroll: tuple = (("float16", 2), ("float32", 4), ("float64", 4))  # 16-byte packs in flight
+    exact_blocks_per_sm: int = 4  # one resident wave of the exact sum
+    exact_scan_block: int = 256  # exact scan: threads per tile of pass 2 (a template argument)
+    exact_scan_items: int = 16  # exact scan: elements per thread (tile = block x items)
+    exact_scan_warps: int = 8  # exact scan pass 1: warps per block, one tile each
 
     def scan_shape(self, in_size: int, acc_size: int, out_size: int) -> ScanShape:
         """The look-back tile for these element sizes."""

@@ -29,20 +29,22 @@ except ImportError:  # the kernel names, the NumPy model and the nvcc check (CI,
     cupy = None
 
 from .. import kernels as _kernels
+from ..tuning import policy
 
-BLOCK = 256
+_POLICY = policy(9)  # launch constants: one set for every GPU (tuning.policy)
+BLOCK = _POLICY.exact_block
 # Expansion length per thread. The exact sum of data spanning many binades has that many significant
 # bits, and the expansion holds its top ~53 * TERMS; whatever falls below is deposited with shared atomics,
 # which contend. H200, 2^26 (profile_exact --terms, 2026-11-24): on range90 data (|x| from 1e-45 to 1e45)
 # 4 terms ran at 0.00 (float32) and 0.03 (float64) x the plain sum, 8 terms at 0.22 and 0.36; on uniform,
 # normal and ill-conditioned data 8 terms cost within the run-to-run spread (0.72-0.83 x plain either way).
-TERMS = 8
+TERMS = _POLICY.exact_terms
 # 16-byte packs each thread loads before adding any (exact.cuh visit_row): bytes in flight against DRAM
 # latency. Per dtype, at TERMS = 8 (nvcc 13, sm_90): float64 4 (58 registers), float32 4 (56; 8 takes 72
 # registers, 3 blocks per SM, and measured no faster), float16 2 (47), none spilling.
 # benchmarks/profile_exact.py sweeps it.
-UNROLL = {"float16": 2, "float32": 4, "float64": 4}
-BLOCKS_PER_SM = 4  # one resident wave: every extra block costs a flush and 72 global atomics per row
+UNROLL = dict(_POLICY.exact_unroll)
+BLOCKS_PER_SM = _POLICY.exact_blocks_per_sm  # one resident wave: every extra block costs a flush and 72 global atomics per row
 KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
 BIG = 960  # kernels/exact.cuh kBig: |x| >= 2**BIG goes straight to the superaccumulator
 WORD_BASE = -1074  # bit 0 of the words: the smallest float64 subnormal
@@ -76,10 +78,10 @@ def round_name(dtype) -> str:
 
 # The exact scan (kernels/exact_scan.cuh): tiles of SCAN_BLOCK x SCAN_ITEMS elements; pass 1 takes one warp
 # of SCAN_WARPS per tile. Not measured yet: the first GPU run should sweep SCAN_ITEMS (8/16/32) and SCAN_WARPS.
-SCAN_BLOCK = 256
-SCAN_ITEMS = {"float16": 16, "float32": 16, "float64": 16}
-SCAN_WARPS = 8
-SEED_BLOCK = 256
+SCAN_BLOCK = _POLICY.exact_scan_block
+SCAN_ITEMS = {name: _POLICY.exact_scan_items for name in ("float16", "float32", "float64")}
+SCAN_WARPS = _POLICY.exact_scan_warps
+SEED_BLOCK = _POLICY.elementwise_block
 KTILEOUT = KWORDS + 3  # exact_scan.cuh kTileOut: a tile's words, then its NaN/+inf/-inf counts
 _FALLBACK_GRID = 1024  # blocks of one warp that look for marked tiles (grid-stride; no host round trip)
 
@@ -245,8 +247,8 @@ def reduce(x, plan):
             words = device_words(rows_n)
             rows = rows_n.shape[0]
             out = cupy.empty(rows, out_dtype)
-            grid = min(-(-rows // 256), 1024)
-            _kernel(out_dtype, "round")(grid, 256, (words, np.int64(rows), np.int32(fi.nmant + 1),
+            grid = min(-(-rows // _POLICY.elementwise_block), 1024)
+            _kernel(out_dtype, "round")(grid, _POLICY.elementwise_block, (words, np.int64(rows), np.int32(fi.nmant + 1),
                                                     np.int32(fi.minexp), np.int32(plan.skipnan),
                                                     np.int64(n if plan.mean else 1), out))
             out = out.reshape(kept_shape)
