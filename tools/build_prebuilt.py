@@ -69,9 +69,11 @@ def mangled_names(nvcc: str, path: str, count: int) -> list[str]:
     section = relocs.split("Relocation section '.rela.data.rel.ro")[1].split("Relocation section")[0]
     rows = []
     for line in section.splitlines()[2:]:
-        m = re.match(r"([0-9a-f]+)\s+\S+\s+\S+\s+\S+\s+\.text \+ ([0-9a-f]+)", line.strip())
+        # a template's stub is local (".text + offset"); a plain kernel's is a global symbol ("name + 0")
+        m = re.match(r"([0-9a-f]+)\s+\S+\s+\S+\s+\S+\s+(\S+) \+ ([0-9a-f]+)", line.strip())
         if m:
-            rows.append((int(m.group(1), 16), at[int(m.group(2), 16)]))
+            symbol = at[int(m.group(3), 16)] if m.group(2) == ".text" else m.group(2)
+            rows.append((int(m.group(1), 16), symbol))
     names = [_external(name) for _, name in sorted(rows)]
     if len(names) != count:
         raise RuntimeError(f"read {len(names)} kernel symbols from {obj}, expected {count}")
