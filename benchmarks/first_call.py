@@ -74,12 +74,13 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--n", type=int, default=1 << 20)
     parser.add_argument("--no-prebuilt", action="store_true")
+    parser.add_argument("--functions", default=",".join(FUNCTIONS), help="comma-separated subset of: " + ", ".join(FUNCTIONS))
     args = parser.parse_args(argv)
     print(f"| function ({args.dtype}, n={args.n}) | multireduce first ms | CuPy first ms | ratio | "
           f"multireduce second ms | prebuilt modules loaded | NVRTC runs (ours / CuPy's) |")
     print("|---|---|---|---|---|---|---|")
     imports = []
-    for name in FUNCTIONS:
+    for name in args.functions.split(","):
         ours = run("multireduce", name, args.dtype, args.n, not args.no_prebuilt)
         imports.append(ours["import_multireduce"])
         if name in NO_CUPY:

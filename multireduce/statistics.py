@@ -233,8 +233,9 @@ def _known_chunks(x, caller):
 
 
 def _run(x, kind, plan, split_every, caller):
-    from . import direct, graph, placement  # dask loads on the first dask input only
     if kind.startswith("dask"):
+        from . import direct, graph, placement  # dask loads on the first dask input only
+
         fan = v.fan_in(split_every, plan.axes, caller)
         if plan.stat not in _ARG and len(plan.axes) == x.ndim and direct.is_held(x):
             # a whole statistic of a persisted array: .compute() folds the chunks' partials where they are

@@ -458,6 +458,9 @@ def test_numpy_calls_import_no_dask():
             "x = np.arange(1, 1000, dtype=np.float32)\n"
             "mr.sum(x); mr.mean(x); mr.max(x); mr.cumsum(x); mr.scan(x, 'prod', inclusive=False)\n"
             "mr.sum(x, split_every=4)\n"
+            "mr.argmax(x); mr.var(x); mr.std(x); mr.nanmax(x); mr.nansum(x); mr.any(x); mr.all(x)\n"
+            "mr.count_nonzero(x); mr.nancumsum(x); mr.segment_reduce(x, [0, 5, 90]); mr.segment_scan(x, [0, 7])\n"
+            "mr.sum(x, exact=True); mr.cumsum(x, exact=True)\n"
             "print(sorted(m for m in sys.modules if m == 'dask' or m.startswith(('dask.', 'distributed'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout
