@@ -414,6 +414,9 @@ def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
     return _run(x, kind, plan, split_every, caller)
 
 
+_HOST_CHECK_MAX = 1 << 16  # results up to this size are checked for all-NaN slices on the host
+
+
 def _nan_extreme(stat, x, axis, keepdims, split_every):
     """NumPy and CuPy input: the nan-family operator (NaN read as +inf / -inf as the kernels load each
     element), then the all-NaN slices, which gave that identity, finished as NumPy: a warning and NaN.
@@ -428,7 +431,9 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
         return api._reduction(x, stat[3:], axis, None, keepdims, split_every, "auto", caller=caller)
     result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
     identity = np.inf if stat == "nanmin" else -np.inf
-    if bool((result == identity).any()):
+    # small results are compared on the host: CuPy's == and any() would compile two kernels at a first call
+    seen = result.get() if kind == "cupy" and result.size <= _HOST_CHECK_MAX else result
+    if bool((seen == identity).any()):
         xp = np
         if kind == "cupy":
             import cupy as xp

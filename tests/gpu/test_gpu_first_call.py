@@ -53,6 +53,18 @@ for dtype in dtypes.GPU_DTYPES:
             assert got.shape == ref.shape, CALL
             tol = 1e-2 if dtype == np.float16 else 1e-6
             assert np.allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol), CALL
+    # the statistics family, whole arrays (the all-NaN check of nanmin/nanmax included)
+    host = rng.integers(0, 2, 100_003).astype(dtype)
+    x = cupy.asarray(host)
+    names = ("argmax", "argmin", "var", "std", "any", "all", "count_nonzero")
+    if host.dtype.kind == "f":
+        names += ("nansum", "nanmax", "nanmin", "nanmean")
+    for name in names:
+        CALL = (name, str(dtype))
+        got = getattr(mr, name)(x)
+        got = got.get() if isinstance(got, cupy.ndarray) else got
+        ref = getattr(np, name)(host.astype(np.float64) if name in ("var", "std", "nanmean") else host)
+        assert np.allclose(np.float64(got), np.float64(ref), rtol=1e-2 if dtype == np.float16 else 1e-6), CALL
     # segments (1-D), offsets on the device: the check, the kernels (prebuilt per operator) and the cast
     host = rng.integers(0, 2, 100_003).astype(dtype)
     x, starts = cupy.asarray(host), np.sort(rng.choice(100_004, 997, replace=False))
