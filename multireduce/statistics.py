@@ -187,7 +187,7 @@ class StatPlan:
 
 
 def _finish_arg(stat, partial):
-    value, index = partial[0], partial[1]
+    index = partial[1]
     if (index < 0).any():  # a (value, index) GPU partial marks an all-NaN slice so; empty input raised earlier
         if stat.startswith("nan"):
             raise ValueError("All-NaN slice encountered")
@@ -270,19 +270,17 @@ def _run(x, kind, plan, split_every, caller):
 def _gpu_whole(plan, x, cupy_stats):
     """A CuPy array: the kernels' final values stay on the GPU; the host waits for them only where a
     NumPy warning or error depends on the data (an all-NaN slice, a NaN-skipping count)."""
-    import cupy
-
     stat, axes = plan.stat, plan.axes
     floating = x.dtype.kind == "f"
     if np.dtype(plan.out_dtype) != cupy_stats.result_dtype(stat, x.dtype) and stat in _MOMENTS:
         return plan.whole(x)  # var(x, dtype=...): the float64 moments (kernel States) finished on the host
     counted = stat in _MOMENTS and stat.startswith("nan") and floating
     states, result = cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
-    if stat in _ARG and stat.startswith("nan") and floating and bool((result < 0).any()):
+    if stat in _ARG and stat.startswith("nan") and floating and bool((_small_on_host(result) < 0).any()):
         raise ValueError("All-NaN slice encountered")
     if stat in _MOMENTS:
         if counted:
-            count = states.view(np.float64).reshape(-1, 4)[:, 0]
+            count = _small_on_host(states.view(np.float64).reshape(-1, 4)[:, 0])
             short = bool((count == 0).any() if stat == "nanmean" else (count - plan.ddof <= 0).any())
         else:
             count = math.prod(x.shape[a] for a in axes)
@@ -290,7 +288,7 @@ def _gpu_whole(plan, x, cupy_stats):
         if short:
             warnings.warn("Mean of empty slice" if stat == "nanmean" else _DOF_WARNING[plan.skipnan],
                           RuntimeWarning, stacklevel=5)
-    if stat in ("nanmin", "nanmax") and floating and bool(cupy.isnan(result).any()):
+    if stat in ("nanmin", "nanmax") and floating and bool(np.isnan(_small_on_host(result)).any()):
         warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=5)
     kept = tuple(1 if d in axes else s for d, s in enumerate(x.shape)) if plan.keepdims else \
         tuple(s for d, s in enumerate(x.shape) if d not in axes)
@@ -414,7 +412,14 @@ def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
     return _run(x, kind, plan, split_every, caller)
 
 
-_HOST_CHECK_MAX = 1 << 16  # results up to this size are checked for all-NaN slices on the host
+_HOST_CHECK_MAX = 1 << 16  # results up to this size are checked for all-NaN or empty slices on the host
+
+
+def _small_on_host(values):
+    """``values`` for a data-dependent check (the host waits for it anyway): a small CuPy array copied to
+    the host, since CuPy's comparisons and any() compile kernels at their first use; NumPy and large
+    arrays as they are."""
+    return values.get() if is_cupy_array(values) and values.size <= _HOST_CHECK_MAX else values
 
 
 def _nan_extreme(stat, x, axis, keepdims, split_every):
@@ -432,8 +437,7 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
     result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
     identity = np.inf if stat == "nanmin" else -np.inf
     # small results are compared on the host: CuPy's == and any() would compile two kernels at a first call
-    seen = result.get() if kind == "cupy" and result.size <= _HOST_CHECK_MAX else result
-    if bool((seen == identity).any()):
+    if bool((_small_on_host(result) == identity).any()):
         xp = np
         if kind == "cupy":
             import cupy as xp
