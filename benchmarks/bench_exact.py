@@ -90,6 +90,41 @@ def median_ms(f, repeat: int) -> float:
     return float(np.median(times))
 
 
+def gpu_cases(kinds, logs):
+    """(dtype, kind, log2 n, device data, repeats) for each case that fits the GPU; the pool's free blocks
+    go back to the driver after each (at most two cases' arrays are alive at once)."""
+    import cupy
+
+    for dtype in (np.float32, np.float64):
+        for kind in kinds:
+            for lg in logs:
+                try:
+                    g = make_gpu(kind, 1 << lg, dtype)
+                except cupy.cuda.memory.OutOfMemoryError:
+                    print(f"gpu {np.dtype(dtype)} {kind} 2^{lg}: skipped (device memory)")
+                    continue
+                yield np.dtype(dtype), kind, lg, g, (21 if lg <= 26 else 7)
+                del g
+                cupy.get_default_memory_pool().free_all_blocks()
+
+
+def record(rows, case, times, nbytes, label=""):
+    """One line per timing of ``case`` (dtype, kind, lg), with GB/s over ``nbytes`` and the ratio to plain."""
+    dtype, kind, lg = case
+    for name, ms in times.items():
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        rows.append((dtype.name, kind, lg, name, ms, gbs, times["plain"] / ms))
+        print(f"gpu {dtype} {kind:8s} 2^{lg}: {label}{name:13s} {ms:9.4f} ms {gbs:8.1f} GB/s "
+              f"{times['plain'] / ms:5.2f} x plain", flush=True)
+
+
+def by_case(rows):
+    by = {}
+    for dt, kind, lg, name, ms, gbs, ratio in rows:
+        by.setdefault((dt, kind, lg), {})[name] = (gbs, ratio)
+    return by
+
+
 def gpu_exact(quick: bool, logs=None):
     import cupy
 
@@ -101,45 +136,27 @@ def gpu_exact(quick: bool, logs=None):
         torch = None
     logs = logs or ([20, 22, 24] if quick else [20, 22, 24, 26, 28, 30])
     rows = []
-    for dtype in (np.float32, np.float64):
-        for kind in ("uniform", "normal", "ill", "range90"):
-            for lg in logs:
-                n = 1 << lg
-                try:
-                    g = make_gpu(kind, n, dtype)
-                except cupy.cuda.memory.OutOfMemoryError:
-                    print(f"gpu {np.dtype(dtype)} {kind} 2^{lg}: skipped (device memory)")
-                    continue
-                repeat = 21 if lg <= 26 else 7
-                nbytes = g.nbytes
-                t = {
-                    "plain": median_ms(lambda: mr.sum(g), repeat),
-                    "cupy": median_ms(lambda: cupy.sum(g), repeat),
-                    "exact kernel": median_ms(lambda: cupy_exact.device_words(g.reshape(1, n)), repeat),
-                    "exact": median_ms(lambda: mr.sum(g, exact=True), repeat),
-                }
-                if torch is not None:
-                    tg = torch.as_tensor(g, device="cuda")
-                    t["torch"] = median_ms(lambda: torch.sum(tg), repeat)
-                    del tg
-                # the exact result is the correctly rounded one: check it against the CPU path at small n
-                if lg <= 22:
-                    assert cupy.asnumpy(mr.sum(g, exact=True)).tobytes() == np.asarray(
-                        exact.sum(cupy.asnumpy(g))).tobytes(), (dtype, kind, lg)
-                for name, ms in t.items():
-                    gbs = nbytes / (ms * 1e-3) / 1e9
-                    rows.append((np.dtype(dtype).name, kind, lg, name, ms, gbs, t["plain"] / ms))
-                    print(f"gpu {np.dtype(dtype)} {kind:8s} 2^{lg}: {name:12s} {ms:9.4f} ms {gbs:8.1f} GB/s "
-                          f"{t['plain'] / ms:5.2f} x plain", flush=True)
-                del g
-                cupy.get_default_memory_pool().free_all_blocks()
+    for dtype, kind, lg, g, repeat in gpu_cases(("uniform", "normal", "ill", "range90"), logs):
+        n = g.size
+        t = {
+            "plain": median_ms(lambda: mr.sum(g), repeat),
+            "cupy": median_ms(lambda: cupy.sum(g), repeat),
+            "exact kernel": median_ms(lambda: cupy_exact.device_words(g.reshape(1, n)), repeat),
+            "exact": median_ms(lambda: mr.sum(g, exact=True), repeat),
+        }
+        if torch is not None:
+            tg = torch.as_tensor(g, device="cuda")
+            t["torch"] = median_ms(lambda: torch.sum(tg), repeat)
+            del tg
+        # the exact result is the correctly rounded one: check it against the CPU path at small n
+        if lg <= 22:
+            assert cupy.asnumpy(mr.sum(g, exact=True)).tobytes() == np.asarray(
+                exact.sum(cupy.asnumpy(g))).tobytes(), (dtype, kind, lg)
+        record(rows, (dtype, kind, lg), t, g.nbytes)
     print("\n| dtype | data | n | exact kernel GB/s | exact GB/s | plain GB/s | cupy GB/s | torch GB/s "
           "| exact kernel / plain | exact / plain |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    by = {}
-    for dt, kind, lg, name, ms, gbs, ratio in rows:
-        by.setdefault((dt, kind, lg), {})[name] = (gbs, ratio)
-    for (dt, kind, lg), r in by.items():
+    for (dt, kind, lg), r in by_case(rows).items():
         def cell(name, k=0):
             return f"{r[name][k]:.0f}" if name in r else "-"
         print(f"| {dt} | {kind} | 2^{lg} | {cell('exact kernel')} | {cell('exact')} | {cell('plain')} | {cell('cupy')} "
@@ -153,40 +170,21 @@ def gpu_exact_cumsum(logs=None):
 
     logs = logs or [24, 26, 28]
     rows = []
-    for dtype in (np.float32, np.float64):
-        for kind in ("uniform", "normal", "ill"):
-            for lg in logs:
-                n = 1 << lg
-                try:
-                    g = make_gpu(kind, n, dtype)
-                except cupy.cuda.memory.OutOfMemoryError:
-                    print(f"gpu {np.dtype(dtype)} {kind} 2^{lg}: skipped (device memory)")
-                    continue
-                repeat = 21 if lg <= 26 else 7
-                rows2 = g.reshape(1, n)
-                t = {
-                    "plain": median_ms(lambda: mr.cumsum(g), repeat),
-                    "cupy": median_ms(lambda: cupy.cumsum(g), repeat),
-                    "exact kernels": median_ms(lambda: cupy_exact.device_cumsum(rows2, g.dtype), repeat),
-                    "exact": median_ms(lambda: mr.cumsum(g, exact=True), repeat),
-                }
-                if lg <= 20:  # the host oracle is ~2 us per element
-                    assert cupy.asnumpy(mr.cumsum(g, exact=True)).tobytes() == exact.cumsum(cupy.asnumpy(g)).tobytes()
-                nbytes = 2 * g.nbytes  # read once, written once
-                for name, ms in t.items():
-                    gbs = nbytes / (ms * 1e-3) / 1e9
-                    rows.append((np.dtype(dtype).name, kind, lg, name, ms, gbs, t["plain"] / ms))
-                    print(f"gpu {np.dtype(dtype)} {kind:8s} 2^{lg}: cumsum {name:13s} {ms:9.4f} ms {gbs:8.1f} GB/s "
-                          f"{t['plain'] / ms:5.2f} x plain", flush=True)
-                del g, rows2
-                cupy.get_default_memory_pool().free_all_blocks()
+    for dtype, kind, lg, g, repeat in gpu_cases(("uniform", "normal", "ill"), logs):
+        rows2 = g.reshape(1, g.size)
+        t = {
+            "plain": median_ms(lambda: mr.cumsum(g), repeat),
+            "cupy": median_ms(lambda: cupy.cumsum(g), repeat),
+            "exact kernels": median_ms(lambda: cupy_exact.device_cumsum(rows2, g.dtype), repeat),
+            "exact": median_ms(lambda: mr.cumsum(g, exact=True), repeat),
+        }
+        if lg <= 20:  # the host oracle is ~2 us per element
+            assert cupy.asnumpy(mr.cumsum(g, exact=True)).tobytes() == exact.cumsum(cupy.asnumpy(g)).tobytes()
+        record(rows, (dtype, kind, lg), t, 2 * g.nbytes, "cumsum ")  # read once, written once
     print("\n| dtype | data | n | exact GB/s | exact kernels GB/s | plain mr.cumsum GB/s | cupy.cumsum GB/s "
           "| exact / plain |")
     print("|---|---|---|---|---|---|---|---|")
-    by = {}
-    for dt, kind, lg, name, ms, gbs, ratio in rows:
-        by.setdefault((dt, kind, lg), {})[name] = (gbs, ratio)
-    for (dt, kind, lg), r in by.items():
+    for (dt, kind, lg), r in by_case(rows).items():
         print(f"| {dt} | {kind} | 2^{lg} | {r['exact'][0]:.0f} | {r['exact kernels'][0]:.0f} | {r['plain'][0]:.0f} "
               f"| {r['cupy'][0]:.0f} | {r['exact'][1]:.2f} |")
 

@@ -346,6 +346,28 @@ __device__ __forceinline__ unsigned long long divide_bits(const unsigned* d, int
   return q;
 }
 
+// int64 words (any values, as sums of digits) -> digits in [0, 2^32) of the magnitude; returns what is
+// left above the top digit (0 unless the value is past every format), ``negative`` its sign.
+__device__ __forceinline__ long long words_to_digits(const long long* w, unsigned* d, bool& negative) {
+  long long carry = 0;
+  for (int j = 0; j < kWords; ++j) {
+    const long long t = (w[j] & 0xffffffffll) + carry;
+    d[j] = static_cast<unsigned>(t & 0xffffffffll);
+    carry = (t >> 32) + (w[j] >> 32);  // arithmetic shifts: floor division, negative words borrow
+  }
+  negative = carry < 0;
+  if (negative) {  // magnitude: two's complement of (digits, top)
+    unsigned long long c = 1;
+    for (int j = 0; j < kWords; ++j) {
+      const unsigned long long t = static_cast<unsigned long long>(~d[j]) + c;
+      d[j] = static_cast<unsigned>(t);
+      c = t >> 32;
+    }
+    carry = ~carry + static_cast<long long>(c);
+  }
+  return carry;
+}
+
 // The value of one row's kOut words divided by ``divisor`` (1 for a sum, the count for a mean; 0 gives
 // NaN, as exact.py's empty mean), rounded to nearest, half to even, to a float of ``precision`` bits whose
 // smallest normal exponent is ``emin`` (float16 11/-14, float32 24/-126, float64 53/-1022), as a double
@@ -363,22 +385,8 @@ __device__ __forceinline__ double round_words(const long long* w, int precision,
   if (ninf) return -inf;
   // the words are any int64 (sums of block digits): carry them into digits in [0, 2^32) and a signed top
   unsigned d[kWords];
-  long long carry = 0;
-  for (int j = 0; j < kWords; ++j) {
-    const long long t = (w[j] & 0xffffffffll) + carry;
-    d[j] = static_cast<unsigned>(t & 0xffffffffll);
-    carry = (t >> 32) + (w[j] >> 32);  // arithmetic shifts: floor division, negative words borrow
-  }
-  const bool negative = carry < 0;
-  if (negative) {  // magnitude: two's complement of (digits, top)
-    unsigned long long c = 1;
-    for (int j = 0; j < kWords; ++j) {
-      const unsigned long long t = static_cast<unsigned long long>(~d[j]) + c;
-      d[j] = static_cast<unsigned>(t);
-      c = t >> 32;
-    }
-    carry = ~carry + static_cast<long long>(c);
-  }
+  bool negative;
+  const long long carry = words_to_digits(w, d, negative);
   if (carry != 0) return negative ? -inf : inf;  // >= 2^(32 kWords - 1074): past every format
   int top = kWords - 1;
   while (top >= 0 && d[top] == 0u) --top;

@@ -106,28 +106,6 @@ __device__ __forceinline__ Partial partial_combine(const Partial& a, const Parti
   return r;
 }
 
-// int64 words (any values, as sums of digits) -> digits in [0, 2^32) of the magnitude; returns what is
-// left above the top digit (0 unless the value is past every format), ``negative`` its sign.
-__device__ __forceinline__ long long words_to_digits(const long long* w, unsigned* d, bool& negative) {
-  long long carry = 0;
-  for (int j = 0; j < kWords; ++j) {
-    const long long t = (w[j] & 0xffffffffll) + carry;
-    d[j] = static_cast<unsigned>(t & 0xffffffffll);
-    carry = (t >> 32) + (w[j] >> 32);
-  }
-  negative = carry < 0;
-  if (negative) {
-    unsigned long long c = 1;
-    for (int j = 0; j < kWords; ++j) {
-      const unsigned long long t = static_cast<unsigned long long>(~d[j]) + c;
-      d[j] = static_cast<unsigned>(t);
-      c = t >> 32;
-    }
-    carry = ~carry + static_cast<long long>(c);
-  }
-  return carry;
-}
-
 // A carry (kTileOut words: kWords words of units 2^-1074, then the NaN/+inf/-inf counts) as a Partial: hi
 // the top 53 bits, lo the next 53 bit positions (both truncated, then renormalized by a TwoSum: exact), eb
 // one unit of lo's last position when any bit lies below it, else 0; eb = inf past kTrack.
