@@ -244,15 +244,17 @@ struct StagedOffsets {
 // ---- 1. where each tile's offsets begin --------------------------------------------------------------
 // tile_first[b] (b in [0, tiles]) = lower_bound(offsets, b * tile).
 // ``bad`` (or nullptr): the offsets check's flag (segment_check_offsets, queued before on the same
-// stream). Where it is set, every tile gets no offsets, so the kernels after this one, already queued
-// while the host waits for the flag, read no offset and write only their own outputs, which the host
-// then drops to raise the error.
+// stream). Where it is set, every tile starts at offset m (past the last): no tile has offsets and
+// every element lies in segment m - 1, so the kernels after this one, already queued while the host
+// waits for the flag, walk no offset and write only their own outputs, which the host then drops to
+// raise the error. (Starting every tile at 0 instead would make the thread holding the last element
+// walk all m offsets one by one.)
 __global__ void segment_tile_starts(const index_t* offsets, index_t m, index_t tile, index_t tiles,
                                     index_t* tile_first, const int* bad) {
   const bool refused = bad != nullptr && __ldg(bad) != 0;
   for (index_t b = (index_t)blockIdx.x * blockDim.x + threadIdx.x; b <= tiles; b += (index_t)gridDim.x * blockDim.x) {
     const index_t at = b * tile;
-    index_t lo = 0, hi = refused ? 0 : m;
+    index_t lo = refused ? m : 0, hi = m;
     while (lo < hi) {
       const index_t mid = lo + (hi - lo) / 2;
       if (__ldg(offsets + mid) < at) lo = mid + 1;

@@ -559,7 +559,8 @@ def _segment_args(x, offsets, op, dtype, caller, scan=False):
     if is_cupy_array(offsets) and kind == "cupy" and _gpu_segments(x, _dt.accumulator_dtype(out), out if scan else None):
         # 10^7 offsets stay on the GPU: one fused check there, no host round trip of the array
         acc = _dt.accumulator_dtype(out)
-        return x, kind, _DeviceOffsets(offsets, n, caller, op, x.dtype, acc, out if scan else None), op, acc, out
+        return (x, kind, _DeviceOffsets(offsets, n, caller, op, x.dtype, acc, out if scan else None,
+                                        device=x.data.device_id), op, acc, out)
     if is_cupy_array(offsets):
         offsets = offsets.get()
     elif v.is_dask_array(offsets):
@@ -594,19 +595,23 @@ def _offsets_range_error(given, n, ascending, caller):
 
 
 class _DeviceOffsets:
-    """CuPy offsets as int64, with their check (the same rules and messages as NumPy ones) queued on the
-    GPU by a kernel of the module that reduces ``dtype`` into ``acc`` with ``op`` next (scans it into
-    ``scan_out``). The work is queued behind the check before the host waits for it, so the GPU never
+    """CuPy offsets as int64 on ``device`` (x's: copied there if they are elsewhere), with their check (the
+    same rules and messages as NumPy ones) queued on that GPU by a kernel of the module that reduces
+    ``dtype`` into ``acc`` with ``op`` next (scans it into ``scan_out``). The work is queued behind the check before the host waits for it, so the GPU never
     idles between them; where the check fails the work reads no offset (segment_tile_starts) and
     ``run`` raises instead of returning its result."""
 
-    def __init__(self, offsets, n, caller, op, dtype, acc, scan_out=None):
+    def __init__(self, offsets, n, caller, op, dtype, acc, scan_out=None, *, device):
         import cupy
 
         from .backends import cupy_segment
 
         self.given, self.n, self.caller = offsets, n, caller
-        self.offsets = cupy.ascontiguousarray(_integer_offsets(offsets, caller))
+        offsets = _integer_offsets(offsets, caller)
+        if offsets.data.device_id != device:  # the check's flag must be where the work reads it
+            with cupy.cuda.Device(device):
+                offsets = offsets.copy()  # CuPy copies to the current device
+        self.offsets = cupy.ascontiguousarray(offsets)
         self.check = cupy_segment.OffsetsCheck(self.offsets, n, op, dtype, acc, scan_out)
 
     def run(self, work):

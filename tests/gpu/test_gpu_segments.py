@@ -214,6 +214,27 @@ def test_refused_offsets_leave_no_trace(call):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.skipif(cupy.cuda.runtime.getDeviceCount() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("call", [mr.segment_reduce, mr.segment_scan])
+def test_offsets_on_another_gpu(call):
+    """Offsets on GPU 1, data on GPU 0: the offsets (and their check's flag) move to the data's GPU, good
+    offsets give the NumPy result and bad ones the offsets error."""
+    rng = np.random.default_rng(17)
+    host = rng.standard_normal(1 << 18).astype(np.float32)
+    good = np.sort(rng.choice(host.size + 1, 3000, replace=False))
+    with cupy.cuda.Device(0):
+        x = cupy.asarray(host)
+    with cupy.cuda.Device(1):
+        offsets, bad = cupy.asarray(good), cupy.asarray(good[::-1].copy())
+    got = call(x, offsets)
+    assert got.data.device_id == 0
+    np.testing.assert_allclose(cupy.asnumpy(got), call(host, good), rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="'offsets'.*not ascending"):
+        call(x, bad)
+    for device in (0, 1):
+        cupy.cuda.Device(device).synchronize()
+
+
 @pytest.mark.large
 def test_segment_sum_past_2_31():
     free, _ = cupy.cuda.runtime.memGetInfo()
