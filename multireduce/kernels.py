@@ -162,11 +162,15 @@ def module_text(op: Operator, entry: str = ENTRY) -> str:
 PREBUILT_DIR = Path(__file__).resolve().parent / "_prebuilt"
 
 
+def source_key(source: str) -> str:
+    """What a prebuilt binary was compiled from: its source text and the options. A binary whose key
+    differs from the current source's is never loaded."""
+    return hashlib.sha256((source + "\n// " + " ".join(COMPILE_OPTIONS)).encode()).hexdigest()
+
+
 def prebuilt_key(op: Operator) -> str:
-    """What a prebuilt binary was compiled from: the production source with ``op``'s functor, and the
-    options; a binary whose key differs is never loaded."""
-    text = module_text(op, ENTRY) + "\n// " + " ".join(COMPILE_OPTIONS)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """source_key of the production source with ``op``'s functor."""
+    return source_key(module_text(op, ENTRY))
 
 
 @functools.lru_cache(maxsize=None)
@@ -300,10 +304,8 @@ def standalone_instantiations(entry: str) -> list[str]:
 
 
 def standalone_key(entry: str) -> str:
-    """What the prebuilt binary of ``entry`` was compiled from (its source, includes inlined, and the
-    options); a binary whose key differs is never loaded."""
-    text = kernel_source(entry) + "\n// " + " ".join(COMPILE_OPTIONS)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """source_key of ``entry``'s source, includes inlined."""
+    return source_key(kernel_source(entry))
 
 
 def get_standalone_kernels(entry: str, names: dict) -> dict:

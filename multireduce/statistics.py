@@ -436,7 +436,6 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
         return api._reduction(x, stat[3:], axis, None, keepdims, split_every, "auto", caller=caller)
     result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
     identity = np.inf if stat == "nanmin" else -np.inf
-    # small results are compared on the host: CuPy's == and any() would compile two kernels at a first call
     if bool((_small_on_host(result) == identity).any()):
         xp = np
         if kind == "cupy":
@@ -597,9 +596,9 @@ def _offsets_range_error(given, n, ascending, caller):
 class _DeviceOffsets:
     """CuPy offsets as int64 on ``device`` (x's: copied there if they are elsewhere), with their check (the
     same rules and messages as NumPy ones) queued on that GPU by a kernel of the module that reduces
-    ``dtype`` into ``acc`` with ``op`` next (scans it into ``scan_out``). The work is queued behind the check before the host waits for it, so the GPU never
-    idles between them; where the check fails the work reads no offset (segment_tile_starts) and
-    ``run`` raises instead of returning its result."""
+    ``dtype`` into ``acc`` with ``op`` next (scans it into ``scan_out``). The work is queued behind the
+    check before the host waits for it, so the GPU never idles between them; where the check fails the
+    work walks no offset (segment_tile_starts) and ``run`` raises instead of returning its result."""
 
     def __init__(self, offsets, n, caller, op, dtype, acc, scan_out=None, *, device):
         import cupy

@@ -77,7 +77,8 @@ def round_name(dtype) -> str:
 
 
 # The exact scan (kernels/exact_scan.cuh): tiles of SCAN_BLOCK x SCAN_ITEMS elements; pass 1 takes one warp
-# of SCAN_WARPS per tile. Not measured yet: the first GPU run should sweep SCAN_ITEMS (8/16/32) and SCAN_WARPS.
+# of SCAN_WARPS per tile. Measured at these values only (docs/performance.md, session 13: pass 2 is compute-
+# and occupancy-bound); a sweep of SCAN_ITEMS (8/16/32) and pass 2's blocks per SM is the next step.
 SCAN_BLOCK = _POLICY.exact_scan_block
 SCAN_ITEMS = {name: _POLICY.exact_scan_items for name in ("float16", "float32", "float64")}
 SCAN_WARPS = _POLICY.exact_scan_warps

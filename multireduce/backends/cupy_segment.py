@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -131,42 +130,19 @@ PREBUILT_PREFIX = "segment:"
 
 
 def prebuilt_key(op: Operator) -> str:
-    """What the prebuilt segment module of ``op`` was compiled from (its source with ``op``'s functor, and
-    the options): a binary whose key differs is never loaded."""
-    import hashlib
-
-    text = module_text(op) + "\n// " + " ".join(_kernels.COMPILE_OPTIONS)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-_modules: dict = {}
-_lock = threading.Lock()
+    """kernels.source_key of ``op``'s segment module."""
+    return _kernels.source_key(module_text(op))
 
 
 def _kernels_for(op: Operator, names: dict[str, str]) -> dict:
-    """role -> Kernel for ``names`` (segment_names or scan_names), one module per operator and names: the
-    shipped binary for built-in operators (no compiler at first call), else NVRTC."""
+    """role -> Kernel for ``names`` (segment_names or scan_names), one module per operator and names, as
+    kernels.get_kernels loads them: the shipped binary for built-in operators (no compiler at first call),
+    else NVRTC."""
     device = cupy.cuda.runtime.getDevice()
     key = (device, op.cuda_functor, op.cuda_source(), frozenset(names.items()))
-    found = _modules.get(key)
-    if found is None:
-        with _lock:
-            if key not in _modules and op.builtin:
-                prebuilt = _kernels._from_prebuilt(PREBUILT_PREFIX + op.name, lambda: prebuilt_key(op), names, device)
-                if prebuilt is not None:
-                    _modules[key] = prebuilt
-            if key not in _modules:
-                try:
-                    module = cupy.RawModule(code=module_text(op), options=_kernels.COMPILE_OPTIONS,
-                                            name_expressions=sorted(set(names.values())))
-                    module.compile()
-                except Exception as exc:
-                    raise _kernels.KernelError(
-                        f"compiling the segment kernels for operator {op.name!r} ({', '.join(sorted(names.values()))}) "
-                        f"failed: {exc}") from exc
-                _modules[key] = {role: _kernels.Kernel(module.get_function(e), e) for role, e in names.items()}
-            found = _modules[key]
-    return found
+    return _kernels._memoized(key, lambda: (
+        op.builtin and _kernels._from_prebuilt(PREBUILT_PREFIX + op.name, lambda: prebuilt_key(op), names, device))
+        or _kernels._compiled(module_text(op), names, f"the segment kernels for operator {op.name!r}"))
 
 
 def supported(x, acc, out=None) -> bool:
