@@ -142,7 +142,7 @@ _MAX_DEFAULT_PLANS = 1024
 def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, mean=False, label=None,
                compute=False):
     defaults = (axis is None and dtype is None and keepdims is False and split_every is None
-                and algorithm == "auto" and compute is False and not mean)
+                and algorithm == "auto" and compute is False)
     if defaults:
         try:
             plan = _default_plans.get((type(x), caller, registered(op, op), x.dtype, x.ndim))

@@ -124,9 +124,9 @@ class ReductionPlan:
 
     def _bind(self, x):
         bind = getattr(backend_for(x), "bind", None)
-        if bind is None or self.keepdims or self.mean or self.algorithm != "auto":
+        if bind is None or self.keepdims or self.algorithm != "auto":
             return False
-        return bind(self.op, x.dtype, self.acc_dtype, self.out_dtype) or False
+        return bind(self.op, x.dtype, self.acc_dtype, self.out_dtype, mean=self.mean) or False
 
     def __call__(self, x):
         """Reduce one array now: the bound launcher where it takes ``x``, else partial -> finalize."""

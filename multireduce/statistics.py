@@ -39,6 +39,7 @@ carries, so it is the var kernel with the mean as its final value.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
 import numbers
 import warnings
@@ -232,6 +233,31 @@ def _known_chunks(x, caller):
                          "x.compute_chunk_sizes() first)")
 
 
+_whole_launchers: dict = {}  # (statistic, array type, dtype) -> cupy_stats.WholeLauncher, or False
+
+
+def _whole_on_gpu(stat, x, kinds, ddof=0.0):
+    """The fast path of ``stat`` over all of ``x`` with the default arguments: a CuPy array of a dtype
+    the kernels take, C-contiguous, non-empty and on the current GPU, reduced by the bound kernels with
+    no validation beyond the type (which is what the general path would check and then launch); else
+    None. Small statistics spend more host time in the general path than the GPU spends at 2^26."""
+    try:
+        launcher = _whole_launchers.get((stat, type(x), x.dtype))
+    except (AttributeError, TypeError):  # not an array: the general path names it
+        return None
+    if launcher is None:
+        launcher = _whole_launchers[(stat, type(x), x.dtype)] = _whole_launcher(stat, x, kinds)
+    return launcher(x, ddof) if launcher else None
+
+
+def _whole_launcher(stat, x, kinds):
+    if not is_cupy_array(x) or x.dtype.kind not in kinds:
+        return False
+    from .backends import cupy_stats
+
+    return cupy_stats.WholeLauncher(stat, x.dtype) if x.dtype in _dt.CUDA_TYPE_NAMES else False
+
+
 def _run(x, kind, plan, split_every, caller):
     if kind.startswith("dask"):
         from . import direct, graph, placement  # dask loads on the first dask input only
@@ -305,6 +331,10 @@ def _prepare(x, caller, kinds):
 # argmin / argmax
 # ------------------------------------------------------------------------------------------------
 def _arg(stat, x, axis, keepdims, split_every):
+    if axis is None and keepdims is False and split_every is None and not stat.startswith("nan"):
+        result = _whole_on_gpu(stat, x, "biuf")
+        if result is not None:
+            return result
     caller = f"multireduce.{stat}"
     x, kind = _prepare(x, caller, "biuf")
     if axis is not None and (isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral)):
@@ -346,6 +376,11 @@ def nanargmin(x, axis=None, keepdims=False, *, split_every=None):
 # moments
 # ------------------------------------------------------------------------------------------------
 def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
+    if (axis is None and dtype is None and keepdims is False and split_every is None and stat in ("var", "std")
+            and type(ddof) in (int, float) and math.isfinite(ddof) and getattr(x, "size", 0) - ddof > 0):
+        result = _whole_on_gpu(stat, x, "biuf", float(ddof))  # count - ddof > 0: no warning to give
+        if result is not None:
+            return result
     caller = f"multireduce.{stat}"
     x, kind = _prepare(x, caller, "biufc")
     # NumPy: a complex var is real (|x - mean|^2), a complex nanmean complex; integers give float64
@@ -400,6 +435,10 @@ def nanmean(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
 # nanmin / nanmax, any / all / count_nonzero
 # ------------------------------------------------------------------------------------------------
 def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
+    if axis is None and keepdims is False and split_every is None and stat in ("any", "all", "count_nonzero"):
+        result = _whole_on_gpu(stat, x, "biuf")
+        if result is not None:
+            return result
     caller = f"multireduce.{stat}"
     x, kind = _prepare(x, caller, kinds)
     axes = v.normalize_axes(axis, x.ndim, caller)
@@ -582,15 +621,26 @@ def _integer_offsets(offsets, caller):
     if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
         raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
                         f"{offsets.dtype}, shape {offsets.shape}")
-    return offsets.astype(np.int64, copy=False)
+    with _on_device_of(offsets):
+        return offsets.astype(np.int64, copy=False)
 
 
 def _offsets_range_error(given, n, ascending, caller):
     """``given``: the offsets as the caller passed them (not the int64 copy), so the values in the
     message are the caller's."""
+    with _on_device_of(given):  # a CuPy reduction runs on the current GPU, which need not be given's
+        low, high = int(given.min()), int(given.max())
     return ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
-                      f"values from {int(given.min())} to {int(given.max())}"
-                      + ("" if ascending else ", not ascending"))
+                      f"values from {low} to {high}" + ("" if ascending else ", not ascending"))
+
+
+def _on_device_of(a):
+    """A context on ``a``'s GPU for CuPy ``a``, else one that does nothing."""
+    if is_cupy_array(a):
+        import cupy
+
+        return cupy.cuda.Device(a.data.device_id)
+    return contextlib.nullcontext()
 
 
 class _DeviceOffsets:
@@ -607,10 +657,10 @@ class _DeviceOffsets:
 
         self.given, self.n, self.caller = offsets, n, caller
         offsets = _integer_offsets(offsets, caller)
-        if offsets.data.device_id != device:  # the check's flag must be where the work reads it
-            with cupy.cuda.Device(device):
+        with cupy.cuda.Device(device):
+            if offsets.data.device_id != device:  # the check's flag must be where the work reads it
                 offsets = offsets.copy()  # CuPy copies to the current device
-        self.offsets = cupy.ascontiguousarray(offsets)
+            self.offsets = cupy.ascontiguousarray(offsets)
         self.check = cupy_segment.OffsetsCheck(self.offsets, n, op, dtype, acc, scan_out)
 
     def run(self, work):
@@ -622,7 +672,8 @@ class _DeviceOffsets:
         if not (inside and ascending):
             given = self.given
             if given.dtype == np.uint64:  # the int64 copy wrapped values past 2**63: order them as given
-                ascending = bool((given[1:] >= given[:-1]).all())
+                with _on_device_of(given):
+                    ascending = bool((given[1:] >= given[:-1]).all())
             raise _offsets_range_error(given, self.n, ascending, self.caller)
         return result
 

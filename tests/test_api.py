@@ -280,6 +280,30 @@ def test_repeated_default_calls_use_the_cached_plan_and_agree():
         assert np.isnan(mr.mean(np.empty(0, np.float32)))
 
 
+def test_mean_takes_the_cached_plan_with_the_general_paths_bits():
+    """mean with the defaults binds a launcher too (sum, then one division by the count in the
+    accumulator's division type): the same bits and types as the general path (every axis spelled
+    out) and as numpy.mean, for every dtype, N-D input and awkward sizes."""
+    from multireduce import api
+    from multireduce.operators import get_operator
+
+    rng = np.random.default_rng(11)
+    for dtype in [np.float16, np.float32, np.float64, np.int8, np.int64, np.uint32, np.bool_]:
+        for n in (1, 31, 1025, 4099):
+            x = random_array(rng, n, dtype, "sum")
+            for shape in [(n,), (1, n, 1)]:
+                y = x.reshape(shape)
+                first, second = mr.mean(y), mr.mean(y)
+                plan = api._default_plans[(np.ndarray, "multireduce.mean", get_operator("sum"), y.dtype, y.ndim)]
+                assert (np.ndarray, y.dtype) in plan._launchers
+                general = mr.mean(y, axis=tuple(range(y.ndim)))
+                for got in (first, second):
+                    assert type(got) is type(general) and got.dtype == general.dtype
+                    np.testing.assert_array_equal(got, general)
+                    assert got.dtype == np.mean(y).dtype
+                np.testing.assert_allclose(float(first), float(np.mean(y.astype(np.float64))), rtol=2e-3, atol=1e-3)
+
+
 def test_cached_plan_follows_a_replaced_operator_and_options():
     x = np.arange(1, 9, dtype=np.int64)
     mr.register_operator("pick", identity=0, cpu=np.add, commutative=True, replace=True)

@@ -231,10 +231,11 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
     return out.reshape(keep_shape)
 
 
-def bind(op: Operator, T, acc_dtype, out_dtype):
-    """The eager launcher of a whole-array reduction (``core.ReductionPlan.launch``), or None for
-    non-commutative operators (their ordered kernel is launched by ``reduce``)."""
-    return Launcher(op, T, acc_dtype, out_dtype) if op.commutative else None
+def bind(op: Operator, T, acc_dtype, out_dtype, mean=False):
+    """The eager launcher of a whole-array reduction (``core.ReductionPlan.launch``; ``mean``: divided
+    by the element count), or None for non-commutative operators (their ordered kernel is launched by
+    ``reduce``)."""
+    return Launcher(op, T, acc_dtype, out_dtype, mean) if op.commutative else None
 
 
 class Launcher:
@@ -243,11 +244,13 @@ class Launcher:
     once because small inputs spend most of their time in Python. Returns None where the general path
     is needed (empty or non-contiguous input, data on another device than the current one)."""
 
-    __slots__ = ("acc", "cast", "identity", "op", "per_device", "type")
+    __slots__ = ("acc", "cast", "divisor", "identity", "op", "per_device", "type")
 
-    def __init__(self, op: Operator, T, acc, out):
+    def __init__(self, op: Operator, T, acc, out, mean=False):
         self.op, self.type, self.acc = op, np.dtype(T), np.dtype(acc)
-        self.cast = None if np.dtype(out) == self.acc else np.dtype(out)
+        self.cast = None if np.dtype(out) == self.acc and not mean else np.dtype(out)
+        # the count's type as core.ReductionPlan.finalize divides by it: the same bits as the general path
+        self.divisor = _dt.division_dtype(self.acc).type if mean else None
         self.identity = _identity(op, self.acc)
         self.per_device: dict[int, tuple] = {}
 
@@ -272,7 +275,9 @@ class Launcher:
             space = spaces[stream] = (cupy.empty(rule[1], self.acc), cupy.zeros(1, dtype=np.uint32))
         out = cupy.empty((), self.acc)
         _launch_vectorized(kernel, rule, x, x.size, self.identity, out, space)
-        return out if self.cast is None else finish(out, None, self.cast)
+        if self.cast is None:
+            return out
+        return finish(out, None if self.divisor is None else self.divisor(x.size), self.cast)
 
 
 @functools.lru_cache(maxsize=256)

@@ -313,6 +313,51 @@ def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0
     return got_states, got_result
 
 
+class WholeLauncher:
+    """``run`` of one (statistic, dtype) over every axis of a C-contiguous array, to its final value,
+    bound to each device once: the two kernels, the grid rule and a parts workspace per stream, since
+    a statistic at 2^26 elements is otherwise host-bound (the general path's layout, allocations and
+    argument building cost more host time than the kernels' GPU time: profile_stats_call.py). Returns
+    None where the general path is needed (empty or non-contiguous input, data on another device than
+    the current one)."""
+
+    __slots__ = ("mode", "per_device", "result", "stat", "state", "type")
+
+    def __init__(self, stat: str, dtype):
+        self.stat, self.type = stat, np.dtype(dtype)
+        self.state, self.result = state_dtype(stat, dtype), result_dtype(stat, dtype)
+        self.mode = np.int32(_MOMENTS.get(stat, 0))
+        self.per_device: dict[int, tuple] = {}
+
+    def _bind(self, device: int) -> tuple:
+        ks = _kernels_for(self.stat, self.type, device)
+        most = _sm_count(device) * BLOCKS_PER_SM  # row_splits' bound for one row
+        found = self.per_device[device] = (ks["rows"], ks["fold"], most, {})
+        return found
+
+    def __call__(self, x, ddof: float = 0.0):
+        n = x.size
+        if n == 0 or not x._c_contiguous:
+            return None
+        device = cupy.cuda.runtime.getDevice()
+        if x.data.device_id != device:
+            return None
+        rows, fold, most, spaces = self.per_device.get(device) or self._bind(device)
+        stream = cupy.cuda.get_current_stream().ptr
+        parts = spaces.get(stream)
+        if parts is None:  # kernels on one stream run in order: the next call's rows wait for this fold
+            parts = spaces[stream] = cupy.empty(most * self.state.itemsize, dtype=np.uint8)
+        splits = min(most, -(-n // (BLOCK * (16 // x.itemsize) * ROW_UNROLL)))
+        out = cupy.empty((), self.result)
+        # the layout plan_layout gives a C-contiguous array over every axis: one row of n, stride 0
+        rows(splits, BLOCK, (x, np.int64(n), _ZERO, np.int64(n), np.int32(splits), parts))
+        fold(1, BLOCK, (parts, _ONE, np.int64(splits), _ONE, _ZERO, _NULL, out, np.float64(ddof), self.mode))
+        return out
+
+
+_ZERO, _ONE = np.int64(0), np.int64(1)
+
+
 def host_states(states, stat, dtype, kept):
     """The States copied to the host, as a structured array of the kept shape."""
     return states.get().view(state_dtype(stat, dtype)).reshape(kept)

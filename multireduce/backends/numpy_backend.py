@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import division_dtype
 from ..operators import Operator
 
 
@@ -68,11 +69,13 @@ class _Launcher:
     result dtype) with the lookups done once; None for empty input (the general path owns NumPy's
     empty-input rules) and for ndarray subclasses."""
 
-    __slots__ = ("acc", "cast", "load", "ufunc")
+    __slots__ = ("acc", "cast", "divisor", "load", "ufunc")
 
-    def __init__(self, op: Operator, acc, out):
+    def __init__(self, op: Operator, acc, out, mean=False):
         self.ufunc, self.acc = op.ufunc, np.dtype(acc)
-        self.cast = None if np.dtype(out) == self.acc else np.dtype(out)
+        self.cast = None if np.dtype(out) == self.acc and not mean else np.dtype(out)
+        # the count's type as core.ReductionPlan.finalize divides by it: the same bits as the general path
+        self.divisor = division_dtype(self.acc).type if mean else None
         self.load = op.load if op.masks_nan else None
 
     def __call__(self, x):
@@ -83,13 +86,16 @@ class _Launcher:
         if self.load is not None:
             x = self.load(x)
         value = self.ufunc.reduce(x, axis=None, dtype=self.acc)
+        if self.divisor is not None:
+            value = value / self.divisor(x.size)
         return value if self.cast is None else value.astype(self.cast)
 
 
-def bind(op: Operator, T, acc_dtype, out_dtype):
-    """The eager launcher of a whole-array reduction (``core.ReductionPlan.launch``), or None for
-    operators without a ufunc (their pairwise fold runs through ``reduce``)."""
-    return None if op.ufunc is None else _Launcher(op, acc_dtype, out_dtype)
+def bind(op: Operator, T, acc_dtype, out_dtype, mean=False):
+    """The eager launcher of a whole-array reduction (``core.ReductionPlan.launch``; ``mean``: divided
+    by the element count), or None for operators without a ufunc (their pairwise fold runs through
+    ``reduce``)."""
+    return None if op.ufunc is None else _Launcher(op, acc_dtype, out_dtype, mean)
 
 
 def combine(op: Operator, values: list):

@@ -215,24 +215,31 @@ def test_refused_offsets_leave_no_trace(call):
 
 
 @pytest.mark.skipif(cupy.cuda.runtime.getDeviceCount() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("x_gpu, offsets_gpu", [(0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("call", [mr.segment_reduce, mr.segment_scan])
-def test_offsets_on_another_gpu(call):
-    """Offsets on GPU 1, data on GPU 0: the offsets (and their check's flag) move to the data's GPU, good
-    offsets give the NumPy result and bad ones the offsets error."""
+def test_offsets_on_another_gpu(call, x_gpu, offsets_gpu):
+    """GPU 0 current, data and offsets on the GPUs given: the offsets (and their check's flag) move to
+    the data's GPU, good offsets give the NumPy result there, and bad ones (uint64 ones included, whose
+    order is checked as given) the offsets error, with every GPU still usable afterwards."""
     rng = np.random.default_rng(17)
     host = rng.standard_normal(1 << 18).astype(np.float32)
     good = np.sort(rng.choice(host.size + 1, 3000, replace=False))
-    with cupy.cuda.Device(0):
+    with cupy.cuda.Device(x_gpu):
         x = cupy.asarray(host)
-    with cupy.cuda.Device(1):
-        offsets, bad = cupy.asarray(good), cupy.asarray(good[::-1].copy())
+    with cupy.cuda.Device(offsets_gpu):
+        offsets = cupy.asarray(good)
+        bad = [cupy.asarray(good[::-1].copy()), cupy.asarray(good[::-1].astype(np.uint64)),
+               cupy.asarray(np.append(good, host.size + 1).astype(np.int32))]
+    cupy.cuda.Device(0).use()
     got = call(x, offsets)
-    assert got.data.device_id == 0
+    assert got.data.device_id == x_gpu
     np.testing.assert_allclose(cupy.asnumpy(got), call(host, good), rtol=1e-4, atol=1e-3)
-    with pytest.raises(ValueError, match="'offsets'.*not ascending"):
-        call(x, bad)
+    for offsets in bad:
+        with pytest.raises(ValueError, match="argument 'offsets' must be ascending"):
+            call(x, offsets)
     for device in (0, 1):
         cupy.cuda.Device(device).synchronize()
+    np.testing.assert_allclose(cupy.asnumpy(call(x, cupy.asarray(good))), call(host, good), rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.large

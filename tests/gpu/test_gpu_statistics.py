@@ -453,3 +453,65 @@ def test_hostile_dask_cupy_chunks(chunks):
                   1e-14, f"{name} {y.tolist()}")
     with pytest.raises(ValueError, match="All-NaN"):
         mr.nanargmax(da.from_array(cupy.full(11, cupy.nan), chunks=chunks)).compute()
+
+
+FAST = ("argmax", "argmin", "var", "std", "any", "all", "count_nonzero", "mean")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 31, 1025, (1 << 20) + 3])
+def test_default_arguments_fast_path_is_the_general_path(dtype, n):
+    """axis=None with the defaults goes through the bound launchers (statistics._whole_on_gpu,
+    cupy_backend.Launcher for mean); every axis spelled out goes through the general path: the same bits
+    and types, twice (bound, then warm), for contiguous 1-D and 3-D arrays, on a stream of its own too."""
+    rng = np.random.default_rng(n)
+    host = (rng.standard_normal(n) * 50 + 7).astype(dtype) if np.dtype(dtype).kind == "f" \
+        else _few_values(rng, n, dtype)
+    for shape in [(n,)] + ([(n // 5, 5, 1)] if n % 5 == 0 else [(1, n, 1)]):
+        x = cupy.asarray(host.reshape(shape))
+        every = tuple(range(x.ndim))
+        for name in FAST:
+            fn = getattr(mr, name)
+            general = fn(x, axis=every)
+            for stream in (None, cupy.cuda.Stream(non_blocking=True)):
+                with stream or cupy.cuda.Stream.null:
+                    for _ in range(2):
+                        fast = fn(x)
+                        assert isinstance(fast, cupy.ndarray) and fast.shape == () and fast.dtype == general.dtype, name
+                        np.testing.assert_array_equal(cupy.asnumpy(fast), cupy.asnumpy(general), err_msg=name)
+            ref = (np.var(host.astype(np.float64)) if name == "var" else None)
+            if ref is not None and n > 1:
+                assert abs(float(general) - ref) <= 1e-2 * ref + 1e-6, (name, float(general), ref)
+        for ddof in (1, 2.5):
+            if n - ddof > 0:
+                np.testing.assert_array_equal(cupy.asnumpy(mr.var(x, ddof=ddof)),
+                                              cupy.asnumpy(mr.var(x, axis=tuple(range(x.ndim)), ddof=ddof)))
+
+
+def test_fast_path_declines_what_it_does_not_take():
+    """Views that are not C-contiguous, data on another GPU than the current one, empty arrays, ddof at
+    or past the count (a warning to give) and the nan-forms all take the general path, with its results,
+    warnings and errors."""
+    rng = np.random.default_rng(5)
+    host = rng.standard_normal((64, 33)).astype(np.float32)
+    x = cupy.asarray(host)
+    view = x[:, 1:]
+    assert int(mr.argmax(view)) == int(np.argmax(host[:, 1:]))
+    np.testing.assert_allclose(float(mr.var(view)), np.var(host[:, 1:].astype(np.float64)), rtol=1e-5)
+    with pytest.raises(ValueError, match="empty"):
+        mr.argmax(cupy.empty(0, np.float32))
+    with pytest.warns(RuntimeWarning):
+        assert math.isnan(float(mr.mean(cupy.empty(0, np.float32))))
+    one = cupy.asarray(host[:1, :1])
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom"):
+        mr.var(one, ddof=1)
+    nan = cupy.asarray(np.full(40, np.nan, np.float32))
+    with pytest.raises(ValueError, match="All-NaN"):
+        mr.nanargmax(nan)
+    if cupy.cuda.runtime.getDeviceCount() > 1:
+        with cupy.cuda.Device(1):
+            other = cupy.asarray(host)
+        for name in FAST:
+            got = getattr(mr, name)(other)
+            assert got.data.device_id == 1, name
+            np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(getattr(mr, name)(x)), err_msg=name)
