@@ -205,10 +205,13 @@ __device__ __forceinline__ bool proved_rounding(const Partial& r, double& out) {
       out = r.hi == 0.0 ? 0.0 : r.hi;
       return true;
     }
-    if (!(a >= 0x1p-1000)) return false;  // near zero (or float64 subnormal): the words decide
+    if (!(a >= 0x1p-968)) return false;  // near zero (or float64 subnormal): the words decide
+    // half the gaps are the powers 2^(e - 53) and, below a power of two, 2^(e - 54): normal doubles
+    // (e >= -968), built from their exponent field rather than by ldexp
     const int e = exponent_of(a);
     const bool power = (static_cast<unsigned long long>(__double_as_longlong(a)) & ((1ull << 52) - 1)) == 0ull;
-    const double up = ldexp(1.0, e - 53), down = power ? ldexp(1.0, e - 54) : up;
+    const double up = __longlong_as_double(static_cast<long long>(e - 53 + 1023) << 52);
+    const double down = power ? 0.5 * up : up;
     if (__dsub_rd(up, l) > r.eb && __dadd_rd(down, l) > r.eb) {
       out = r.hi;
       return true;
@@ -221,15 +224,30 @@ __device__ __forceinline__ bool proved_rounding(const Partial& r, double& out) {
     return true;
   }
   const double over = ldexp(1.0, Emax + 1);  // the first magnitude past the format: rounds to inf
-  double c = round_magnitude<P, Emin>(a);
-  if (c > over) c = over;
-  const double mid_up = c == over ? inf : c + half_gap_up<P, Emin>(c);
-  const double mid_down = c - half_gap_down<P, Emin>(c);
+  double c, gap_up, gap_down;  // the candidate and half the gaps to its neighbours
+  if (P == 24 && a >= 0x1p-125 && a < 0x1p127) {
+    // float32 away from its subnormals and its overflow: the hardware's rounding and the neighbours' bits
+    // give what round_magnitude and the half gaps (three ldexp: most of pass 2's time) give. The
+    // candidate and its neighbours are normal floats, which convert exactly under -ftz=true, and their
+    // sums and halves are exact in double.
+    const float cf = __double2float_rn(a);
+    const unsigned bits = bit_cast<unsigned>(cf);
+    c = static_cast<double>(cf);
+    gap_up = 0.5 * (static_cast<double>(bit_cast<float>(bits + 1u)) - c);
+    gap_down = 0.5 * (c - static_cast<double>(bit_cast<float>(bits - 1u)));
+  } else {
+    c = round_magnitude<P, Emin>(a);
+    if (c > over) c = over;
+    gap_up = c == over ? inf : half_gap_up<P, Emin>(c);
+    gap_down = half_gap_down<P, Emin>(c);
+  }
+  const double mid_up = c + gap_up;
+  const double mid_down = c - gap_down;
   if (a == mid_up || a == mid_down) {  // hi on a midpoint: c is its even side, lo says which side V is on
     const bool at_up = a == mid_up;
     const double toward = at_up ? l : -l;  // > 0: V lies past the midpoint, away from c
     if (__dsub_rd(toward, r.eb) > 0.0) {
-      c = at_up ? c + 2.0 * half_gap_up<P, Emin>(c) : c - 2.0 * half_gap_down<P, Emin>(c);
+      c = at_up ? c + 2.0 * gap_up : c - 2.0 * gap_down;
     } else if (!(__dsub_rd(-toward, r.eb) > 0.0 || (toward == 0.0 && r.eb == 0.0))) {
       return false;  // an exact tie (toward == 0, eb == 0) keeps the even c
     }

@@ -268,10 +268,15 @@ def stats_rows(stat, buf, offset, itemsize, length, row_stride, row_index_step, 
             for i in range(head + packs * P + thread, length, threads):
                 s = stat.visit(s, buf[xr + i], base + i)
             states.append(s)
-        warps = [warp_merge(stat, states[w:w + WARP], WARP) for w in range(0, BLOCK, WARP)]
-        lanes = [warps[t] if t < BLOCK // WARP else warps[0] for t in range(WARP)]
-        out.append(warp_merge(stat, lanes, BLOCK // WARP))
+        out.append(block_merge(stat, states))
     return out
+
+
+def block_merge(stat, states):
+    """mr::block_merge<Stat, BLOCK>: the BLOCK threads' States, warp by warp, then the warps'."""
+    warps = [warp_merge(stat, states[w:w + WARP], WARP) for w in range(0, BLOCK, WARP)]
+    lanes = [warps[t] if t < BLOCK // WARP else warps[0] for t in range(WARP)]
+    return warp_merge(stat, lanes, BLOCK // WARP)
 
 
 def stats_columns(stat, buf, offset, outer, outer_stride, length, inner, piece, splits):
@@ -295,12 +300,23 @@ def stats_columns(stat, buf, offset, outer, outer_stride, length, inner, piece, 
     return out
 
 
-def stats_fold(stat, parts, outputs, splits, split_stride, output_stride):
-    """mr::stats_fold: one warp per output; lane l starts from split l (split 0 past ``splits``, never
-    read) and strides by 32, then warp_merge over min(splits, 32) lanes."""
+def stats_fold(stat, parts, outputs, splits, split_stride, output_stride, grid):
+    """mr::stats_fold. A grid of at least ``outputs`` blocks: a block per output, thread t merging splits
+    t, t + BLOCK, ... into start() in that order (the kernel's batches of four loads merge in the same
+    order), then block_merge. Else one warp per output; lane l starts from split l (split 0 past
+    ``splits``, never read) and strides by 32, then warp_merge over min(splits, 32) lanes."""
     states = []
     for o in range(outputs):
         p = o * output_stride
+        if grid >= outputs:
+            threads = []
+            for t in range(BLOCK):
+                s = stat.start()
+                for k in range(t, splits, BLOCK):
+                    s = stat.merge(s, parts[p + k * split_stride])
+                threads.append(s)
+            states.append(block_merge(stat, threads))
+            continue
         lanes = []
         for lane in range(WARP):
             s = parts[p + (lane if lane < splits else 0) * split_stride]
@@ -341,7 +357,7 @@ def model_run(name, x, axes, sms, base=None, ddof=0.0):
         parts = stats_columns(stat, buf, offset, layout.rows, layout.stride, layout.length, layout.inner, piece,
                               splits)
         fold = (splits, layout.rows * layout.inner, 1)
-    states = stats_fold(stat, parts, layout.outputs, *fold)
+    states = stats_fold(stat, parts, layout.outputs, *fold, cupy_stats.fold_grid(layout.outputs, fold[0], sms))
     mode = cupy_stats._MOMENTS.get(name, 0)
     return states, [stat.result(s, ddof, mode) for s in states]
 

@@ -57,6 +57,7 @@ inline double __dadd_ru(double a, double b) { return add_directed(a, b, 1); }
 inline double __dadd_rd(double a, double b) { return add_directed(a, b, -1); }
 inline double __dsub_ru(double a, double b) { return add_directed(a, -b, 1); }
 inline double __dsub_rd(double a, double b) { return add_directed(a, -b, -1); }
+inline float __double2float_rn(double d) { return static_cast<float>(d); }  // SSE2: to nearest, even
 // warp intrinsics: the kernels that use them compile here, the drivers below replay their effect
 template <class V> inline V __shfl_up_sync(unsigned, V v, int) { return v; }
 template <class V> inline V __shfl_xor_sync(unsigned, V v, int) { return v; }

@@ -239,6 +239,16 @@ def column_pieces(layout: Layout, sms: int) -> tuple[int, int]:
     return int(piece), int(-(-layout.length // piece))
 
 
+def fold_grid(outputs: int, splits: int, sms: int) -> int:
+    """stats_fold's grid: a block per output (the kernel's choice when the grid has a block for each)
+    where each output merges more States than a warp loads at once and the blocks fit one wave; a
+    warp per output otherwise (a smaller grid than ``outputs`` for two outputs or more; one output
+    always gets the block)."""
+    if outputs <= sms * 8 and splits > 32:
+        return outputs
+    return int(min(-(-outputs // (BLOCK // 32)), sms * 32))
+
+
 # ------------------------------------------------------------------------------------------------
 # launching
 # ------------------------------------------------------------------------------------------------
@@ -306,7 +316,7 @@ def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0
     got_states = cupy.empty(outputs * sdt.itemsize, dtype=np.uint8) if states else None
     got_result = cupy.empty(outputs, dtype=result_dtype(stat, block.dtype)) if result else None
     mode = _MOMENTS.get(stat, 0)
-    grid = int(min(-(-outputs // (BLOCK // 32)), sms * 32))
+    grid = fold_grid(outputs, fold_splits, sms)
     ks["fold"](grid, BLOCK, (parts, np.int64(outputs), np.int64(fold_splits), np.int64(split_stride),
                              np.int64(output_stride), _NULL if got_states is None else got_states,
                              _NULL if got_result is None else got_result, np.float64(ddof), np.int32(mode)))
