@@ -20,7 +20,7 @@ def steps(x, dt):
     tiles = -(-n // tile)
     count = rows * tiles
     i64 = np.int64
-    words = cupy.empty((rows, tiles, ce.KTILEOUT), dtype=np.int64)
+    words = cupy.zeros((rows, tiles + 1, ce.KTILEOUT), dtype=np.int64)  # slot 0 of a row: a zero carry
     seeds = cupy.empty(count * 4, dtype=np.int64)
     out = cupy.empty((rows, n), dtype=dt)
     marked = cupy.empty(count, dtype=np.int32)

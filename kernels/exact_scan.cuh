@@ -7,11 +7,15 @@
 //   pass 1   exact_tile_words: one warp per tile computes the tile's exact sum as kWords words (the exact
 //            sum kernel's expansions and digit banks) plus its NaN/+inf/-inf counts (0 or 1): kTileOut
 //            int64 per tile, written with plain stores.
-//   carries  an int64 inclusive cumsum of those words along the tiles of a row (cupy.cumsum on the device:
+//   carries  an int64 inclusive cumsum of those words along the slots of a row (cupy.cumsum on the device:
 //            integer adds, so exact and independent of the order; every word but the top is a digit in
 //            [0, 2^32), so 2^31 tiles stay below 2^63). The counts scan alongside: count > 0 is the OR.
-//   seeds    exact_scan_seeds: tile t's carry (the cumsum at t - 1) as a double-double (hi, lo) with a
-//            bound eb on |carry - hi - lo| (0 when the carry fits the 106 bits), and the carried flags.
+//            A row's slot 0 holds the row's incoming carry (the exact total and flag counts of whatever
+//            came before the row: the earlier chunks of a Dask array; zero otherwise) in the same form,
+//            and tile k slot k + 1, so the cumsum at slot k is everything before tile k, carry included,
+//            and every later step treats the row's first tile like any other.
+//   seeds    exact_scan_seeds: tile t's carry (the cumsum at its carry_slot) as a double-double (hi, lo)
+//            with a bound eb on |carry - hi - lo| (0 when the carry fits the 106 bits), and the carried flags.
 //   pass 2   exact_scan_tiles: one block per tile; each thread sums its Items consecutive elements as a
 //            Partial (double-double + bound), the block scans the Partials (warp shuffles, then the warp
 //            totals), each thread seeds its running Partial with (seed + its exclusive prefix) and adds
@@ -43,6 +47,11 @@ namespace exact {
 constexpr int kTileOut = kWords + 3;  // a tile's words, then its NaN, +inf and -inf counts (0 or 1)
 constexpr double kTrack = 0x1p1000;   // |prefix| or |element| past this: eb = inf (TwoSum could overflow)
 constexpr int kScanMinBlocks = 3;     // pass 2: resident blocks per SM asked of ptxas (<= 85 registers at 256 threads)
+
+// Words slots: each row of ``tiles`` tiles owns tiles + 1 slots of kTileOut, its carry first (see "carries").
+// Tile t (of all rows, row-major) is written at tile_slot(t); the cumsum at carry_slot(t) is its carry.
+__device__ __forceinline__ index_t carry_slot(index_t t, index_t tiles) { return t + t / tiles; }
+__device__ __forceinline__ index_t tile_slot(index_t t, index_t tiles) { return carry_slot(t, tiles) + 1; }
 
 struct Partial {
   double hi, lo, eb;
@@ -326,13 +335,13 @@ __device__ __forceinline__ void add_to_words(long long* w, double d) {
   }
 }
 
-// One tile by one thread: ``w`` (kOut int64, scratch) starts at the carry's words (null: zero), takes every
+// One tile by one thread: ``w`` (kOut int64, scratch) starts at the carry's words, takes every
 // finite element in order, and each sentinel output becomes the words rounded (flags never decide a
 // sentinel's output: pass 2 writes those directly). ``skipnan`` needs no care: a NaN never enters the words.
 template <class T, class Out>
 __device__ __forceinline__ void fallback_walk(const T* __restrict__ x, Out* __restrict__ out, index_t len,
                                               const long long* __restrict__ carry, long long* w) {
-  for (int j = 0; j < kWords; ++j) w[j] = carry ? carry[j] : 0ll;
+  for (int j = 0; j < kWords; ++j) w[j] = carry[j];
   w[kWords] = 0;
   for (index_t i = 0; i < len; ++i) {
     const double v = to_double(x[i]);
@@ -344,7 +353,8 @@ __device__ __forceinline__ void fallback_walk(const T* __restrict__ x, Out* __re
 }
 
 // ---- kernels ---------------------------------------------------------------------------------------------
-// Pass 1. x: rows x n (C order); tiles of ``tile`` elements, ``tiles`` per row; out: rows * tiles * kTileOut.
+// Pass 1. x: rows x n (C order); tiles of ``tile`` elements, ``tiles`` per row; out: rows * (tiles + 1) *
+// kTileOut, tile t written at tile_slot(t) (the carry slots are the caller's).
 template <class T, int Terms, int Warps, int Unroll>
 __global__ void __launch_bounds__(Warps * 32) exact_tile_words(const T* __restrict__ x, index_t rows, index_t n,
                                                                index_t tile, index_t tiles,
@@ -370,7 +380,7 @@ __global__ void __launch_bounds__(Warps * 32) exact_tile_words(const T* __restri
     __syncwarp();
     if (lane == 0) propagate_carries(mine, digits[warp]);
     __syncwarp();
-    long long* dst = out + t * kTileOut;
+    long long* dst = out + tile_slot(t, tiles) * kTileOut;
     for (int j = lane; j < kWords; j += 32) dst[j] = digits[warp][j];
     if (lane == 0) {
       dst[kWords] = (flags & kNan) ? 1 : 0;
@@ -381,14 +391,14 @@ __global__ void __launch_bounds__(Warps * 32) exact_tile_words(const T* __restri
   }
 }
 
-// Seeds: cum is the inclusive cumsum of pass 1's words along each row's tiles; seed t = the words of the
-// tiles before t (the first tile of a row: zero), as 4 int64 (hi, lo, eb bits and the flags).
+// Seeds: cum is the inclusive cumsum of the words slots along each row; seed t = the words at carry_slot(t)
+// (the row's carry and the tiles before t), as 4 int64 (hi, lo, eb bits and the flags).
 template <int Block>
 __global__ void __launch_bounds__(Block) exact_scan_seeds(const long long* __restrict__ cum, index_t count,
                                                           index_t tiles, int skipnan, long long* __restrict__ seeds) {
   const index_t stride = static_cast<index_t>(gridDim.x) * Block;
   for (index_t t = static_cast<index_t>(blockIdx.x) * Block + threadIdx.x; t < count; t += stride) {
-    const Partial p = (t % tiles) == 0 ? partial_zero() : seed_of_words(cum + (t - 1) * kTileOut, skipnan != 0);
+    const Partial p = seed_of_words(cum + carry_slot(t, tiles) * kTileOut, skipnan != 0);
     seeds[4 * t] = __double_as_longlong(p.hi);
     seeds[4 * t + 1] = __double_as_longlong(p.lo);
     seeds[4 * t + 2] = __double_as_longlong(p.eb);
@@ -492,7 +502,7 @@ __global__ void __launch_bounds__(Block, kScanMinBlocks) exact_scan_tiles(const 
 }
 
 // Fallback: grid-stride over tiles, one warp per block, lane 0 walks each marked tile (fallback_walk).
-// cum: pass 1's inclusive cumsum (the carry of tile t is row t - 1 of it within the same row of tiles).
+// cum: the inclusive cumsum of the words slots (tile t's carry at carry_slot(t)).
 template <class T, class Out>
 __global__ void __launch_bounds__(32) exact_scan_fallback(const T* __restrict__ x, index_t rows, index_t n,
                                                           index_t tile, index_t tiles,
@@ -502,9 +512,9 @@ __global__ void __launch_bounds__(32) exact_scan_fallback(const T* __restrict__ 
   const index_t count = rows * tiles;
   for (index_t t = blockIdx.x; t < count; t += gridDim.x) {
     if (marked[t] == 0 || threadIdx.x != 0) continue;
-    const index_t row = t / tiles, k = t - row * tiles, start = k * tile;
+    const index_t row = t / tiles, start = (t - row * tiles) * tile;
     const index_t len = n - start < tile ? n - start : tile;
-    fallback_walk<T, Out>(x + row * n + start, out + row * n + start, len, k ? cum + (t - 1) * kTileOut : nullptr, w);
+    fallback_walk<T, Out>(x + row * n + start, out + row * n + start, len, cum + carry_slot(t, tiles) * kTileOut, w);
   }
 }
 

@@ -10,8 +10,8 @@ infinity; a finite sum beyond the dtype's range rounds to inf.
 On the CPU the per-chunk pass is vectorized: elements are binned by exponent with ``np.bincount``; each element
 contributes two pieces of at most 27 bits (float64 weights), so a bin's float sum stays an exact
 integer for up to ``_BATCH`` elements per call; bins are folded into the Python integer afterwards. CuPy chunks get the same integer from the GPU
-kernel of kernels/exact.cuh (backends/cupy_exact.py), and exact cumsums of CuPy arrays the scan of
-kernels/exact_scan.cuh (the Dask path's CuPy chunks are still scanned here, on the host).
+kernel of kernels/exact.cuh (backends/cupy_exact.py), and exact cumsums of CuPy arrays and of a Dask
+array's CuPy chunks the scan of kernels/exact_scan.cuh, seeded with the same carries.
 """
 
 from __future__ import annotations
@@ -84,14 +84,6 @@ class ExactState:
             self.ninf | other.ninf,
             self.count + other.count,
         )
-
-
-def _to_host(block):
-    if type(block).__module__.startswith("cupy"):
-        from .backends import cupy_exact
-
-        return cupy_exact.to_host(block)
-    return np.asarray(block)
 
 
 def _bins(flat: np.ndarray, rows: int, n: int) -> list[tuple[np.ndarray, int]]:
@@ -280,13 +272,14 @@ def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, *, caller="
 def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype,
                    skipnan: bool = False) -> tuple[np.ndarray, ExactState]:
     """Correctly rounded inclusive prefix sums of a 1-d float array, seeded with ``carry``; returns the
-    results and the state after the last element. ``skipnan``: NaN adds 0 (nancumsum)."""
+    results and the state after the last element. ``skipnan``: NaN adds 0 (nancumsum), and so does a NaN
+    flag in ``carry`` (as on the GPU, whose seeds drop the NaN counts of carry and tiles alike)."""
     v = values.astype(np.float64, copy=False)
     m, e = np.frexp(np.where(np.isfinite(v), v, 0.0))
     mant = np.ldexp(m, 53).astype(np.int64).tolist()
     shifts = (e.astype(np.int64) + 1074).tolist()
     total = int(carry.total[()]) if carry is not None else 0
-    nan = bool(carry.nan[()]) if carry is not None else False
+    nan = bool(carry.nan[()]) and not skipnan if carry is not None else False
     pinf = bool(carry.pinf[()]) if carry is not None else False
     ninf = bool(carry.ninf[()]) if carry is not None else False
     out = np.empty(v.size, dtype=np.float64)
@@ -308,8 +301,14 @@ def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype,
 
 
 def _cumsum_block(block, axis: int, dt: np.dtype, carry: np.ndarray | None = None, skipnan: bool = False):
-    """Exact cumsum of a NumPy block along ``axis``; ``carry``: object array of per-lane ExactStates."""
-    x = np.moveaxis(_to_host(block), axis, -1)
+    """Exact cumsum of a block along ``axis``; ``carry``: object array of per-lane ExactStates (the block's
+    shape without ``axis``). A CuPy block is scanned on its GPU, whatever its axis and lanes
+    (cupy_exact.cumsum: the same bits), and stays there."""
+    if type(block).__module__.startswith("cupy"):
+        from .backends import cupy_exact
+
+        return cupy_exact.cumsum(block, axis, dt, skipnan, carry)
+    x = np.moveaxis(np.asarray(block), axis, -1)
     out = np.empty(x.shape, dtype=dt)
     lanes = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not (-1, n): n = 0 leaves -1 undefined
     res = out.reshape(lanes.shape)
@@ -341,7 +340,9 @@ def _add_lanes(*states: np.ndarray) -> np.ndarray:
 
 def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller="exact.cumsum"):
     """Inclusive cumulative sum whose every element is the correctly rounded exact prefix sum. ``axis=None``
-    flattens (as NumPy). Dask input: each chunk's exact totals are carried exactly to the chunks after it.
+    flattens (as NumPy). Dask input: each chunk's exact totals are carried exactly to the chunks after it;
+    CuPy chunks (their totals and their scans, any axis) run on their GPUs, and only the totals' words come
+    to the host for the carries.
     ``skipnan``: NaN adds 0 (nancumsum); ``caller`` as in ``sum``. ``split_every`` is checked as every scan
     checks it; the carries run chunk by chunk whatever it is."""
     x, kind = as_array(x, caller)
@@ -360,8 +361,10 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
         return x.astype(dt)
     import dask.array as da
     from dask import delayed
+    from dask.array.utils import meta_from_array
 
     blocks = x.to_delayed()
+    meta = meta_from_array(x._meta, ndim=x.ndim, dtype=dt)  # CuPy chunks scan to CuPy chunks
     out_blocks = np.empty(blocks.shape, dtype=object)
     for lane in np.ndindex(*(blocks.shape[:ax] + (1,) + blocks.shape[ax + 1 :])):
         carry = None
@@ -369,7 +372,7 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
             idx = lane[:ax] + (j,) + lane[ax + 1 :]
             shape = tuple(x.chunks[d][idx[d]] for d in range(x.ndim))
             scanned = delayed(_cumsum_block)(blocks[idx], ax, dt, carry, skipnan)
-            out_blocks[idx] = da.from_delayed(scanned, shape, dtype=dt, meta=np.empty((0,) * x.ndim, dt))
+            out_blocks[idx] = da.from_delayed(scanned, shape, dtype=dt, meta=meta)
             total = delayed(_lane_states)(blocks[idx], ax, skipnan)
             carry = total if carry is None else delayed(_add_lanes)(carry, total)
     return da.block(out_blocks.tolist())

@@ -169,3 +169,189 @@ def test_seed_of_words_bounds_the_carry():
         assert hi == hi + lo  # hi = RN(hi + lo)
         fits = t == 0 or (abs(t) >> max(0, abs(t).bit_length() - 106)) << max(0, abs(t).bit_length() - 106) == abs(t)
         assert (eb == 0.0) == fits, t
+
+
+# -- a carry into the row: what a Dask array's earlier chunks hand to a CuPy chunk --------------------------
+def carry_state(value: Fraction, nan=False, pinf=False, ninf=False) -> exact.ExactState:
+    """exact.py's state of an exact running total ``value`` (a multiple of 2**-1074, as every sum of floats)."""
+    units = value * Fraction(2) ** -exact.EBASE
+    assert units.denominator == 1
+    return exact.ExactState(np.array(int(units), dtype=object), np.array(nan), np.array(pinf), np.array(ninf), 0)
+
+
+def host_scan(x, carry, out_dtype=None, skipnan=False):
+    """exact._cumsum_block of the 1-d ``x`` seeded with ``carry``: what the Dask path's host scan gives."""
+    lanes = np.empty((), dtype=object)
+    lanes[()] = carry
+    with np.errstate(over="ignore", invalid="ignore"):
+        return exact._cumsum_block(x, 0, np.dtype(out_dtype or x.dtype), lanes, skipnan)
+
+
+def check_carried(x, carry, block=32, items=2, out_dtype=None, skipnan=False) -> int:
+    got, unproved = exact_emulate.emulate_scan(x, out_dtype, block=block, items=items, skipnan=skipnan, carry=carry)
+    want = host_scan(x, carry, out_dtype, skipnan)
+    assert same(got, want), (x.dtype, x.size, block, items, out_dtype, skipnan,
+                             np.flatnonzero(bits(got) != bits(want))[:5])
+    return unproved
+
+
+def fraction_prefixes(x, carry: Fraction, dt) -> np.ndarray:
+    """carry + each exact prefix of the finite ``x``, rounded by round_exact from Fractions (no exact.py scan)."""
+    out, run = [], carry
+    for v in np.asarray(x, dtype=np.float64).tolist():
+        run += Fraction(v)
+        out.append(exact.round_exact(run.numerator, run.denominator, 0, np.dtype(dt)))
+    with np.errstate(over="ignore"):
+        return np.array(out).astype(dt)
+
+
+TINY = Fraction(2) ** -1074
+
+
+def hostile_carries(x: np.ndarray) -> dict[str, Fraction]:
+    """Carries that stress the seed: past float64, the smallest units, exactly minus the row's prefixes (the
+    running sum cancels to 0 and just past it), on rounding midpoints of every format, and beyond 106 bits."""
+    v = np.asarray(x, dtype=np.float64)
+    prefix = Fraction(0)
+    for e in v[: max(1, v.size // 2)].tolist():
+        prefix += Fraction(e) if math.isfinite(e) else 0
+    total = sum((Fraction(e) for e in v.tolist() if math.isfinite(e)), Fraction(0))
+    return {
+        "zero": Fraction(0),
+        "huge": Fraction(2) ** 1100 + 3 * TINY,
+        "past_f64": -(Fraction(2) ** 1024) + Fraction(2) ** 970,
+        "f64_max": Fraction(float(np.finfo(np.float64).max)),
+        "tiny": TINY,
+        "minus_tiny": -3 * TINY,
+        "cancel_half": -prefix,
+        "cancel_all": -total,
+        "cancel_all_plus_tiny": -total + TINY,
+        "mid_f16": 1 + Fraction(2) ** -11,
+        "mid_f32": -(1 + Fraction(2) ** -24),
+        "mid_f64": 1 + Fraction(2) ** -53,
+        "mid_f64_int": Fraction(2**53 + 1),
+        "mid_f32_over_106": 1 + Fraction(2) ** -24 + Fraction(2) ** -200,
+        "mid_f64_below_106": 1 + Fraction(2) ** -53 - Fraction(2) ** -300,
+        "f16_max_mid": Fraction(65504 + 16),  # float16's max + half an ulp: a tie, and 65504 is odd: inf
+        "f32_over": Fraction(float(np.finfo(np.float32).max)) * 2,
+    }
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", (0, 1, 31, 65, 300))
+def test_hostile_carries_scan_to_the_host_cumsum(dt, n):
+    """Every output is the rounding of carry + the exact prefix, bitwise exact._cumsum_block's, with the carry
+    entering as the row's first words slot, for carries that are huge, tiny, cancel the row or sit on ties."""
+    rng = np.random.default_rng(1000 + n + np.dtype(dt).itemsize)
+    rows = cases(dt, n, rng)
+    zeros = np.zeros(n, dt)
+    ulps = (rng.integers(-2, 3, n) * float(np.finfo(dt).smallest_subnormal)).astype(dt)
+    fallbacks = 0
+    for name in ("normal", "spread", "cancel", "ints", "subnormal", "big"):
+        x = rows[name]
+        for value in hostile_carries(x).values():
+            fallbacks += check_carried(x, carry_state(value))
+    for x in (zeros, ulps):  # a carry on a midpoint: the row's zeros and ulps keep every prefix near it
+        for value in hostile_carries(x).values():
+            for out in DTYPES:
+                fallbacks += check_carried(x, carry_state(value), out_dtype=out)
+    if n:
+        assert fallbacks > 0  # the carries past the tracked range and beyond 106 bits went through the walk
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_carries_against_fractions(dt):
+    """An exact.py-free reference: Fraction(carry) + Fraction prefixes, each rounded by round_exact."""
+    rng = np.random.default_rng(77 + np.dtype(dt).itemsize)
+    for name in ("normal", "spread", "cancel", "ints", "subnormal"):
+        x = cases(dt, 130, rng)[name]
+        for cname, value in hostile_carries(x).items():
+            if abs(value) >= Fraction(2) ** 1024:
+                continue  # past float64: round_exact's float cannot hold it (host_scan covers these)
+            got, _ = exact_emulate.emulate_scan(x, block=32, items=2, carry=carry_state(value))
+            assert same(got, fraction_prefixes(x, value, dt)), (name, cname)
+
+
+FLAG_CARRIES = [dict(nan=True), dict(pinf=True), dict(ninf=True), dict(pinf=True, ninf=True),
+                dict(nan=True, pinf=True)]
+
+
+@pytest.mark.parametrize("flags", FLAG_CARRIES, ids=lambda f: "+".join(f))
+@pytest.mark.parametrize("skipnan", (False, True))
+def test_carried_flags_combine_as_the_host_scan(flags, skipnan):
+    """The carry's NaN/+inf/-inf flags act as elements before the row: NaN (or +inf with -inf) makes every
+    output NaN, one infinity every output that infinity until the row brings the other; nancumsum drops the
+    carry's NaN as it drops the row's."""
+    rng = np.random.default_rng(12)
+    for dt in DTYPES:
+        x = rng.standard_normal(150).astype(dt)
+        with_inf = x.copy()
+        with_inf[[40, 100]] = [np.inf, -np.inf]
+        with_nan = x.copy()
+        with_nan[70] = np.nan
+        for row in (x, with_inf, with_nan, np.array([np.nan], dt), np.array([-np.inf], dt)):
+            for value in (Fraction(0), Fraction(3, 4), Fraction(2) ** 1100):
+                check_carried(row, carry_state(value, **flags), skipnan=skipnan)
+
+
+def split_scan(x, cuts, skipnan=False, out_dtype=None, block=32, items=2):
+    """The Dask graph of exact.cumsum over chunks of ``x`` cut at ``cuts``, each chunk scanned by the emulated
+    GPU with the exact carry exact._lane_states/_add_lanes give it."""
+    pieces, carry = [], None
+    bounds = [0, *cuts, x.size]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        chunk = x[lo:hi]
+        got, _ = exact_emulate.emulate_scan(chunk, out_dtype, block=block, items=items, skipnan=skipnan,
+                                            carry=None if carry is None else carry[()])
+        pieces.append(got)
+        total = exact._lane_states(chunk, 0, skipnan)
+        carry = total if carry is None else exact._add_lanes(carry, total)
+    return np.concatenate(pieces)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_any_chunking_gives_the_whole_array_bits(dt):
+    """Chunk by chunk with carries (empty and one-element chunks, cuts on and off tile boundaries) equals the
+    host exact cumsum of the whole array, cumsum and nancumsum, for several output dtypes."""
+    rng = np.random.default_rng(31 + np.dtype(dt).itemsize)
+    n = 300
+    chunkings = [[], [0], [0, 0, 1], [1, 2, 3], [64, 64, 128], [150], [299], [n], [7, 31, 33, 64, 65, 200, 299, 299]]
+    for name in ("spread", "cancel", "ints", "special", "nans", "big"):
+        x = cases(dt, n, rng)[name]
+        for skipnan in (False, True):
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = exact.cumsum(x, skipnan=skipnan)
+            for cuts in chunkings:
+                assert same(split_scan(x, cuts, skipnan), want), (name, skipnan, cuts)
+    x = cases(dt, n, rng)["spread"]
+    for out in DTYPES:
+        with np.errstate(over="ignore"):
+            want = exact.cumsum(x, dtype=out)
+        assert same(split_scan(x, [5, 100, 101], out_dtype=out), want), out
+
+
+def test_carry_words_are_the_states_integers():
+    """carry_words read back by fold_words gives the same Python integers, both signs, every magnitude up to the
+    top word's limit; flags land in the three count slots; a total that is no float sum or too big is refused."""
+    rng = np.random.default_rng(5)
+    shift = cupy_exact.WORD_BASE - exact.EBASE
+    units = [0, 1, -1, (1 << 32) - 1, -(1 << 32), (1 << (32 * 71)) - 1, -(1 << (32 * 71)), (1 << 2334) - 1,
+             -(1 << 2335)]
+    for _ in range(200):
+        b = int(rng.integers(1, 2335))
+        units.append(int(rng.choice([-1, 1])) * (int.from_bytes(rng.bytes(b // 8 + 1), "little") % (1 << b)))
+    states = [exact.ExactState(np.array(u << shift, dtype=object), np.array(i % 2 == 0), np.array(i % 3 == 0),
+                               np.array(i % 5 == 0), 0) for i, u in enumerate(units)]
+    words = cupy_exact.carry_words(states)
+    assert words.shape == (len(units), cupy_exact.KTILEOUT)
+    assert ((words[:, : cupy_exact.KWORDS - 1] >= 0) & (words[:, : cupy_exact.KWORDS - 1] < 1 << 32)).all()
+    folded = np.column_stack([words[:, : cupy_exact.KWORDS], np.zeros(len(units), np.int64)])
+    totals = cupy_exact.fold_words(folded)[0]
+    assert [int(t) for t in totals] == [u << shift for u in units]
+    for i, row in enumerate(words):
+        assert row[cupy_exact.KWORDS:].tolist() == [int(i % 2 == 0), int(i % 3 == 0), int(i % 5 == 0)]
+    with pytest.raises(OverflowError):
+        cupy_exact.carry_words([carry_state(Fraction(2) ** 1300)])
+    odd = exact.ExactState(np.array(1, dtype=object), np.array(False), np.array(False), np.array(False), 0)
+    with pytest.raises(ValueError):
+        cupy_exact.carry_words([odd])

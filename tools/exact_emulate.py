@@ -78,14 +78,20 @@ def emulate_round(words: np.ndarray, dt, skipnan: bool = False, divisor: int = 1
 
 
 def emulate_scan(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 16,
-                 skipnan: bool = False) -> tuple[np.ndarray, int]:
+                 skipnan: bool = False, carry=None) -> tuple[np.ndarray, int]:
     """The exact cumsum of the 1-d ``x`` as kernels/exact_scan.cuh computes it with tiles of ``block`` (a
     multiple of 32) x ``items`` elements: (outputs of ``out_dtype``, default x's, and the count of outputs
-    pass 2 could not prove, which fallback_walk rounded from the exact words)."""
+    pass 2 could not prove, which fallback_walk rounded from the exact words). ``carry``: an exact.ExactState
+    of what precedes ``x`` (a Dask chunk's carry), turned into the row's first words slot by
+    cupy_exact.carry_words as the GPU path does."""
+    from multireduce.backends import cupy_exact
+
     x = np.ascontiguousarray(x)
     out_dt = np.dtype(out_dtype or x.dtype)
+    words = np.zeros(cupy_exact.KTILEOUT, np.int64) if carry is None else cupy_exact.carry_words([carry])[0]
     run = subprocess.run([str(build()), "scan", _CODES[x.dtype], _CODES[out_dt], str(x.size), str(block),
-                          str(items), str(int(skipnan))], input=x.tobytes(), capture_output=True, check=True)
+                          str(items), str(int(skipnan))], input=x.tobytes() + words.tobytes(),
+                         capture_output=True, check=True)
     fields = [int(v) for v in run.stdout.split()]
     raw = np.array(fields[1:], dtype=np.uint64).astype({2: np.uint16, 4: np.uint32, 8: np.uint64}[out_dt.itemsize])
     return raw.view(out_dt), fields[0]

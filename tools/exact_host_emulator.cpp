@@ -9,6 +9,11 @@
 //   exact_host_emulator round PRECISION EMIN SKIPNAN DIVISOR ROWS < ROWS x kOut int64 words (native order)
 //   prints round_words of each row as the int64 bits of the double, and the bits FromRounded<float> makes of
 //   it (exact_round_rows<float>'s store), one row per line.
+//   exact_host_emulator scan DTYPE OUT N BLOCK ITEMS SKIPNAN < raw element bytes, then the row's carry
+//   (kTileOut int64: the words and NaN/+inf/-inf counts cupy_exact.carry_words gives)
+//   prints the count of outputs pass 2 left unproved, then each output's bits: kernels/exact_scan.cuh, its
+//   seeds and fallback kernels run as they are, pass 1 and pass 2 replayed thread by thread.
+//   exact_host_emulator seed ROWS SKIPNAN < ROWS x kTileOut int64   prints seed_of_words of each row.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -215,11 +220,24 @@ static unsigned long long out_bits(const Out& o) {
   return b;
 }
 
+// The kernels' grid-stride loops run whole when the grid is one block: the launches below replay a kernel
+// whose threads are independent by running its threads in turn.
+static void one_block(unsigned threads) {
+  gridDim.x = 1;
+  blockIdx.x = 0;
+  blockDim.x = threads;
+}
+
 template <class T, class Out, int Terms, int Unroll>
-static int run_scan(const T* x, long long n, int block, int items, bool skipnan) {
+static int run_scan(const T* x, long long n, int block, int items, bool skipnan, const long long* carry) {
   const long long tile = static_cast<long long>(block) * items;
   const long long tiles = n ? (n + tile - 1) / tile : 0;
-  std::vector<long long> cum(static_cast<size_t>(tiles) * kTileOut, 0);
+  if (tiles == 0) {  // cupy_exact.cumsum launches nothing for an empty row
+    std::printf("0\n");
+    return 0;
+  }
+  std::vector<long long> cum(static_cast<size_t>(tiles + 1) * kTileOut, 0);
+  std::copy(carry, carry + kTileOut, cum.begin());  // slot 0: the row's incoming carry
   for (long long t = 0; t < tiles; ++t) {  // pass 1: exact_tile_words, one warp, lanes in turn
     const long long start = t * tile, len = std::min(tile, n - start);
     Banks acc = {};
@@ -233,22 +251,32 @@ static int run_scan(const T* x, long long n, int block, int items, bool skipnan)
     }
     long long digits[kWords];
     propagate_carries(acc, digits);
-    long long* dst = cum.data() + t * kTileOut;
+    long long* dst = cum.data() + tile_slot(t, tiles) * kTileOut;
     for (int j = 0; j < kWords; ++j) dst[j] = digits[j];
     dst[kWords] = (flags & kNan) ? 1 : 0;
     dst[kWords + 1] = (flags & kPinf) ? 1 : 0;
     dst[kWords + 2] = (flags & kNinf) ? 1 : 0;
-    if (t) {  // the carries: an inclusive int64 cumsum along the tiles (cupy.cumsum on the GPU)
-      for (int j = 0; j < kTileOut; ++j) dst[j] += dst[j - kTileOut];
-    }
+  }
+  for (long long s = 1; s <= tiles; ++s) {  // the carries: an inclusive int64 cumsum of the slots (cupy.cumsum)
+    for (int j = 0; j < kTileOut; ++j) cum[s * kTileOut + j] += cum[(s - 1) * kTileOut + j];
+  }
+  std::vector<long long> seeds(static_cast<size_t>(tiles) * 4);
+  one_block(32);
+  for (unsigned th = 0; th < 32; ++th) {
+    threadIdx.x = th;
+    exact_scan_seeds<32>(cum.data(), tiles, tiles, skipnan ? 1 : 0, seeds.data());
   }
   std::vector<Out> out(static_cast<size_t>(n));
+  std::vector<int> marked(static_cast<size_t>(tiles), 0);
   long long unproved = 0;
-  long long w[kOut];
   for (long long t = 0; t < tiles; ++t) {  // pass 2: exact_scan_tiles, threads in turn
     const long long start = t * tile;
     const int len = static_cast<int>(std::min(tile, n - start));
-    const Partial seed = t ? seed_of_words(cum.data() + (t - 1) * kTileOut, skipnan) : partial_zero();
+    Partial seed;
+    seed.hi = __longlong_as_double(seeds[4 * t]);
+    seed.lo = __longlong_as_double(seeds[4 * t + 1]);
+    seed.eb = __longlong_as_double(seeds[4 * t + 2]);
+    seed.flags = static_cast<unsigned long long>(seeds[4 * t + 3]);
     std::vector<double> v(static_cast<size_t>(tile));
     std::vector<Partial> mine(block);
     for (int th = 0; th < block; ++th) {
@@ -260,37 +288,40 @@ static int run_scan(const T* x, long long n, int block, int items, bool skipnan)
       }
     }
     const std::vector<Partial> excl = block_exclusive_replay(mine, block);
-    long long marked = 0;
+    long long unproved_here = 0;
     for (int th = 0; th < block; ++th) {
       Partial run = partial_combine(seed, excl[th]);
       for (int j = 0; j < items; ++j) {
         const int i = th * items + j;
         if (i >= len) continue;
         partial_add(run, v[i], skipnan);
-        if (!element_output<Out>(run, out[start + i])) ++marked;
+        if (!element_output<Out>(run, out[start + i])) ++unproved_here;
       }
     }
-    unproved += marked;
-    if (marked) fallback_walk<T, Out>(x + start, out.data() + start, len, t ? cum.data() + (t - 1) * kTileOut : nullptr, w);
+    unproved += unproved_here;
+    marked[t] = static_cast<int>(unproved_here);
   }
+  one_block(32);
+  threadIdx.x = 0;  // the walking thread (its 31 neighbours skip every tile)
+  exact_scan_fallback<T, Out>(x, 1, n, tile, tiles, cum.data(), marked.data(), out.data());
   std::printf("%lld\n", unproved);
   for (long long i = 0; i < n; ++i) std::printf("%llu\n", out_bits(out[i]));
   return 0;
 }
 
 template <class T>
-static int scan_to(char out, const T* x, long long n, int block, int items, bool skipnan) {
+static int scan_to(char out, const T* x, long long n, int block, int items, bool skipnan, const long long* carry) {
   constexpr int unroll = sizeof(T) == 2 ? 2 : 4;  // cupy_exact.UNROLL
-  if (out == 'e') return run_scan<T, mr::half, 8, unroll>(x, n, block, items, skipnan);
-  if (out == 'f') return run_scan<T, float, 8, unroll>(x, n, block, items, skipnan);
-  if (out == 'd') return run_scan<T, double, 8, unroll>(x, n, block, items, skipnan);
+  if (out == 'e') return run_scan<T, mr::half, 8, unroll>(x, n, block, items, skipnan, carry);
+  if (out == 'f') return run_scan<T, float, 8, unroll>(x, n, block, items, skipnan, carry);
+  if (out == 'd') return run_scan<T, double, 8, unroll>(x, n, block, items, skipnan, carry);
   std::fprintf(stderr, "unsupported output dtype %c\n", out);
   return 2;
 }
 
 static int scan_row(int argc, char** argv) {
   if (argc != 8) {
-    std::fprintf(stderr, "usage: %s scan DTYPE OUT N BLOCK ITEMS SKIPNAN < bytes\n", argv[0]);
+    std::fprintf(stderr, "usage: %s scan DTYPE OUT N BLOCK ITEMS SKIPNAN < bytes, then the carry's kTileOut int64\n", argv[0]);
     return 2;
   }
   const char dtype = argv[2][0], out = argv[3][0];
@@ -305,13 +336,15 @@ static int scan_row(int argc, char** argv) {
   const size_t bytes = static_cast<size_t>(n) * item;
   std::vector<unsigned char> storage(bytes + 16);
   unsigned char* data = storage.data() + ((16 - (reinterpret_cast<uintptr_t>(storage.data()) & 15)) & 15);
-  if (bytes && std::fread(data, 1, bytes, stdin) != bytes) {
+  long long carry[kTileOut];
+  if ((bytes && std::fread(data, 1, bytes, stdin) != bytes) ||
+      std::fread(carry, sizeof(long long), kTileOut, stdin) != static_cast<size_t>(kTileOut)) {
     std::fprintf(stderr, "short input\n");
     return 2;
   }
-  if (dtype == 'e') return scan_to(out, reinterpret_cast<const mr::half*>(data), n, block, items, skipnan);
-  if (dtype == 'f') return scan_to(out, reinterpret_cast<const float*>(data), n, block, items, skipnan);
-  if (dtype == 'd') return scan_to(out, reinterpret_cast<const double*>(data), n, block, items, skipnan);
+  if (dtype == 'e') return scan_to(out, reinterpret_cast<const mr::half*>(data), n, block, items, skipnan, carry);
+  if (dtype == 'f') return scan_to(out, reinterpret_cast<const float*>(data), n, block, items, skipnan, carry);
+  if (dtype == 'd') return scan_to(out, reinterpret_cast<const double*>(data), n, block, items, skipnan, carry);
   std::fprintf(stderr, "unsupported dtype %c\n", dtype);
   return 2;
 }

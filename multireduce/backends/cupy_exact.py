@@ -10,7 +10,8 @@ Served by the kernel: sum/mean/nansum with ``exact=True`` of float16/32/64 CuPy 
 chunks of Dask arrays, any axes, any strides (reduced axes are moved last with one device copy when
 the rows are not already contiguous). ``exact=True`` cumsum/nancumsum of a CuPy array run the exact scan of
 ``kernels/exact_scan.cuh`` (``cumsum``/``device_cumsum``: tile words, an int64 cumsum of them, double-double
-pass 2 with a rigorous bound, an exact fallback walk for what it cannot prove); the NumPy models below
+pass 2 with a rigorous bound, an exact fallback walk for what it cannot prove), and so do the CuPy chunks of
+a Dask array's, each seeded with the exact carry of the chunks before it (``carry_words``); the NumPy models below
 (``tile_carries``, ``model_scan_tile``) are the design's first, simpler form, kept as CPU tests of it.
 """
 
@@ -51,10 +52,6 @@ WORD_BASE = -1074  # bit 0 of the words: the smallest float64 subnormal
 FLAG_NAN, FLAG_PINF, FLAG_NINF = 1, 2, 4
 _ROWS_PER_LAUNCH = 65535  # gridDim.y; the kernel loops over rows past it
 _PER_BLOCK_LIMIT = 1 << 28  # elements per block per launch: shared words stay far below 2**63
-
-
-def to_host(block) -> np.ndarray:
-    return cupy.asnumpy(block)
 
 
 def _on_holder(block):
@@ -169,6 +166,31 @@ def fold_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return totals, (flags & FLAG_NAN) != 0, (flags & FLAG_PINF) != 0, (flags & FLAG_NINF) != 0
 
 
+def carry_words(carries) -> np.ndarray:
+    """exact.py's per-lane carries (a sequence of ExactStates, as exact._lane_states and _add_lanes give
+    them) -> (lanes, KTILEOUT) int64 in the form pass 1 gives a tile: the total's digits in [0, 2**32) with
+    a signed top word, then its NaN/+inf/-inf flags as counts, so that a carry can stand first in the words'
+    cumsum (fold_words read backwards; exact.py's integers are multiples of 2**53, its unit being 2**53 times
+    finer than the words' bit 0)."""
+    from ..exact import EBASE
+
+    shift = WORD_BASE - EBASE
+    low_bits = 32 * (KWORDS - 1)
+    out = np.zeros((len(carries), KTILEOUT), dtype=np.int64)
+    for r, state in enumerate(carries):
+        total = int(state.total[()])
+        units = total >> shift
+        if units << shift != total:
+            raise ValueError("an exact carry that is no sum of floats: its total is not a multiple of 2**53")
+        top = units >> low_bits  # floor: the digits below stay non-negative for either sign
+        if not -(1 << 63) <= top < (1 << 63):
+            raise OverflowError("an exact carry beyond the scan's 72 words (more than 2**1261 in magnitude)")
+        out[r, : KWORDS - 1] = np.frombuffer((units - (top << low_bits)).to_bytes(low_bits // 8, "little"), "<u4")
+        out[r, KWORDS - 1] = top
+        out[r, KWORDS:] = bool(state.nan[()]), bool(state.pinf[()]), bool(state.ninf[()])
+    return out
+
+
 @functools.lru_cache(maxsize=4096)
 def _grid_x(device: int, n: int, rows: int, per_sm: int, resident: int | None) -> int:
     """Blocks per row: ``per_sm`` blocks per SM in all, capped by the kernel's resident blocks per SM (the
@@ -263,17 +285,21 @@ def _scan_kernels(dtype, out) -> dict:
     return _kernels.get_standalone_kernels(ENTRY, scan_names(dtype, out))
 
 
-def device_cumsum(x, dt, skipnan: bool = False):
+def device_cumsum(x, dt, skipnan: bool = False, carry=None):
     """The exact inclusive cumsum of each row of a C-contiguous 2-d CuPy array (rows x n, n > 0, rows > 0)
     into a new (rows, n) array of ``dt``, on its GPU: pass 1, an int64 cumsum of the tile words, the seeds,
-    pass 2 and the fallback walk (kernels/exact_scan.cuh); five launches whatever the data, no host sync."""
+    pass 2 and the fallback walk (kernels/exact_scan.cuh); six launches whatever the data (one fills the
+    carry slots), no host sync. ``carry``: (rows, KTILEOUT) int64 words (carry_words) of what precedes each
+    row, copied to the device first, so every output is the rounding of carry + the row's exact prefix, and
+    the carry's flags decide as an earlier element's would."""
     rows, n = x.shape
     k = _scan_kernels(x.dtype, dt)
     tile = scan_tile(x.dtype)
     tiles = -(-n // tile)
     count = rows * tiles
     i64 = np.int64
-    words = cupy.empty((rows, tiles, KTILEOUT), dtype=np.int64)
+    words = cupy.empty((rows, tiles + 1, KTILEOUT), dtype=np.int64)  # slot 0 of a row: its carry
+    words[:, 0] = 0 if carry is None else cupy.asarray(carry)
     k["words"](int(min(-(-count // SCAN_WARPS), 1 << 20)), SCAN_WARPS * 32,
                (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
     cum = cupy.cumsum(words, axis=1)  # integer adds on the device: exact, order-free
@@ -289,17 +315,21 @@ def device_cumsum(x, dt, skipnan: bool = False):
     return out
 
 
-def cumsum(x, axis: int, dt, skipnan: bool = False):
+def cumsum(x, axis: int, dt, skipnan: bool = False, carry=None):
     """exact.cumsum of one CuPy array along ``axis`` on its GPU (``skipnan``: nancumsum): bitwise exact.py's
-    host scan. The scanned axis is moved last with one device copy when it is not already the contiguous
-    one; the result is that layout moved back (as exact.py's)."""
+    host scan (exact._cumsum_block). ``carry``: exact._cumsum_block's, an object array of per-lane
+    ExactStates (the exact totals and flags of the earlier chunks of a Dask array; its shape is x's without
+    ``axis``), entering the scan as the first slot of each lane's words. Any axis and any number of lanes
+    run on the GPU: the scanned axis is moved last with one device copy when it is not already the
+    contiguous one; the result is that layout moved back (as exact.py's)."""
     dt = np.dtype(dt)
     with _on_holder(x):
         moved = cupy.moveaxis(x, axis, -1)
         if x.size == 0:
             return cupy.moveaxis(cupy.empty(moved.shape, dtype=dt), -1, axis)
         rows = cupy.ascontiguousarray(moved).reshape(-1, moved.shape[-1])
-        out = device_cumsum(rows, dt, skipnan)
+        words = None if carry is None else carry_words(carry.reshape(-1))
+        out = device_cumsum(rows, dt, skipnan, words)
         return cupy.moveaxis(out.reshape(moved.shape), -1, axis)
 
 

@@ -1,6 +1,7 @@
 """GPU: the exact cumsum kernels (kernels/exact_scan.cuh via backends/cupy_exact.py). GPU bits == the CPU
 exact cumsum's bits (exact.py, the oracle) for every float dtype, awkward sizes, axes, output dtypes and
-nancumsum, with no copy of the data to the host; the same bits run after run."""
+nancumsum, with no element scanned on the host; the same bits run after run; Dask arrays of CuPy chunks
+(any chunking, empty and one-element chunks included) carry exact totals into each chunk's GPU scan."""
 
 from __future__ import annotations
 
@@ -44,9 +45,21 @@ def make(kind: str, n: int, dtype, seed: int = 0) -> np.ndarray:
         elif kind == "special":
             x = rng.standard_normal(n)
             x[rng.integers(0, n, min(n, 4))] = [np.inf, -np.inf, np.nan, np.inf][: min(n, 4)]
+        elif kind == "infs":  # +inf early, -inf late: the carried +inf flag meets the chunk's -inf
+            x = rng.standard_normal(n)
+            x[n // 3: n // 3 + 1] = np.inf
+            x[2 * n // 3 + 1: 2 * n // 3 + 2] = -np.inf
+        elif kind == "huge":  # prefixes run past the dtype's range and come back: carries beyond it
+            x = rng.choice([-1.0, 1.0], n) * float(np.finfo(dt).max) * rng.uniform(0.5, 1.0, n)
+            x[: n // 2] = np.abs(x[: n // 2])
         else:
             raise ValueError(kind)
         return x.astype(dt)
+
+
+def refuse_host_scan(*args, **kwargs):
+    """Stands in for exact._exact_scan_1d, the host's element-by-element scan, where none may run."""
+    pytest.fail("a CuPy array or chunk was scanned on the host")
 
 
 def check(x, axis=None, dtype=None, skipnan=False):
@@ -97,7 +110,7 @@ def test_exact_cumsum_past_2_24(dtype):
 
 def test_exact_cumsum_is_repeatable_and_needs_no_host_copy(monkeypatch):
     x = cupy.asarray(make("cancel", (1 << 20) + 3, np.float64))
-    monkeypatch.setattr(cupy_exact, "to_host", lambda b: pytest.fail("copied to the host"))
+    monkeypatch.setattr(exact, "_exact_scan_1d", refuse_host_scan)
     first = cupy.asnumpy(exact.cumsum(x))
     for _ in range(20):
         assert same(cupy.asnumpy(exact.cumsum(x)), first)
@@ -109,3 +122,100 @@ def test_nvrtc_build_is_exact_on_float32_subnormals():
     x = np.array([tiny, tiny, -tiny, 3 * tiny, np.float32(1e-40), -np.float32(1e-40)], dtype=np.float32)
     check(x)
     check(np.tile(x, 1000))
+
+
+# -- Dask arrays of CuPy chunks: every chunk scanned on its GPU, seeded with the exact carry of the chunks
+# before it (exact._lane_states/_add_lanes -> cupy_exact.carry_words -> the first words slot)
+def dask_of_cupy(host: np.ndarray, chunks):
+    import dask.array as da
+
+    return da.from_array(host, chunks=chunks, asarray=False).map_blocks(
+        cupy.asarray, dtype=host.dtype, meta=cupy.empty((0,) * host.ndim, host.dtype))
+
+
+def chunkings(n: int) -> list[tuple[int, ...]]:
+    """Awkward chunks of ``n`` elements: a single chunk, empty chunks first, last and between, one-element
+    chunks, cuts at tile - 1, tile and 2 tile + 1 of the scan's tile (4096) and chunks of hundreds of tiles."""
+    tile = cupy_exact.scan_tile(np.float32)
+    found = [(n,), (0, n), (n, 0)]
+    if n >= 1:
+        found += [(1, 0, n - 1), (n - 1, 1), (0, 1, 0, n - 1, 0)]
+    if n >= 31:
+        found.append((1, 1, 1, 0, 28, 0) + ((n - 31,) if n > 31 else ()))
+    if n >= 1025:
+        found.append((tile - 1, 1, 0, tile + 1, n - 2 * tile - 1) if n > 2 * tile + 1 else (333, 0, 1, 1, n - 335))
+    if n > 4 * tile:
+        found.append((7,) * 5 + (n // 3 - 35, 0, n // 3, 1, n - 2 * (n // 3) - 1))
+    return [c for c in found if all(v >= 0 for v in c) and sum(c) == n]
+
+
+def check_chunked(host, chunks, axis=None, dtype=None, skipnan=False, monkeypatch=None, want=None):
+    """The Dask exact cumsum of ``host`` in CuPy ``chunks``: CuPy chunks, bitwise the NumPy exact cumsum
+    (``want``, computed when not given) and the same data in one chunk, and no element scanned on the host."""
+    if want is None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = exact.cumsum(host, axis=axis, dtype=dtype, skipnan=skipnan)
+    lazy = exact.cumsum(dask_of_cupy(host, chunks), axis=axis, dtype=dtype, skipnan=skipnan)
+    assert isinstance(lazy._meta, cupy.ndarray)
+    whole = exact.cumsum(dask_of_cupy(host, tuple((s,) for s in host.shape)), axis=axis, dtype=dtype,
+                         skipnan=skipnan)
+    with monkeypatch.context() as patch:
+        patch.setattr(exact, "_exact_scan_1d", refuse_host_scan)
+        got, one = lazy.compute(scheduler="synchronous"), whole.compute(scheduler="synchronous")
+    assert isinstance(got, cupy.ndarray)
+    assert same(cupy.asnumpy(got), want), (host.dtype, host.shape, chunks, axis, dtype, skipnan)
+    assert same(cupy.asnumpy(one), want), (host.dtype, host.shape, axis, dtype, skipnan)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [0, 1, 31, 1025, 3 * 4096 + 5])
+@pytest.mark.parametrize("kind", ["normal", "cancel", "range", "ints", "special", "infs", "huge"])
+def test_dask_of_cupy_chunks_scans_with_exact_carries(dtype, n, kind, monkeypatch):
+    x = make(kind, n, dtype)
+    for chunks in chunkings(n):
+        check_chunked(x, (chunks,), monkeypatch=monkeypatch)
+    if n:
+        nans = x.copy()
+        nans[:: max(1, n // 7)] = np.nan
+        for chunks in chunkings(n)[:4]:
+            check_chunked(nans, (chunks,), skipnan=True, monkeypatch=monkeypatch)
+            check_chunked(nans, (chunks,), monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_dask_of_cupy_chunks_past_2_20(dtype, monkeypatch):
+    """2^20 + 7 elements: chunks of hundreds of tiles whose carries are thousands of tiles' exact sums."""
+    n = (1 << 20) + 7
+    x = make("cancel" if dtype == np.float64 else "range", n, dtype)
+    want = exact.cumsum(x)  # the host scan: ~2 s
+    for chunks in chunkings(n)[:2] + chunkings(n)[-2:]:
+        check_chunked(x, (chunks,), monkeypatch=monkeypatch, want=want)
+    nans = x.copy()
+    nans[::1001] = np.nan
+    check_chunked(nans, (chunkings(n)[-1],), skipnan=True, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_dask_of_cupy_chunks_axes_and_output_dtypes(dtype, monkeypatch):
+    """Lanes: a 2-d (and 3-d) array chunked along both axes, scanned along each axis and flattened; every
+    lane of a chunk carries its own exact state; output dtypes wider and narrower than the input."""
+    x = make("range", 6 * 1100, dtype).reshape(6, 1100)
+    chunks = ((1, 0, 3, 2), (1, 0, 31, 1025, 43))
+    for axis in (0, 1, -1, None):
+        check_chunked(x, chunks, axis=axis, monkeypatch=monkeypatch)
+    for out in FLOATS:
+        check_chunked(x, chunks, axis=1, dtype=out, monkeypatch=monkeypatch)
+    special = make("special", 6 * 1100, dtype).reshape(6, 1100)
+    check_chunked(special, chunks, axis=1, skipnan=True, monkeypatch=monkeypatch)
+    cube = make("cancel", 4 * 3 * 50, dtype).reshape(4, 3, 50)
+    for axis in (0, 1, 2):
+        check_chunked(cube, ((2, 2), (1, 2), (17, 0, 33)), axis=axis, monkeypatch=monkeypatch)
+
+
+def test_nancumsum_of_cupy_chunks_through_the_api(monkeypatch):
+    x = make("special", 5000, np.float64)
+    x[::97] = np.nan
+    with monkeypatch.context() as patch:
+        patch.setattr(exact, "_exact_scan_1d", refuse_host_scan)
+        got = mr.nancumsum(dask_of_cupy(x, ((1, 0, 2047, 2952),)), exact=True).compute(scheduler="synchronous")
+    assert same(cupy.asnumpy(got), exact.cumsum(x, skipnan=True))
