@@ -288,8 +288,8 @@ def _scan_kernels(dtype, out) -> dict:
 def device_cumsum(x, dt, skipnan: bool = False, carry=None):
     """The exact inclusive cumsum of each row of a C-contiguous 2-d CuPy array (rows x n, n > 0, rows > 0)
     into a new (rows, n) array of ``dt``, on its GPU: pass 1, an int64 cumsum of the tile words, the seeds,
-    pass 2 and the fallback walk (kernels/exact_scan.cuh); five launches and one copy of the carry
-    slots whatever the data, no host sync. ``carry``: (rows, KTILEOUT) int64 words (carry_words) of what precedes each
+    pass 2 and the fallback walk (kernels/exact_scan.cuh); five launches (and the carry slots' copy)
+    whatever the data, no host sync. ``carry``: (rows, KTILEOUT) int64 words (carry_words) of what precedes each
     row, copied to the device first, so every output is the rounding of carry + the row's exact prefix, and
     the carry's flags decide as an earlier element's would."""
     rows, n = x.shape
@@ -298,13 +298,11 @@ def device_cumsum(x, dt, skipnan: bool = False, carry=None):
     tiles = -(-n // tile)
     count = rows * tiles
     i64 = np.int64
-    words = cupy.empty((rows, tiles + 1, KTILEOUT), dtype=np.int64)  # slot 0 of a row: its carry
-    # one strided copy from the host fills every row's slot 0: CuPy's assignment to the strided view would
-    # compile an elementwise kernel at its first use
-    slots = np.zeros((rows, KTILEOUT), np.int64) if carry is None else np.ascontiguousarray(carry, np.int64)
-    row_bytes = KTILEOUT * slots.itemsize
-    cupy.cuda.runtime.memcpy2DAsync(words.data.ptr, (tiles + 1) * row_bytes, slots.ctypes.data, row_bytes, row_bytes,
-                                    rows, cupy.cuda.runtime.memcpyHostToDevice, cupy.cuda.get_current_stream().ptr)
+    # slot 0 of a row: its carry. A memset for none (CuPy's assignment to the strided slots compiles an
+    # elementwise kernel at its first use: a Dask array's chunks with carries pay that once)
+    words = cupy.zeros((rows, tiles + 1, KTILEOUT), dtype=np.int64)
+    if carry is not None:
+        words[:, 0] = cupy.asarray(carry)
     k["words"](int(min(-(-count // SCAN_WARPS), 1 << 20)), SCAN_WARPS * 32,
                (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
     cum = cupy.cumsum(words, axis=1)  # integer adds on the device: exact, order-free
