@@ -285,6 +285,13 @@ def _scan_kernels(dtype, out) -> dict:
     return _kernels.get_standalone_kernels(ENTRY, scan_names(dtype, out))
 
 
+#: Whether several lanes scan in one device_cumsum (rows x n) or one lane at a time. One at a time until
+#: the batched form passes on a GPU: on an H100 (2026-11-26) lanes past the first came out wrong once each
+#: row's words gained its carry slot (cum was read as C order; the contiguous copy above is the fix, not
+#: yet run on a GPU: tests/gpu/test_gpu_exact_scan.py::test_device_cumsum_batched_lanes checks it).
+BATCHED_LANES = False
+
+
 def device_cumsum(x, dt, skipnan: bool = False, carry=None):
     """The exact inclusive cumsum of each row of a C-contiguous 2-d CuPy array (rows x n, n > 0, rows > 0)
     into a new (rows, n) array of ``dt``, on its GPU: pass 1, an int64 cumsum of the tile words, the seeds,
@@ -305,7 +312,9 @@ def device_cumsum(x, dt, skipnan: bool = False, carry=None):
         words[:, 0] = cupy.asarray(carry)
     k["words"](int(min(-(-count // SCAN_WARPS), 1 << 20)), SCAN_WARPS * 32,
                (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
-    cum = cupy.cumsum(words, axis=1)  # integer adds on the device: exact, order-free
+    # integer adds on the device: exact, order-free. CuPy may return a scan along a middle axis as a
+    # transposed view of its work array; the kernels read cum as C-order rows of slots
+    cum = cupy.ascontiguousarray(cupy.cumsum(words, axis=1))
     seeds = cupy.empty(count * 4, dtype=np.int64)
     k["seeds"](int(min(-(-count // SEED_BLOCK), 1 << 16)), SEED_BLOCK,
                (cum, i64(count), i64(tiles), np.int32(skipnan), seeds))
@@ -332,7 +341,12 @@ def cumsum(x, axis: int, dt, skipnan: bool = False, carry=None):
             return cupy.moveaxis(cupy.empty(moved.shape, dtype=dt), -1, axis)
         rows = cupy.ascontiguousarray(moved).reshape(-1, moved.shape[-1])
         words = None if carry is None else carry_words(carry.reshape(-1))
-        out = device_cumsum(rows, dt, skipnan, words)
+        if rows.shape[0] == 1 or BATCHED_LANES:
+            out = device_cumsum(rows, dt, skipnan, words)
+        else:
+            out = cupy.empty(rows.shape, dtype=dt)
+            for lane in range(rows.shape[0]):
+                out[lane] = device_cumsum(rows[lane:lane + 1], dt, skipnan, None if words is None else words[lane:lane + 1])[0]
         return cupy.moveaxis(out.reshape(moved.shape), -1, axis)
 
 

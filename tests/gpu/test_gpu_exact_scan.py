@@ -219,3 +219,27 @@ def test_nancumsum_of_cupy_chunks_through_the_api(monkeypatch):
         patch.setattr(exact, "_exact_scan_1d", refuse_host_scan)
         got = mr.nancumsum(dask_of_cupy(x, ((1, 0, 2047, 2952),)), exact=True).compute(scheduler="synchronous")
     assert same(cupy.asnumpy(got), exact.cumsum(x, skipnan=True))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_device_cumsum_batched_lanes(dtype):
+    """Several lanes in one device_cumsum (what BATCHED_LANES would turn on), lanes of one tile and of
+    several, with and without carries: each lane bitwise the one-lane scan and the host's. Until this
+    passes on a GPU, cupy_exact.cumsum scans lanes one at a time."""
+    from multireduce.backends import cupy_exact
+
+    tile = cupy_exact.scan_tile(np.dtype(dtype))
+    for rows, n in [(7, 3), (5, 2 * tile + 17), (3, 5 * tile)]:
+        x = np.stack([make("range", n, dtype, seed=r) for r in range(rows)])
+        carries = np.empty(rows, dtype=object)
+        for r in range(rows):
+            carries[r] = exact._lane_states(make("normal", 100, dtype, seed=50 + r).reshape(1, 100), 1, False).reshape(-1)[0]
+        for carry in (None, carries):
+            words = None if carry is None else cupy_exact.carry_words(carry)
+            got = cupy.asnumpy(cupy_exact.device_cumsum(cupy.asarray(x), np.dtype(dtype), False, words))
+            for r in range(rows):
+                one = cupy_exact.device_cumsum(cupy.asarray(x[r:r + 1]), np.dtype(dtype), False,
+                                               None if words is None else words[r:r + 1])
+                assert same(got[r], cupy.asnumpy(one)[0]), (rows, n, r, carry is not None)
+                want = exact._cumsum_block(x[r:r + 1], 1, np.dtype(dtype), None if carry is None else carry[r:r + 1])
+                assert same(got[r], want[0]), (rows, n, r, carry is not None)
