@@ -377,7 +377,8 @@ def nanargmin(x, axis=None, keepdims=False, *, split_every=None):
 # ------------------------------------------------------------------------------------------------
 def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
     if (axis is None and dtype is None and keepdims is False and split_every is None and stat in ("var", "std")
-            and type(ddof) in (int, float) and math.isfinite(ddof) and getattr(x, "size", 0) - ddof > 0):
+            and (type(ddof) is int and -(1 << 53) < ddof or type(ddof) is float and math.isfinite(ddof))
+            and getattr(x, "size", 0) - ddof > 0):
         result = _whole_on_gpu(stat, x, "biuf", float(ddof))  # count - ddof > 0: no warning to give
         if result is not None:
             return result

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 
 import cupy
 import numpy as np
@@ -53,12 +54,23 @@ _workspaces: dict[tuple, list] = {}
 _MAX_WORKSPACES = 64  # a stream made per request would otherwise add one per stream, each holding GPU memory
 
 
+_PER_THREAD_STREAM = 2  # cudaStreamPerThread: one handle, a different stream in every host thread
+
+
+def stream_key():
+    """The current stream, as the key of scratch reused by the launches queued on it: its handle, and the
+    host thread too for the per-thread default stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1), whose one
+    handle is a different stream in each thread, so that two threads never share scratch."""
+    ptr = cupy.cuda.get_current_stream().ptr
+    return (ptr, threading.get_ident()) if ptr == _PER_THREAD_STREAM else ptr
+
+
 def _workspace(grid: int, acc: np.dtype) -> tuple[cupy.ndarray, cupy.ndarray]:
     """(partials, counter) for a one-launch reduction on the current stream: scratch for one partial per
     block and a zeroed counter for the last-block guard (the last block resets it). Reused per (device,
     stream, dtype): launches on one stream run in order, so the next one cannot overwrite partials still
     being read."""
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr, acc)
+    key = (cupy.cuda.runtime.getDevice(), stream_key(), acc)
     space = _workspaces.get(key)
     if space is None:
         if len(_workspaces) >= _MAX_WORKSPACES:
@@ -269,7 +281,7 @@ class Launcher:
         if x.data.device_id != device:
             return None
         kernel, rule, spaces = self.per_device.get(device) or self._bind(device)
-        stream = cupy.cuda.get_current_stream().ptr
+        stream = stream_key()
         space = spaces.get(stream)
         if space is None:
             space = spaces[stream] = (cupy.empty(rule[1], self.acc), cupy.zeros(1, dtype=np.uint32))

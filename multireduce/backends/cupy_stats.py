@@ -35,6 +35,9 @@ from .. import kernels as _kernels
 from ..tuning import Policy
 from . import numpy_stats as _host
 
+if cupy is not None:
+    from . import cupy_backend as _cupy_backend
+
 ENTRY = "stats.cuh"
 
 # The launch constants are tuning.Policy's (what each one is, and what it measured, is said there). The
@@ -353,7 +356,7 @@ class WholeLauncher:
         if x.data.device_id != device:
             return None
         rows, fold, most, spaces = self.per_device.get(device) or self._bind(device)
-        stream = cupy.cuda.get_current_stream().ptr
+        stream = _cupy_backend.stream_key()
         parts = spaces.get(stream)
         if parts is None:  # kernels on one stream run in order: the next call's rows wait for this fold
             parts = spaces[stream] = cupy.empty(most * self.state.itemsize, dtype=np.uint8)

@@ -514,3 +514,38 @@ def test_fast_path_declines_what_it_does_not_take():
             got = getattr(mr, name)(other)
             assert got.data.device_id == 1, name
             np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(getattr(mr, name)(x)), err_msg=name)
+
+
+def test_per_thread_default_stream_keeps_scratch_apart():
+    """The per-thread default stream has one handle in every thread but is a different stream in each:
+    the bound launchers' scratch is keyed by thread there too, so threads reducing at once on it never
+    share a workspace (results right under concurrency)."""
+    import threading
+
+    from multireduce.backends import cupy_backend
+
+    rng = np.random.default_rng(9)
+    hosts = [rng.standard_normal(1 << 22).astype(np.float32) for _ in range(4)]
+    want = [(int(np.argmax(h)), np.var(h.astype(np.float64)), np.sum(h.astype(np.float64))) for h in hosts]
+    keys, got, errors = {}, {}, []
+
+    def work(i):
+        try:
+            with cupy.cuda.Stream.ptds:
+                keys[i] = cupy_backend.stream_key()
+                x = cupy.asarray(hosts[i])
+                for _ in range(20):
+                    got[i] = (int(mr.argmax(x)), float(mr.var(x)), float(mr.sum(x)))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(set(keys.values())) == 4, keys
+    for i, (index, var, total) in enumerate(want):
+        assert got[i][0] == index
+        assert abs(got[i][1] - var) <= 1e-4 * var and abs(got[i][2] - total) <= 1e-3 * (abs(total) + 1e3)
