@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from fractions import Fraction
 
@@ -289,7 +290,8 @@ def _scan_kernels(dtype, out) -> dict:
 #: the batched form passes on a GPU: on an H100 (2026-11-26) lanes past the first came out wrong once each
 #: row's words gained its carry slot (cum was read as C order; the contiguous copy above is the fix, not
 #: yet run on a GPU: tests/gpu/test_gpu_exact_scan.py::test_device_cumsum_batched_lanes checks it).
-BATCHED_LANES = False
+#: MULTIREDUCE_EXACT_BATCHED_LANES=1 turns the batched form on, to test and time it before the default moves.
+BATCHED_LANES = os.environ.get("MULTIREDUCE_EXACT_BATCHED_LANES", "") == "1"
 
 
 def device_cumsum(x, dt, skipnan: bool = False, carry=None):
