@@ -84,10 +84,15 @@ def main():
             rows.append((f"2^{log2n}", name, host, latency))
             print(f"2^{log2n:<3} {name:34} pipelined {host:6.2f} us   latency {latency:6.2f} us", flush=True)
     print()
-    print("| n | what | pipelined host us/call | latency us (call + sync) |")
-    print("|---|---|---|---|")
+    print_host_table(("n", "what"), rows)
+
+
+def print_host_table(names: tuple, rows: list) -> None:
+    """Rows of (names..., pipelined us, latency us) as a markdown table."""
+    print("| " + " | ".join(names) + " | pipelined host us/call | latency us (call + sync) |")
+    print("|" + "---|" * (len(names) + 2))
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} |")
+        print("| " + " | ".join(str(v) for v in r[:len(names)]) + f" | {r[-2]:.2f} | {r[-1]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import cupy  # noqa: E402
 
 import multireduce as mr  # noqa: E402
-from profile_small import per_call_us  # noqa: E402
+from profile_small import per_call_us, print_host_table  # noqa: E402
 
 STATS = ("sum", "mean", "argmax", "argmin", "var", "std", "nansum", "nanmax", "nanmean", "any", "count_nonzero")
 
@@ -50,10 +50,8 @@ def main():
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
         print(f"\n=== cProfile, 2000 x multireduce.{name}\n" + "\n".join(text.getvalue().splitlines()[4:]))
-    print("\n| call (float32, 2^10) | pipelined host us/call | latency us (call + sync) |")
-    print("|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]:.2f} | {r[2]:.2f} |")
+    print()
+    print_host_table(("call (float32, 2^10)",), rows)
 
 
 if __name__ == "__main__":
