@@ -55,6 +55,7 @@ from dask.array.utils import meta_from_array
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import placement
+from .backends import on_device_of
 from .core import ScanPlan
 from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fold_in_order, reduction, scan,
                     stage_token)
@@ -75,13 +76,8 @@ class _Failed:
         self.error = error
 
 
-def _on_device_of(block, fn, *args):
-    device = getattr(getattr(block, "data", None), "device_id", None)
-    if device is None:
-        return fn(block, *args)
-    import cupy
-
-    with cupy.cuda.Device(device):  # run on the GPU that holds the chunk
+def _call_where_held(block, fn, *args):
+    with on_device_of(block):  # run on the GPU that holds the chunk
         return fn(block, *args)
 
 
@@ -120,7 +116,7 @@ def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, da
     try:
         held = [k for k in keys if k in dask_worker.data]
         extra = extra or {}
-        computed = [None if k in only_where else _on_device_of(dask_worker.data[k], per_chunk, *extra.get(k, ()))
+        computed = [None if k in only_where else _call_where_held(dask_worker.data[k], per_chunk, *extra.get(k, ()))
                     for k in held]
         return dict(zip(held, _to_host_together(computed)))
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
@@ -142,7 +138,7 @@ def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):
         return _Moved()
     try:
         for in_key, out_key, carry in mine:
-            kept[out_key] = _on_device_of(dask_worker.data[in_key], lambda b: _scan_seeded(plan, b, carry,
+            kept[out_key] = _call_where_held(dask_worker.data[in_key], lambda b: _scan_seeded(plan, b, carry,
                                                                                           0 if carry is None else 1))
         dask_worker.update_data(data=kept, stimulus_id=f"multireduce-scan-{plan.label}")
         return {k: sizeof(v) for k, v in kept.items()}

@@ -39,7 +39,6 @@ carries, so it is the var kernel with the mean as its final value.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import math
 import numbers
 import warnings
@@ -53,7 +52,7 @@ from . import api
 from . import exact as _exact
 from . import dtypes as _dt
 from .operators import get_operator
-from .backends import is_cupy_array, numpy_stats
+from .backends import is_cupy_array, numpy_stats, on_device_of
 
 # float64 partials: the relative error of var against an exact reference on 1e8 + N(0, 1) data is a
 # few hundred ulps at most (mean rounding in each chunk, one rounding per Chan merge level)
@@ -622,26 +621,17 @@ def _integer_offsets(offsets, caller):
     if offsets.ndim != 1 or (offsets.size and offsets.dtype.kind not in "iu"):
         raise TypeError(f"{caller}: argument 'offsets' must be a 1-D array of integers; got dtype "
                         f"{offsets.dtype}, shape {offsets.shape}")
-    with _on_device_of(offsets):
+    with on_device_of(offsets):
         return offsets.astype(np.int64, copy=False)
 
 
 def _offsets_range_error(given, n, ascending, caller):
     """``given``: the offsets as the caller passed them (not the int64 copy), so the values in the
     message are the caller's."""
-    with _on_device_of(given):  # a CuPy reduction runs on the current GPU, which need not be given's
+    with on_device_of(given):  # a CuPy reduction runs on the current GPU, which need not be given's
         low, high = int(given.min()), int(given.max())
     return ValueError(f"{caller}: argument 'offsets' must be ascending start offsets in [0, {n}]; got "
                       f"values from {low} to {high}" + ("" if ascending else ", not ascending"))
-
-
-def _on_device_of(a):
-    """A context on ``a``'s GPU for CuPy ``a``, else one that does nothing."""
-    if is_cupy_array(a):
-        import cupy
-
-        return cupy.cuda.Device(a.data.device_id)
-    return contextlib.nullcontext()
 
 
 class _DeviceOffsets:
@@ -673,7 +663,7 @@ class _DeviceOffsets:
         if not (inside and ascending):
             given = self.given
             if given.dtype == np.uint64:  # the int64 copy wrapped values past 2**63: order them as given
-                with _on_device_of(given):
+                with on_device_of(given):
                     ascending = bool((given[1:] >= given[:-1]).all())
             raise _offsets_range_error(given, self.n, ascending, self.caller)
         return result

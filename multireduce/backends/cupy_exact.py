@@ -32,6 +32,7 @@ except ImportError:  # the kernel names, the NumPy model and the nvcc check (CI,
 
 from .. import kernels as _kernels
 from ..tuning import policy
+from . import on_device_of
 
 _POLICY = policy(9)  # launch constants: one set for every GPU (tuning.policy)
 BLOCK = _POLICY.exact_block
@@ -55,8 +56,6 @@ _ROWS_PER_LAUNCH = 65535  # gridDim.y; the kernel loops over rows past it
 _PER_BLOCK_LIMIT = 1 << 28  # elements per block per launch: shared words stay far below 2**63
 
 
-def _on_holder(block):
-    return cupy.cuda.Device(block.data.device_id)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,7 +245,7 @@ def state_of(block, axes: tuple[int, ...]):
     contract: reduced axes dropped from the state's shape)."""
     from ..exact import ExactState
 
-    with _on_holder(block):
+    with on_device_of(block):
         kept_shape, x, n = _rows_of(block, axes)
         if x is None:
             false = np.zeros(kept_shape, dtype=bool)
@@ -263,7 +262,7 @@ def reduce(x, plan):
     """An exact sum, nansum or mean of one CuPy array, rounded on the device from the words (exact.cuh
     round_words: exact.py's rounding and division by the count, bit for bit), so the call returns without
     waiting for the GPU. Empty reductions take exact.py's host path (zeros, or NaN with its warning)."""
-    with _on_holder(x):
+    with on_device_of(x):
         kept_shape, rows_n, n = _rows_of(x, plan.axes)
         if rows_n is not None:
             out_dtype = np.dtype(plan.out_dtype)
@@ -337,7 +336,7 @@ def cumsum(x, axis: int, dt, skipnan: bool = False, carry=None):
     run on the GPU: the scanned axis is moved last with one device copy when it is not already the
     contiguous one; the result is that layout moved back (as exact.py's)."""
     dt = np.dtype(dt)
-    with _on_holder(x):
+    with on_device_of(x):
         moved = cupy.moveaxis(x, axis, -1)
         if x.size == 0:
             return cupy.moveaxis(cupy.empty(moved.shape, dtype=dt), -1, axis)

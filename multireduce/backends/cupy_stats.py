@@ -34,6 +34,7 @@ from .. import dtypes as _dt
 from .. import kernels as _kernels
 from ..tuning import Policy
 from . import numpy_stats as _host
+from . import on_device_of
 
 if cupy is not None:
     from . import cupy_backend as _cupy_backend
@@ -383,8 +384,6 @@ def to_host(partial):
     return tuple(cupy.asnumpy(p) for p in partial)
 
 
-def _on_holder(block):
-    return cupy.cuda.Device(block.data.device_id)
 
 
 def _kept(block, axes):
@@ -418,7 +417,7 @@ def arg_partial(st, dtype, block_shape, axes, largest, skipnan, offsets, shape):
 
 
 def arg_chunk(block, axes, largest, skipnan, offsets, shape):
-    with _on_holder(block):
+    with on_device_of(block):
         if not handles(block, "argmax"):
             return to_host(_host.arg_chunk(block, axes, largest, skipnan, offsets, shape, xp=cupy))
         stat = ("nanarg" if skipnan else "arg") + ("max" if largest else "min")
@@ -427,7 +426,7 @@ def arg_chunk(block, axes, largest, skipnan, offsets, shape):
 
 
 def moments_chunk(block, axes, skipnan):
-    with _on_holder(block):
+    with on_device_of(block):
         if not handles(block, "var"):
             return to_host(_host.moments_chunk(block, axes, skipnan, xp=cupy))
         st = _states(block, "nanvar" if skipnan else "var", axes)
@@ -435,7 +434,7 @@ def moments_chunk(block, axes, skipnan):
 
 
 def extreme_chunk(block, axes, largest):
-    with _on_holder(block):
+    with on_device_of(block):
         if not handles(block, "nanmax"):
             return to_host(_host.extreme_chunk(block, axes, largest, xp=cupy))
         kept = _kept(block, axes)
@@ -447,14 +446,14 @@ def extreme_chunk(block, axes, largest):
 
 
 def truth_chunk(block, axes, every):
-    with _on_holder(block):
+    with on_device_of(block):
         if not handles(block, "any"):
             return to_host(_host.truth_chunk(block, axes, every, xp=cupy))
         return (_states(block, "all" if every else "any", axes)["value"] != 0,)
 
 
 def count_chunk(block, axes):
-    with _on_holder(block):
+    with on_device_of(block):
         if not handles(block, "count_nonzero"):
             return to_host(_host.count_chunk(block, axes, xp=cupy))
         return (np.ascontiguousarray(_states(block, "count_nonzero", axes)["value"]),)
