@@ -68,7 +68,7 @@ fi
 if has pending; then
   # what session 14 left unverified (docs/gpu-testing.md "Session 14 runs"): the exact scan's lanes,
   # one at a time (the default) and batched, and threads on the per-thread default stream
-  { python3 -m pytest tests/gpu/test_gpu_exact_scan.py -m "gpu and not large" -n 8 -q -p no:cacheprovider -p no:benchmark; \
+  { MULTIREDUCE_EXACT_BATCHED_LANES=0 python3 -m pytest tests/gpu/test_gpu_exact_scan.py -m "gpu and not large" -n 8 -q -p no:cacheprovider -p no:benchmark; \
     MULTIREDUCE_EXACT_BATCHED_LANES=1 python3 -m pytest tests/gpu/test_gpu_exact_scan.py -m "gpu and not large" -n 8 -q \
       -p no:cacheprovider -p no:benchmark; \
     python3 -m pytest tests/gpu/test_gpu_statistics.py -k per_thread -q -p no:cacheprovider -p no:benchmark; } \

