@@ -1,4 +1,5 @@
-"""argmax and var across GPUs: multireduce vs dask.array on a LocalCUDACluster (one worker per GPU), on
+"""argmax, var and exact sums and scans across GPUs: multireduce vs dask.array on a LocalCUDACluster (one
+worker per GPU), on
 persisted float32 data (or, with ``--cpu``, a CPU LocalCluster with NumPy chunks and tiny sizes, to check
 the script anywhere).
 
@@ -9,7 +10,9 @@ the script anywhere).
 Times are wall-clock from the client call until the value is on the client, median of repeats after
 one warm-up; a repetition starts only after the scheduler has released the previous result's keys.
 argmax must equal dask's (both give the first occurrence); var must be within 1e-5 of a float64
-reference. Writes $OUT/bench_multigpu_stats.{md,json} (and docs/ on a GPU run).
+reference; the exact sum must be the float32 nearest a float64 sum (within one float32 ulp: the float64
+sum is itself rounded) and the exact cumsum's last element the exact sum's bits. The exact rows
+(``exact=True``, issue 15) sit beside the plain ones, so each has its cost in the same run. Writes $OUT/bench_multigpu_stats.{md,json} (and docs/ on a GPU run).
 """
 
 from __future__ import annotations
@@ -33,17 +36,26 @@ from multigpu import _bounded, _make_block, _make_host_block, float32_sizes, per
 
 def _measure(client, x, args):
     import dask.array as da
+    import distributed
 
     import multireduce as mr
 
     truth = {"argmax": int(client.compute(da.argmax(x)).result()),
-             "var": float(client.compute(x.astype(np.float64).var()).result())}
+             "var": float(client.compute(x.astype(np.float64).var()).result()),
+             "sum": float(client.compute(x.astype(np.float64).sum()).result())}
     impls = [("argmax", "dask.array.argmax", lambda: da.argmax(x)),
              ("argmax", "mr.argmax().compute()", lambda: mr.argmax(x)),
              ("argmax", "client.compute(mr.argmax())", lambda: mr.argmax(x)),
              ("var", "dask.array.var", lambda: da.var(x)),
              ("var", "mr.var().compute()", lambda: mr.var(x)),
              ("var", "client.compute(mr.var())", lambda: mr.var(x))]
+    if args.exact:
+        impls += [("sum", "dask.array.sum", lambda: da.sum(x)),
+                  ("sum", "mr.sum().compute()", lambda: mr.sum(x)),
+                  ("sum", "mr.sum(exact=True).compute()", lambda: mr.sum(x, exact=True)),
+                  ("cumsum", "mr.cumsum().persist()", lambda: mr.cumsum(x)),
+                  ("cumsum", "mr.cumsum(exact=True).persist()", lambda: mr.cumsum(x, exact=True))]
+    exact_sum = None
     rows = []
     for op, name, make in impls:
         row = dict(op=op, impl=name)
@@ -54,8 +66,20 @@ def _measure(client, x, args):
                 t0 = time.perf_counter()
                 # a row named "....compute()" calls the result's own method (for mr.var of held chunks: no
                 # task, the direct path); the others hand the graph to the client
-                run = lazy.compute if name.endswith(".compute()") else (lambda: client.compute(lazy).result())
+                if name.endswith(".persist()"):  # the scan kept on the workers; its last element read after
+                    def run(lazy=lazy):
+                        held = lazy.persist()
+                        distributed.wait(held)
+                        return held
+                elif name.endswith(".compute()"):
+                    run = lazy.compute
+                else:
+                    def run(lazy=lazy):
+                        return client.compute(lazy).result()
                 value = _bounded(run, args.timeout_s)
+                if op == "cumsum":
+                    held, value = value, value[-1].compute()
+                    del held
                 if i:  # the first is a warm-up (kernel compilation, imports on the workers)
                     times.append(time.perf_counter() - t0)
                 keys = [lazy.name]
@@ -64,8 +88,15 @@ def _measure(client, x, args):
             value = value.item() if hasattr(value, "item") else value
             if op == "argmax":
                 ok = int(value) == truth["argmax"]
-            else:
+            elif op == "var":
                 ok = abs(float(value) - truth["var"]) <= 1e-5 * truth["var"]
+            else:  # a float32 sum: within a float32 ulp of the float64 sum (2^26+ terms: plain sums too)
+                ulp = float(np.spacing(np.float32(abs(truth["sum"]))))
+                ok = abs(float(value) - truth["sum"]) <= (ulp if "exact" in name else 1e-4 * abs(truth["sum"]) + ulp)
+                if name == "mr.sum(exact=True).compute()":
+                    exact_sum = np.float32(value)
+                elif name == "mr.cumsum(exact=True).persist()":  # its last element is the exact sum
+                    ok = ok and exact_sum is not None and np.float32(value).tobytes() == exact_sum.tobytes()
             seconds = statistics.median(times)
             row.update(ms=seconds * 1e3, gbps=x.nbytes / seconds / 1e9, ok=bool(ok), note="")
         except TimeoutError:
@@ -87,6 +118,7 @@ def main(argv=None):
     p.add_argument("--chunk-log2", default="26", help="chunk elements, as powers of two")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout-s", type=float, default=60)
+    p.add_argument("--exact", action="store_true", help="also exact=True sum and cumsum beside the plain ones")
     args = p.parse_args(argv)
     if args.cpu:
         n_avail, make, device = 2, _make_host_block, "CPU (NumPy chunks)"
@@ -133,13 +165,21 @@ def main(argv=None):
 
 
 def _table(rows):
-    lines = ["| workers | GiB/worker | chunk | op | impl | ms | GB/s | x dask | ok | note |", "|" + "---|" * 10]
-    for r in rows:
-        base = [q for q in rows if q["op"] == r["op"] and q["impl"].startswith("dask.array")
+    """Each row against dask.array's of the same op and configuration, and an exact row against its plain
+    twin (the same call without ``exact=True``)."""
+    lines = ["| workers | GiB/worker | chunk | op | impl | ms | GB/s | x dask | x plain | ok | note |",
+             "|" + "---|" * 11]
+
+    def ratio(r, impl_of):
+        same = [q for q in rows if q["op"] == r["op"] and impl_of(q["impl"])
                 and all(q[k] == r[k] for k in ("workers", "gib_per_worker", "chunk_log2"))]
-        speed = base[0]["ms"] / r["ms"] if base and r["ms"] == r["ms"] else float("nan")
+        return same[0]["ms"] / r["ms"] if same and r["ms"] == r["ms"] else float("nan")
+
+    for r in rows:
+        speed = ratio(r, lambda impl: impl.startswith("dask.array"))
+        plain = ratio(r, lambda impl: "exact" in r["impl"] and impl == r["impl"].replace("exact=True", ""))
         lines.append(f"| {r['workers']} | {r['gib_per_worker']:g} | 2^{r['chunk_log2']} | {r['op']} | {r['impl']} | "
-                     f"{r['ms']:.2f} | {r['gbps']:.1f} | {speed:.2f} | {r['ok']} | {r['note']} |")
+                     f"{r['ms']:.2f} | {r['gbps']:.1f} | {speed:.2f} | {plain:.2f} | {r['ok']} | {r['note']} |")
     return "\n".join(lines)
 
 

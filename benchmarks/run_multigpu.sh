@@ -3,12 +3,14 @@
 # dask-cuda), run the multi-GPU tests, start a TLS cluster with GPU workers through deploy/ and use it,
 # then the multi-GPU benchmarks. Short table last; logs in $OUT.
 #   bash benchmarks/run_multigpu.sh [PHASES] [multigpu.py args...]
-# PHASES: "all" (= "tests bench") or a quoted list of tests (multi-GPU, spill, fault and OOM tests, the
-# deploy/ TLS cluster, a soak), soak (the soak alone), bench (benchmarks/multigpu.py --quick, multigpu_stats.py), profile
-# (multigpu.py --profile, profile_held.py). Each phase fits one device call (<= 10 minutes).
+# PHASES: "all" (= "tests soak bench") or a quoted list of tests (multi-GPU, spill, fault and OOM tests, the
+# deploy/ TLS cluster), soak (a short soak: 4 clients x MR_SOAK_REQUESTS), soakfull (issue 11's 4 clients x 500,
+# 1 KB - 1 GB, in 10 rounds; no new round past MR_SOAK_TIMEOUT - 60 s), bench (benchmarks/multigpu.py --quick,
+# multigpu_stats.py --exact), profile (multigpu.py --profile, profile_held.py). Each phase fits one device call
+# (<= 10 minutes); soakfull and bench take one each.
 set -uo pipefail
 what=${1:-all}; shift || true
-[ "$what" = all ] && what="tests bench"
+[ "$what" = all ] && what="tests soak bench"
 has() { case " $what " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-/tmp/multireduce-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MULTIREDUCE_KERNEL_CACHE=/tmp/multireduce-kernels
@@ -43,18 +45,27 @@ bash deploy/stop.sh $d/c.toml >> "$OUT/deploy.log" 2>&1
 grep -E "^deploy:|scheduler at|workers of node|stopped|Error" "$OUT/deploy.log" | head
 cp $d/run/*.log "$OUT/" 2>/dev/null
 fi
-if has tests || has soak; then
-# soak (issue 11.16), short: 4 client processes, every result checked, memory sampled before and after
-# no new round starts 60 s before the timeout, so a long soak still reports the rounds it finished
-soak_s=${MR_SOAK_TIMEOUT:-150}
-timeout $soak_s python3 benchmarks/soak.py --clients 4 --requests ${MR_SOAK_REQUESTS:-100} --max-bytes ${MR_SOAK_MAX_BYTES:-1e9} \
-  --rounds ${MR_SOAK_ROUNDS:-5} --deadline $((soak_s > 120 ? soak_s - 60 : soak_s / 2)) --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1 || rc=1
-tail -n 25 "$OUT/soak.log"
+if has soak || has soakfull; then
+# soak (issue 11.16): 4 client processes, every result checked, memory sampled after the warm-up and after
+# every round; no new round starts 60 s before the timeout, so a long soak still reports the rounds it finished
+if has soakfull; then soak_s=${MR_SOAK_TIMEOUT:-560} requests=500 rounds=10; else
+  soak_s=${MR_SOAK_TIMEOUT:-150} requests=${MR_SOAK_REQUESTS:-100} rounds=${MR_SOAK_ROUNDS:-5}; fi
+timeout $soak_s python3 benchmarks/soak.py --clients 4 --requests $requests --max-bytes ${MR_SOAK_MAX_BYTES:-1e9} \
+  --rounds $rounds --deadline $((soak_s > 120 ? soak_s - 60 : soak_s / 2)) --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1 || rc=1
+grep -E "^soak:" "$OUT/soak.log" | tail -n 12
+python3 - "$OUT/soak.json" <<'PY' || tail -n 25 "$OUT/soak.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+keys = ("ok", "complete", "done", "clients", "requests", "workers", "warmup_requests", "errors", "requests_per_s",
+        "small_request_per_s", "leaks", "unbounded_cache_growth", "gpu_scope", "stopped_at_deadline")
+print(json.dumps({k: r.get(k) for k in keys}, default=str))
+print("growth MB:", json.dumps({w: {m: round(v / 2**20, 1) for m, v in g.items()} for w, g in r["growth_bytes"].items()}))
+PY
 fi
 if has bench; then
 timeout ${MR_BENCH_TIMEOUT:-300} python3 benchmarks/multigpu.py --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
 cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
-timeout ${MR_STATS_TIMEOUT:-200} python3 benchmarks/multigpu_stats.py --gpus 1,$(nvidia-smi -L | wc -l) --per-gpu-gib 8 --chunk-log2 26,28 \
+timeout ${MR_STATS_TIMEOUT:-200} python3 benchmarks/multigpu_stats.py --exact --gpus 1,$(nvidia-smi -L | wc -l) --per-gpu-gib 8 --chunk-log2 26,28 \
   > "$OUT/bench-multigpu-stats.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu-stats.log"; }
 cp docs/bench_multigpu_stats.* "$OUT/" 2>/dev/null
 cat "$OUT/bench_multigpu_latest.md" "$OUT/bench_multigpu_stats.md" 2>/dev/null | tail -n 60

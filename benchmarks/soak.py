@@ -156,47 +156,98 @@ def _data(rng, dtype, n, op):
     return x
 
 
+# A request of up to 1 GB is made twice (its chunks on the workers, the reference on the client) and checked
+# once: single-threaded that is seconds per request, and 4 x 500 requests would not fit one device call.
+# Both sides make a chunk in pieces of PIECE elements, each from its own seed, on threads (NumPy's generators
+# and ufuncs release the GIL), so worker and client make the same bits; the check works piece by piece too.
+PIECE = 1 << 22
+_THREADS = None
+
+
+def _map(fn, n: int) -> list:
+    """``fn(lo, hi)`` over [0, n) in pieces of PIECE elements, on a thread pool; results in order."""
+    global _THREADS
+    bounds = [(lo, min(lo + PIECE, n)) for lo in range(0, n, PIECE)] or [(0, 0)]
+    if len(bounds) == 1:
+        return [fn(*bounds[0])]
+    if _THREADS is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _THREADS = ThreadPoolExecutor(min(8, os.cpu_count() or 1))
+    return list(_THREADS.map(lambda b: fn(*b), bounds))
+
+
+def _block(dtype, op, seed, index, n):
+    """Chunk ``index`` of a request (n elements): the same bits wherever it is made."""
+    out = np.empty(n, dtype=np.dtype(dtype))
+
+    def fill(lo, hi):
+        out[lo:hi] = _data(np.random.default_rng([seed, index, lo // PIECE]), dtype, hi - lo, op)
+
+    _map(fill, n)
+    return out
+
+
 def _eps(dt) -> float:
     size = dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
     return {2: 1e-2, 4: 1e-5, 8: 1e-12}.get(size, 1e-5) if dt.kind in "fc" else 1e-12
 
 
 def _check(op, got, host):
+    """``got`` against a reference from ``host`` in float64 / complex128 / int64, piece by piece."""
     dt = host.dtype
-    ref_t = np.complex128 if dt.kind == "c" else np.float64
+    n = host.size
+    ref_t = np.complex128 if dt.kind == "c" else np.int64 if dt.kind in "iub" else np.float64
     got = np.asarray(got)
     if op == "argmax":  # ties: NumPy and multireduce both take the lowest index
         assert int(got) == int(np.argmax(host)), (op, dt, got, np.argmax(host))
         return
-    if op == "var":
-        ref = host.astype(np.float64).var()
+    if op == "var":  # Chan's merge of the pieces' (count, mean, M2)
+        parts = _map(lambda lo, hi: (hi - lo, host[lo:hi].mean(dtype=np.float64),
+                                     host[lo:hi].var(dtype=np.float64) * (hi - lo)), n)
+        count, mean, m2 = parts[0]
+        for c, m, q in parts[1:]:
+            delta, total = m - mean, count + c
+            mean, m2, count = mean + delta * c / total, m2 + q + delta * delta * count * c / total, total
+        ref = m2 / count
         rtol = max(_eps(dt), 1e-9) * 10
         assert np.isclose(float(got), ref, rtol=rtol, atol=rtol * abs(ref)), (op, dt, got, ref)
         return
-    if op == "cumsum":
-        ref = np.cumsum(host.astype(ref_t))
-    elif op == "mean":
-        ref = host.astype(ref_t).mean()
-    elif op in ("sum", "nansum"):
-        ref = getattr(np, op)(host.astype(ref_t))
-    else:
-        ref = getattr(np, op)(host)
-    if op == "cumsum" and dt.kind in "iub":
-        assert np.array_equal(got.astype(np.int64), ref.astype(np.int64)), (op, dt)
+    if op in ("min", "max"):
+        ref = getattr(np, op)(np.array(_map(lambda lo, hi: getattr(np, op)(host[lo:hi]), n)))
+        assert np.array_equal(np.asarray(got, dtype=dt), ref, equal_nan=dt.kind == "f"), (op, dt, got, ref)
         return
-    if dt.kind in "iub" and op != "mean":
-        assert np.array_equal(np.asarray(got, dtype=ref.dtype), ref), (op, dt, got, ref)
+    reduce = np.nansum if op == "nansum" else np.sum
+    sums = np.array(_map(lambda lo, hi: reduce(host[lo:hi], dtype=ref_t), n), dtype=ref_t)
+    if dt.kind in "fc" or op == "mean":  # the float tolerance: sqrt(n) roundings of the largest magnitude
+        eps = _eps(dt)
+        scale = np.sqrt(n) * eps * max(1.0, max(_map(
+            lambda lo, hi: float(np.fmax.reduce(np.abs(host[lo:hi]), initial=0)), n)))
+        rtol, atol = eps * 10, scale * 10 / (n if op == "mean" else 1)
+    if op != "cumsum":
+        ref = sums.sum() / n if op == "mean" else sums.sum()
+        if dt.kind in "iub" and op != "mean":
+            assert np.array_equal(np.asarray(got, dtype=ref_t), ref), (op, dt, got, ref)
+        else:
+            assert np.allclose(np.asarray(got).astype(ref.dtype), ref, rtol=rtol, atol=atol), (op, dt, got, ref)
         return
-    eps = _eps(dt)
-    finite = host[~np.isnan(host)] if dt.kind == "f" else host
-    scale = np.sqrt(host.size) * eps * max(1.0, float(np.abs(finite).max(initial=0)))
-    assert np.allclose(got.astype(ref.dtype), ref, rtol=eps * 10, atol=scale * 10), (op, dt)
+    assert got.shape == host.shape, (op, dt, got.shape, host.shape)
+    offsets = np.concatenate([[0], np.cumsum(sums)[:-1]]).astype(ref_t)
+
+    def same(lo, hi):
+        ref = np.cumsum(host[lo:hi], dtype=ref_t)
+        ref += offsets[lo // PIECE]
+        if dt.kind in "iub":
+            return np.array_equal(got[lo:hi].astype(np.int64, copy=False), ref)
+        return np.allclose(got[lo:hi].astype(ref_t, copy=False), ref, rtol=rtol, atol=atol)
+
+    assert all(_map(same, n)), (op, dt)
 
 
 def _chunk(spec, block_info=None):
     dtype, op, seed, gpu = spec
     info = block_info[None]
-    block = _data(np.random.default_rng([seed, info["chunk-location"][0]]), dtype, info["chunk-shape"][0], op)
+    block = _block(dtype, op, seed, info["chunk-location"][0], info["chunk-shape"][0])
     if gpu:
         import cupy
 
@@ -211,16 +262,22 @@ def _request(client, spec, gpu):
     import multireduce as mr
 
     dtype, op, n, n_chunks, persist, seed = spec
-    # each chunk is made where it runs, from its own seed, and the reference here from the same seeds:
-    # a graph that carried the data would ship up to 1 GB per request through the scheduler
+    # each chunk is made where it runs, from its own seeds, and the reference here from the same seeds
+    # while the cluster works: a graph that carried the data would ship up to 1 GB per request through the
+    # scheduler
+    dt = np.dtype(dtype)
     step = max(-(-n // n_chunks), 1)
     sizes = tuple(min(step, n - start) for start in range(0, n, step))
-    host = np.concatenate([_data(np.random.default_rng([seed, i]), dtype, m, op) for i, m in enumerate(sizes)])
-    meta = __import__("cupy").empty(0, host.dtype) if gpu else np.empty(0, host.dtype)  # CuPy chunks: CuPy meta
-    x = da.map_blocks(_chunk, dtype=host.dtype, chunks=(sizes,), meta=meta, spec=(dtype, op, seed, gpu))
+    meta = __import__("cupy").empty(0, dt) if gpu else np.empty(0, dt)  # CuPy chunks: CuPy meta
+    x = da.map_blocks(_chunk, dtype=dt, chunks=(sizes,), meta=meta, spec=(dtype, op, seed, gpu))
     if persist:
         x = client.persist(x)
-    got = client.compute(getattr(mr, op)(x)).result()
+    future = client.compute(getattr(mr, op)(x))
+    host = np.empty(n, dtype=dt)
+    for i, start in enumerate(range(0, n, step)):
+        host[start:start + sizes[i]] = _block(dtype, op, seed, i, sizes[i])
+    got = future.result()
+    del future
     if gpu and hasattr(got, "get"):
         got = got.get()
     _check(op, got, host)

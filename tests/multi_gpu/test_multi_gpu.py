@@ -4,6 +4,7 @@ The same grouping logic runs on a CPU cluster in tests/test_placement.py."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 
@@ -234,3 +235,47 @@ def test_held_statistics_compute_without_tasks(client, stat):
     graph_value = client.compute(lazy).result()
     assert type(value) is type(graph_value)
     assert cupy.asnumpy(value).tobytes() == cupy.asnumpy(graph_value).tobytes()
+
+
+def _wide_data(n, dtype, seed):
+    """Values over ~80 binades, half of them nearly cancelling their neighbour: a float sum in any other
+    order loses bits."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-40, 40, n))).astype(dtype)
+    x[1::2] = -x[0::2][: n // 2] * np.asarray(1 + 2.0 ** -10, dtype)
+    return x
+
+
+def _held(client, host, chunk):
+    x = client.persist(da.from_array(host, chunks=chunk).map_blocks(cupy.asarray, dtype=host.dtype,
+                                                                     meta=cupy.empty(0, dtype=host.dtype)))
+    distributed.wait(x)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exact_bits_equal_on_one_gpu_and_on_every_gpu(client, dtype):
+    """Issue 15: ``exact=True`` gives the same bits on one GPU (a CuPy array; a one-worker cluster) as on
+    every GPU of the box through Dask, for several chunkings, the graph, the held (direct) and the eager
+    path, and as NumPy input: sum, mean, nansum and cumsum."""
+    host = _wide_data((1 << 22) + 1031, dtype, seed=21)
+    arrays = [_held(client, host, chunk) for chunk in (1 << 18, (1 << 20) + 3, 77777)]
+    assert len(set(placement.holders(arrays[0], client).values())) == len(client.scheduler_info()["workers"])
+    whole = cupy.asarray(host)
+    with local_cluster(n_workers=1, gpu=True) as one, distributed.Client(one, set_as_default=False) as single:
+        on_one = _held(single, host, 1 << 20)
+        for name in ("sum", "mean", "nansum", "cumsum"):
+            fn = getattr(mr, name)
+            want = np.asarray(fn(host, exact=True))
+            assert cupy.asnumpy(fn(whole, exact=True)).tobytes() == want.tobytes(), (name, "one CuPy array")
+            got = single.compute(fn(on_one, exact=True)).result()
+            assert cupy.asnumpy(got).tobytes() == want.tobytes(), (name, "one-worker cluster")
+            for x in arrays:
+                lazy = fn(x, exact=True)
+                for path, got in (("graph", client.compute(lazy).result()), ("held", lazy.compute())):
+                    assert cupy.asnumpy(got).tobytes() == want.tobytes(), (name, path, x.chunks[0][:2])
+                if name in ("sum", "mean"):
+                    eager = fn(x, exact=True, compute=True)
+                    assert np.asarray(eager).tobytes() == want.tobytes(), (name, "eager", x.chunks[0][:2])
+            if name == "sum" and dtype == np.float64:  # correctly rounded, as math.fsum
+                assert float(want) == math.fsum(host.tolist())
