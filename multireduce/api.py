@@ -207,8 +207,13 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
         import dask
 
         value = dask.compute(_lazy_reduction(x, plans, keepdims, axes, fan_in, op))[0]  # the graph, not direct again
-        if type(value).__module__.startswith("cupy"):
-            value = value.get()
+    return _on_host(value)
+
+
+def _on_host(value):
+    """A computed result in host memory as ``compute=True`` returns it: NumPy, a 0-d result as a scalar."""
+    if type(value).__module__.startswith("cupy"):
+        value = value.get()
     value = np.asarray(value)
     return value[()] if value.ndim == 0 else value
 
@@ -284,8 +289,7 @@ def _wants_exact(x, dtype, exact, caller: str, algorithm="auto", compute=False) 
 def _exact_now_or_lazy(result, compute, caller: str):
     if not v.check_flag(compute, "compute", caller) or not v.is_dask_array(result):
         return result
-    value = np.asarray(result.compute())
-    return value[()] if value.ndim == 0 else value
+    return _on_host(result.compute())
 
 
 # ------------------------------------------------------------------------------------------------
