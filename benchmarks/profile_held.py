@@ -49,8 +49,19 @@ def _on_worker(plan, scan_plan, keys, dask_worker=None):
     _sync_all()
     t0 = time.perf_counter()
     parts = [plan.partial(b) for b in blocks]
+    out["partials launched (host)"] = time.perf_counter() - t0  # ~ the line below: the launches wait on the GPU
     _sync_all()
     out["partials, one sync"] = time.perf_counter() - t0
+    del parts
+    t0 = time.perf_counter()
+    for b in blocks:
+        plan.partial(b)
+        _sync_all()
+    out["partials, a sync each"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    parts = [b.sum() for b in blocks]  # CuPy's own reduction, for comparison
+    _sync_all()
+    out["cupy sum of each, one sync"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     [_host_partial(plan, b) for b in blocks]
     out["partials to host, each"] = time.perf_counter() - t0
