@@ -118,9 +118,21 @@ def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, da
         extra = extra or {}
         computed = [None if k in only_where else _call_where_held(dask_worker.data[k], per_chunk, *extra.get(k, ()))
                     for k in held]
-        return dict(zip(held, _to_host_together(computed)))
+        return _Packed(dict(zip(held, _to_host_together(computed))))
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
+
+
+class _Packed:
+    """A worker's reply pickled as one buffer. ``client.run`` serializes each NumPy array in a reply
+    apart (its own header and frames): a dict of 99 host partials cost ~14 ms per call that way on a
+    4-worker CPU cluster (2026-11-26), where one pickle costs well under 1 ms."""
+
+    def __init__(self, value):
+        self.data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def unpack(self):
+        return pickle.loads(self.data)
 
 
 def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):
@@ -219,6 +231,7 @@ def _run(client, workers, fn, *args):
         replies = client.sync(_run_while_alive, client, workers, interval, fn, *args)
     except _placement_errors():
         return None
+    replies = {w: r.unpack() if isinstance(r, _Packed) else r for w, r in replies.items()}
     for reply in replies.values():
         if isinstance(reply, _Failed):
             raise reply.error
