@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -149,6 +150,8 @@ class ScanPlan:
     inclusive: bool = True
     algorithm: str = "auto"
     label: str = "scan"
+    #: the carries are one vectorized scan: each scan task may fold the few groups' totals itself
+    carries_are_cheap: ClassVar[bool] = True
 
     def totals(self, *blocks):
         """Each chunk's total along the axis, concatenated along the axis (one entry per chunk)."""

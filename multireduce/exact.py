@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from ._validation import as_array, check_flag, fan_in, flattened, normalize_axes, normalize_scan_axis, requested_dtype
+from .errors import gpu_memory_guard
 
 EBASE = -1127  # value of bin k's unit: 2**(k + EBASE); frexp's exponent e maps to k = e + 1074
 NBINS = 2100  # e + 1074 spans 0..2098 for float64
@@ -327,27 +329,66 @@ def _lane_states(block, axis: int, skipnan: bool = False) -> np.ndarray:
     return out
 
 
-def _add_lanes(*states: np.ndarray) -> np.ndarray:
-    out = np.empty(states[0].shape, dtype=object)
-    for idx in np.ndindex(out.shape):
-        acc = states[0][idx]
-        for s in states[1:]:
-            acc = acc + s[idx]
-        out[idx] = acc
-    return out
+@dataclass(frozen=True)
+class ExactScanPlan:
+    """The exact cumsum's per-chunk contract, the one ``core.ScanPlan`` has, so ``graph.scan`` (totals
+    grouped per worker, one carries stage, depth 3 whatever the chunk count) and the held direct path
+    (``direct.scan_of_held``: two ``client.run``, no task) serve it as they serve every scan. Totals are
+    each lane's ExactState (host objects, exact), the carries their exact running sums in chunk order,
+    and each chunk is scanned from its lanes' carry by ``_cumsum_block`` (its GPU's kernels for CuPy)."""
+
+    axis: int
+    out_dtype: np.dtype
+    skipnan: bool = False
+    label: str = "exact-cumsum"
+    #: Python integer adds per lane and chunk: made once, in the carries task, not in every scan task
+    carries_are_cheap: ClassVar[bool] = False
+
+    def totals(self, *blocks) -> np.ndarray:
+        """Each chunk's per-lane ExactStates, concatenated along the axis (one entry per chunk)."""
+        parts = [np.expand_dims(_lane_states(b, self.axis, self.skipnan), self.axis) for b in blocks]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=self.axis)
+
+    def carries(self, *totals) -> np.ndarray:
+        """The running exact sums of the totals along the axis: entry k-1 is what chunk k starts from."""
+        stacked = totals[0] if len(totals) == 1 else np.concatenate(totals, axis=self.axis)
+        rows = np.moveaxis(stacked, self.axis, -1)
+        flat = rows.reshape(-1, rows.shape[-1])
+        out = np.empty(flat.shape, dtype=object)
+        for r in range(flat.shape[0]):
+            running = flat[r, 0]
+            out[r, 0] = running
+            for i in range(1, flat.shape[1]):
+                running = running + flat[r, i]
+                out[r, i] = running
+        return np.moveaxis(out.reshape(rows.shape), -1, self.axis)
+
+    def scan_block(self, block, carries=None, index: int = 0):
+        carry = None
+        if carries is not None and index > 0:
+            carry = carries[(slice(None),) * self.axis + (slice(index - 1, index),)]
+        with gpu_memory_guard(block, f"{self.label} of a chunk"):
+            return _cumsum_block(block, self.axis, self.out_dtype, carry, self.skipnan)
+
+    def __call__(self, x):
+        return self.scan_block(x)
+
+    def __dask_tokenize__(self):
+        return ("multireduce.ExactScanPlan", self.axis, str(self.out_dtype), self.skipnan, self.label)
 
 
 def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller="exact.cumsum"):
     """Inclusive cumulative sum whose every element is the correctly rounded exact prefix sum. ``axis=None``
-    flattens (as NumPy). Dask input: each chunk's exact totals are carried exactly to the chunks after it;
-    CuPy chunks (their totals and their scans, any axis) run on their GPUs, and only the totals' words come
-    to the host for the carries.
-    ``skipnan``: NaN adds 0 (nancumsum); ``caller`` as in ``sum``. ``split_every`` is checked as every scan
-    checks it; the carries run chunk by chunk whatever it is."""
+    flattens (as NumPy). Dask input: each chunk's exact totals are carried exactly to the chunks after it,
+    through the scans' own graph (``ExactScanPlan``) or, for a persisted array's ``.persist()``, the
+    held direct path; CuPy chunks (their totals and their scans, any axis) run on their GPUs, and only the
+    totals' words come to the host for the carries.
+    ``skipnan``: NaN adds 0 (nancumsum); ``caller`` as in ``sum``. ``split_every`` is checked as every
+    scan checks it (the carries are one exact fold whatever it is)."""
     x, kind = as_array(x, caller)
     dt = _out_dtype(np.dtype(x.dtype), dtype, caller)
     ax = 0 if axis is None else normalize_scan_axis(axis, x.ndim, caller)
-    fan_in(split_every, (ax,), caller)
+    fan = fan_in(split_every, (ax,), caller)
     if axis is None:
         x = flattened(x, kind, caller)
     if kind == "numpy":
@@ -358,23 +399,12 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
         return cupy_exact.cumsum(x, ax, dt, skipnan)
     if 0 in x.shape:  # nothing to scan, and dask cannot compute a block() of several zero-size delayed chunks
         return x.astype(dt)
-    import dask.array as da
-    from dask import delayed
-    from dask.array.utils import meta_from_array
+    from . import direct, graph, placement
 
-    blocks = x.to_delayed()
-    meta = meta_from_array(x._meta, ndim=x.ndim, dtype=dt)  # CuPy chunks scan to CuPy chunks
-    out_blocks = np.empty(blocks.shape, dtype=object)
-    for lane in np.ndindex(*(blocks.shape[:ax] + (1,) + blocks.shape[ax + 1 :])):
-        carry = None
-        for j in range(blocks.shape[ax]):
-            idx = lane[:ax] + (j,) + lane[ax + 1 :]
-            shape = tuple(x.chunks[d][idx[d]] for d in range(x.ndim))
-            scanned = delayed(_cumsum_block)(blocks[idx], ax, dt, carry, skipnan)
-            out_blocks[idx] = da.from_delayed(scanned, shape, dtype=dt, meta=meta)
-            total = delayed(_lane_states)(blocks[idx], ax, skipnan)
-            carry = total if carry is None else delayed(_add_lanes)(carry, total)
-    return da.block(out_blocks.tolist())
+    plan = ExactScanPlan(ax, dt, skipnan, "exact-nancumsum" if skipnan else "exact-cumsum")
+    if direct.is_held(x):
+        return direct.scan_of_held(x, plan, fan)
+    return graph.scan(x, plan, fan, placement.grouping_for(x, commutative=True))
 
 
-__all__ = ["sum", "mean", "cumsum", "ExactState", "ExactSumPlan", "round_exact", "state_of", "finish"]
+__all__ = ["sum", "mean", "cumsum", "ExactState", "ExactSumPlan", "ExactScanPlan", "round_exact", "state_of", "finish"]

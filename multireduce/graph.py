@@ -256,7 +256,8 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     Per lane (the chunks that share their position on the other axes): ``totals`` tasks, one per group
     of chunks 0..n-2; one ``carries`` task scanning those totals; one ``scan`` task per chunk, seeded
     with its carry. With at most ``FOLD_TOTALS_UP_TO`` groups the scan tasks fold the totals themselves
-    and there is no carries task. Depth 3 whatever the number of chunks, no rechunking, each input read
+    and there is no carries task, unless the plan's carries are not cheap (``carries_are_cheap``: the
+    exact scan's are Python integer adds per lane, better made once). Depth 3 whatever the number of chunks, no rechunking, each input read
     twice and each output written once. Totals and scan tasks run by data locality where their chunks
     are, so every output chunk is made where its input lives.
     """
@@ -267,7 +268,7 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
             return {(name, *index[0]): (plan.scan_block, (x.name, *index[0]))}
         total_keys = [(names["totals"], *lane, g) for g in range(len(grouped))]
         tasks = {key: (_host_totals, plan, *group) for key, group in zip(total_keys, grouped)}
-        if len(total_keys) <= FOLD_TOTALS_UP_TO:
+        if len(total_keys) <= FOLD_TOTALS_UP_TO and plan.carries_are_cheap:
             # few groups (one per GPU, say): every scan task folds the totals itself, a stage less.
             # It waits only for the groups holding chunks before its own, so chunk 0 is scanned at once
             # and a lazy input's chunks are released as they are scanned
@@ -297,8 +298,10 @@ def _host(value):
 
 
 def _like(block, value):
-    """``value`` (host) in the memory ``block`` lives in."""
-    if type(block).__module__.startswith("cupy") and not type(value).__module__.startswith("cupy"):
+    """``value`` (host) in the memory ``block`` lives in; host objects (the exact scan's ExactStates)
+    stay on the host."""
+    if type(block).__module__.startswith("cupy") and not type(value).__module__.startswith("cupy") \
+            and getattr(value, "dtype", None) != object:
         import cupy
 
         return cupy.asarray(value)

@@ -217,6 +217,31 @@ def test_exact_reductions_of_held_chunks_run_no_task(client, fn):
     assert np.asarray(got).tobytes() == np.asarray(getattr(mr, fn)(x, exact=True)).tobytes()  # same bits as NumPy input
 
 
+@pytest.mark.parametrize("fn", ["cumsum", "nancumsum"])
+def test_exact_scans_of_held_chunks_run_no_task(client, fn):
+    """``mr.cumsum(d, exact=True).persist()`` of a persisted array (round-robin owners, an empty chunk):
+    the held direct path (no task), the same bits as the graph's scan and as NumPy input's, and the graph
+    has the scans' depth (per-worker totals, one carries stage), not a chain of carries through every chunk."""
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal(9 * 1000) * np.exp2(rng.integers(-40, 40, 9 * 1000))
+    x[::97] = np.nan if fn == "nancumsum" else x[::97]
+    d = _spread(client, x, 1000, [2, 1, 0, 0, 1, 2, 2, 0, 1])
+    want = getattr(mr, fn)(x, exact=True)
+    held, tasks = _tasks_during(client, lambda: getattr(mr, fn)(d, exact=True).persist())
+    assert tasks == 0
+    assert held.compute().tobytes() == want.tobytes()
+    lazy = getattr(mr, fn)(d, exact=True)
+    assert client.compute(lazy).result().tobytes() == want.tobytes()
+    label = "exact-nancumsum" if fn == "nancumsum" else "exact-cumsum"
+    keys = [k for k in dict(lazy.dask) if isinstance(k, tuple)]
+    totals = [k for k in keys if k[0].startswith(f"{label}-totals")]
+    assert 1 <= len(totals) <= 3 < d.npartitions, keys  # one per worker holding chunks 0..n-2, not one per chunk
+    assert not any(k[0].startswith(("_add_lanes", "_lane_states")) for k in keys)  # no carry chain
+    assert len([k for k in keys if k[0].startswith(f"{label}-carries")]) == 1  # made once, not in every scan task
+    ragged = client.persist(da.from_array(x, chunks=((3000, 0, 2500, 1, 3499),)))
+    assert getattr(mr, fn)(ragged, exact=True).compute().tobytes() == want.tobytes()
+
+
 def test_held_argmax_of_a_2d_array_knows_each_chunks_place(client):
     rng = np.random.default_rng(30)
     x = rng.integers(0, 50, size=(60, 45)).astype(np.float64)  # many ties: the first occurrence must win

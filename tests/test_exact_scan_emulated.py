@@ -295,17 +295,16 @@ def test_carried_flags_combine_as_the_host_scan(flags, skipnan):
 
 
 def split_scan(x, cuts, skipnan=False, out_dtype=None, block=32, items=2):
-    """The Dask graph of exact.cumsum over chunks of ``x`` cut at ``cuts``, each chunk scanned by the emulated
-    GPU with the exact carry exact._lane_states/_add_lanes give it."""
-    pieces, carry = [], None
+    """exact.cumsum's Dask graph over chunks of ``x`` cut at ``cuts``: the carries that ExactScanPlan's totals
+    and carries give (as graph.scan and the held direct path use them), each chunk scanned by the emulated
+    GPU from its carry."""
     bounds = [0, *cuts, x.size]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        chunk = x[lo:hi]
-        got, _ = exact_emulate.emulate_scan(chunk, out_dtype, block=block, items=items, skipnan=skipnan,
-                                            carry=None if carry is None else carry[()])
-        pieces.append(got)
-        total = exact._lane_states(chunk, 0, skipnan)
-        carry = total if carry is None else exact._add_lanes(carry, total)
+    chunks = [x[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    plan = exact.ExactScanPlan(0, np.dtype(out_dtype or x.dtype), skipnan)
+    carries = plan.carries(plan.totals(*chunks[:-1])) if len(chunks) > 1 else None
+    pieces = [exact_emulate.emulate_scan(chunk, out_dtype, block=block, items=items, skipnan=skipnan,
+                                         carry=None if k == 0 else carries[k - 1])[0]
+              for k, chunk in enumerate(chunks)]
     return np.concatenate(pieces)
 
 
