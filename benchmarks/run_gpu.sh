@@ -4,7 +4,7 @@
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
-# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), segcall (host time of the segment calls, cProfile), statscall (host time of one statistics call, cProfile), pending (what session 14 left unverified), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick; EXACT_ARGS="--logs 26,28" replaces --quick),
+# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), segcall (host time of the segment calls, cProfile), statscall (host time of one statistics call, cProfile), pending (what session 15 left unverified on one GPU), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick; EXACT_ARGS="--logs 26,28" replaces --quick),
 # exactfull (bench_exact --gpu-exact, 2^20..2^30), exactterms (profile_exact --terms: expansion lengths 4/6/8), exactcall (cProfile of the exact call's host time), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
 # lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 # cub (CUB reduce / scan / segmented reduce through cuda.compute beside ours, CuPy, torch and the copy roof;
@@ -66,13 +66,10 @@ if has stats || has statsbench; then
   tail -n 30 "$OUT/bench-stats.log"
 fi
 if has pending; then
-  # what session 14 left unverified (docs/gpu-testing.md "Session 14 runs"): the exact scan's lanes,
-  # one at a time (the default) and batched, and threads on the per-thread default stream
-  { MULTIREDUCE_EXACT_BATCHED_LANES=0 python3 -m pytest tests/gpu/test_gpu_exact_scan.py -m "gpu and not large" -n 8 -q -p no:cacheprovider -p no:benchmark; \
-    MULTIREDUCE_EXACT_BATCHED_LANES=1 python3 -m pytest tests/gpu/test_gpu_exact_scan.py -m "gpu and not large" -n 8 -q \
-      -p no:cacheprovider -p no:benchmark; \
-    python3 -m pytest tests/gpu/test_gpu_statistics.py -k per_thread -q -p no:cacheprovider -p no:benchmark; } \
-    > "$OUT/pending.log" 2>&1 || rc=1
+  # what session 15 left unverified on one GPU (docs/gpu-testing.md "Session 15 runs"): the exact Dask cumsum
+  # through ExactScanPlan (the Dask-of-CuPy tests of test_gpu_exact_scan.py), with the exact sum and scan tests
+  { python3 -m pytest tests/gpu/test_gpu_exact_scan.py tests/gpu/test_gpu_exact.py tests/gpu/test_gpu_exact_sum.py \
+      -m "gpu and not large" -n 8 -q -p no:cacheprovider -p no:benchmark; } > "$OUT/pending.log" 2>&1 || rc=1
   grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/pending.log" | head -30
 fi
 if has statscall; then
