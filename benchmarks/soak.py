@@ -164,16 +164,20 @@ PIECE = 1 << 22
 _THREADS = None
 
 
+_THREADS_LOCK = threading.Lock()
+
+
 def _map(fn, n: int) -> list:
     """``fn(lo, hi)`` over [0, n) in pieces of PIECE elements, on a thread pool; results in order."""
     global _THREADS
     bounds = [(lo, min(lo + PIECE, n)) for lo in range(0, n, PIECE)] or [(0, 0)]
     if len(bounds) == 1:
         return [fn(*bounds[0])]
-    if _THREADS is None:
-        from concurrent.futures import ThreadPoolExecutor
+    with _THREADS_LOCK:  # a worker's task threads may make their first chunk at once: one pool for all
+        if _THREADS is None:
+            from concurrent.futures import ThreadPoolExecutor
 
-        _THREADS = ThreadPoolExecutor(min(8, os.cpu_count() or 1))
+            _THREADS = ThreadPoolExecutor(min(8, os.cpu_count() or 1))
     return list(_THREADS.map(lambda b: fn(*b), bounds))
 
 
@@ -390,12 +394,12 @@ def _slope(values) -> float:
     return float(np.polyfit(np.arange(len(values)), np.asarray(values, dtype=np.float64), 1)[0])
 
 
-#: Driver-level GPU use is judged on the smallest of the last rounds' samples: the driver holds memory
-#: outside CuPy's pool for a while after some requests (the 4 x H200 soak of 2026-11-26 read +1.5 to
-#: +4.2 GB on one worker or another after 6 of 10 rounds, each back to within 20 MB of the baseline by
-#: a later round, with the pool flat throughout), and a leak never comes back down. With fewer rounds,
-#: the last sample.
-PERSIST_ROUNDS = 3
+#: Driver-level GPU use is judged on the smaller of the last two rounds' samples: the driver holds memory
+#: outside CuPy's pool for a round or two after some requests (the 4 x H200 soak of 2026-11-26 read +1.5
+#: to +4.2 GB on one worker or another after 6 of 10 rounds, at most two in a row, each back to within
+#: 20 MB of the baseline later, with the pool flat throughout), and a leak does not come back down; a leak
+#: that starts in the last round alone cannot be told from such a reservation. With one round, its sample.
+PERSIST_ROUNDS = 2
 
 
 def summarize(samples: list[dict], rss_tol: int, gpu_tol: int) -> dict:

@@ -104,14 +104,19 @@ def test_summary_flags_growth_past_the_bound_and_unbounded_caches():
     steady = soak.summarize(_samples([100 * mib + 30 * mib * r for r in range(5)]), 64 * mib, 64 * mib)
     assert steady["leaks"] == {"w": {"rss": 120 * mib}}
     assert steady["slope_bytes_per_round"]["w"]["rss"] == pytest.approx(30 * mib)
-    gpu = soak.summarize(_samples([0, 0, 0], gpu=[5 * mib, 5 * mib, 80 * mib]), 64 * mib, 64 * mib)
-    assert gpu["leaks"] == {"w": {"gpu_used": 75 * mib}}  # two rounds: the last one decides
-    # with three rounds or more, driver-level use must persist: a reservation that comes back is not a leak,
-    # growth that stays is, wherever the peak was
-    transient = soak.summarize(_samples([0] * 6, gpu=[0, 4000 * mib, 20 * mib, 0, 300 * mib, 8 * mib]), mib, 64 * mib)
+    gpu = soak.summarize(_samples([0, 0, 0], gpu=[5 * mib, 80 * mib, 80 * mib]), 64 * mib, 64 * mib)
+    assert gpu["leaks"] == {"w": {"gpu_used": 75 * mib}}
+    one = soak.summarize(_samples([0, 0], gpu=[5 * mib, 80 * mib]), 64 * mib, 64 * mib)
+    assert one["leaks"] == {"w": {"gpu_used": 75 * mib}}  # one round: its sample decides
+    # driver-level use must persist over the last two rounds: a reservation that comes back is not a leak,
+    # growth that stays is, wherever the peak was, and so is a leak that starts late
+    transient = soak.summarize(_samples([0] * 6, gpu=[0, 4000 * mib, 2000 * mib, 0, 300 * mib, 8 * mib]), mib,
+                               64 * mib)
     assert transient["leaks"] == {} and transient["gpu_used_peak_bytes"]["w"] == 4000 * mib
     leak = soak.summarize(_samples([0] * 6, gpu=[0, 70 * mib, 90 * mib, 66 * mib, 300 * mib, 80 * mib]), mib, 64 * mib)
-    assert leak["leaks"] == {"w": {"gpu_used": 66 * mib}} and leak["gpu_used_persisted_bytes"]["w"] == 66 * mib
+    assert leak["leaks"] == {"w": {"gpu_used": 80 * mib}} and leak["gpu_used_persisted_bytes"]["w"] == 80 * mib
+    late = soak.summarize(_samples([0] * 11, gpu=[0] * 9 + [200 * mib, 200 * mib]), mib, 64 * mib)
+    assert late["leaks"] == {"w": {"gpu_used": 200 * mib}}
     caches = [{"a.bounded": (3, 8), "a.free": (2, None)}, {"a.bounded": (8, 8), "a.free": (2, None)},
               {"a.bounded": (8, 8), "a.free": (5, None)}]
     grown = soak.summarize(_samples([0, 0, 0], caches=caches), mib, mib)
