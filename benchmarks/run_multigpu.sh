@@ -56,7 +56,7 @@ grep -E "^soak:" "$OUT/soak.log" | tail -n 12
 python3 - "$OUT/soak.json" <<'PY' || tail -n 25 "$OUT/soak.log"
 import json, sys
 r = json.load(open(sys.argv[1]))
-keys = ("ok", "complete", "done", "clients", "requests", "workers", "warmup_requests", "errors", "requests_per_s", "gpu_used_persisted_bytes", "gpu_used_peak_bytes",
+keys = ("ok", "complete", "done", "clients", "requests", "workers", "warmup_requests", "errors", "requests_per_s", "gpu_used_persisted_bytes", "gpu_used_peak_bytes", "distributed_bookkeeping_growth",
         "small_request_per_s", "leaks", "unbounded_cache_growth", "gpu_scope", "stopped_at_deadline")
 print(json.dumps({k: r.get(k) for k in keys}, default=str))
 print("growth MB:", json.dumps({w: {m: round(v / 2**20, 1) for m, v in g.items()} for w, g in r["growth_bytes"].items()}))

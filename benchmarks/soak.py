@@ -38,11 +38,16 @@ OPS = ["sum", "min", "max", "mean", "cumsum", "argmax", "var", "nansum"]
 # lower edges in bytes: the one-block, several-block and many-chunk regimes of the kernels and the graph
 SIZE_CLASSES = {"small": 1024, "medium": 64 * 2**10, "large": 16 * 2**20}
 # Growth allowed per worker between the baseline (after the warm-up) and the last round. What may still grow
-# then is bounded by count, not by requests: distributed's in-memory logs (10,000 log records, 1,000-entry
-# low-level logs, 7,200 system-monitor samples: a few MB together), our caches with a size bound, allocator
-# noise after malloc_trim. A request's data is 1 KB - 1 GB (tens of MB typical), so keeping the arrays of
-# even a few requests passes 64 MiB. On the GPU, after the pool returned its free blocks, nothing of a
-# request may stay; a kernel module or workspace first loaded after the warm-up is 1-2 MB.
+# then, measured on a CPU cluster (2026-11-26, tracemalloc; ~9 KB per request per worker, all in Dask's and
+# distributed's bookkeeping, none in ours): distributed's in-memory logs (1,000-entry transfer and state
+# logs, 10,000 log records, 7,200 system-monitor samples), the profiler's history (1,000 one-second
+# cycles, ~15 MB when full), dask's key_split cache (100,000 entries, ~20 MB when full), and the
+# worker's performance digests (``digests_total`` / ``digests_max``: ~12 keys and ~2.3 KB per request,
+# with no bound: a new span each time the cluster goes idle); our caches with a size bound; allocator noise
+# after malloc_trim. Each sample records the digests' and key_split's sizes beside RSS. A request's data
+# is 1 KB - 1 GB (tens of MB typical), so keeping the arrays of even a few requests passes 64 MiB. On the
+# GPU, after the pool returned its free blocks, nothing of a request may stay; a kernel module or
+# workspace first loaded after the warm-up is 1-2 MB.
 RSS_TOL = 64 * 2**20
 GPU_TOL = 64 * 2**20
 FULL = {"clients": 4, "requests": 500, "min_bytes": 1024, "max_bytes": 1e9}
@@ -132,6 +137,11 @@ def _sample(dask_worker=None):
     except (OSError, AttributeError):
         pass
     out["rss"] = psutil.Process().memory_info().rss
+    # distributed's and dask's own growth (see RSS_TOL): reported beside RSS, not cleared
+    out["digest_keys"] = len(getattr(dask_worker, "digests_total", ()) or ())
+    key_split = getattr(sys.modules.get("dask.utils"), "key_split", None)
+    info = getattr(key_split, "cache_info", None)
+    out["key_split_cache"] = info().currsize if callable(info) else None
     if gpu:
         pool = cupy.get_default_memory_pool()
         out["pool_used"], out["pool_held"] = pool.used_bytes(), pool.total_bytes()
@@ -161,24 +171,20 @@ def _data(rng, dtype, n, op):
 # Both sides make a chunk in pieces of PIECE elements, each from its own seed, on threads (NumPy's generators
 # and ufuncs release the GIL), so worker and client make the same bits; the check works piece by piece too.
 PIECE = 1 << 22
-_THREADS = None
-
-
-_THREADS_LOCK = threading.Lock()
 
 
 def _map(fn, n: int) -> list:
-    """``fn(lo, hi)`` over [0, n) in pieces of PIECE elements, on a thread pool; results in order."""
-    global _THREADS
+    """``fn(lo, hi)`` over [0, n) in pieces of PIECE elements, on threads; results in order. A pool per
+    call (a thread start is microseconds against a piece's milliseconds): no module state, which would
+    travel with ``_chunk`` when the soak runs as a script (cloudpickle takes __main__'s functions by value,
+    and a lock or a pool cannot be pickled) and which threads of one worker would race to create."""
     bounds = [(lo, min(lo + PIECE, n)) for lo in range(0, n, PIECE)] or [(0, 0)]
     if len(bounds) == 1:
         return [fn(*bounds[0])]
-    with _THREADS_LOCK:  # a worker's task threads may make their first chunk at once: one pool for all
-        if _THREADS is None:
-            from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
-            _THREADS = ThreadPoolExecutor(min(8, os.cpu_count() or 1))
-    return list(_THREADS.map(lambda b: fn(*b), bounds))
+    with ThreadPoolExecutor(min(8, len(bounds), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda b: fn(*b), bounds))
 
 
 def _block(dtype, op, seed, index, n):
@@ -428,8 +434,12 @@ def summarize(samples: list[dict], rss_tol: int, gpu_tol: int) -> dict:
             before = base[w]["caches"].get(name, (0, bound))[0]
             if bound is None and entries > before:
                 caches.setdefault(w, {})[name] = (before, entries)
+    bookkeeping = {w: {k: last[w][k] - base[w][k] for k in ("digest_keys", "key_split_cache")
+                       if isinstance(base[w].get(k), int) and isinstance(last.get(w, {}).get(k), int)}
+                   for w in base}
     return {"growth_bytes": growth, "slope_bytes_per_round": slope, "tolerance_bytes": tol, "leaks": leaks,
-            "gpu_used_persisted_bytes": persisted, "gpu_used_peak_bytes": peak, "unbounded_cache_growth": caches}
+            "gpu_used_persisted_bytes": persisted, "gpu_used_peak_bytes": peak, "unbounded_cache_growth": caches,
+            "distributed_bookkeeping_growth": bookkeeping}
 
 
 def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0, rss_tol=RSS_TOL,
