@@ -268,7 +268,7 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
             return {(name, *index[0]): (plan.scan_block, (x.name, *index[0]))}
         total_keys = [(names["totals"], *lane, g) for g in range(len(grouped))]
         tasks = {key: (_host_totals, plan, *group) for key, group in zip(total_keys, grouped)}
-        if len(total_keys) <= FOLD_TOTALS_UP_TO and plan.carries_are_cheap:
+        if len(total_keys) <= FOLD_TOTALS_UP_TO and getattr(plan, "carries_are_cheap", True):
             # few groups (one per GPU, say): every scan task folds the totals itself, a stage less.
             # It waits only for the groups holding chunks before its own, so chunk 0 is scanned at once
             # and a lazy input's chunks are released as they are scanned
