@@ -77,12 +77,13 @@ def _measure(client, x, args):
                     def run(lazy=lazy):
                         return client.compute(lazy).result()
                 value = _bounded(run, args.timeout_s)
-                if op == "cumsum":
-                    held, value = value, value[-1].compute()
-                    del held
                 if i:  # the first is a warm-up (kernel compilation, imports on the workers)
                     times.append(time.perf_counter() - t0)
                 keys = [lazy.name]
+                if op == "cumsum":  # untimed: the last element, then the persisted result (held scans
+                    # persist under a fresh name of their own) is let go and its keys waited on
+                    keys.append(value.name)
+                    value = value[-1].compute()
                 del lazy
                 wait_released(client, keys)
             value = value.item() if hasattr(value, "item") else value

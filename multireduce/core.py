@@ -141,6 +141,14 @@ class ReductionPlan:
                 str(self.out_dtype), self.keepdims, self.mean, self.algorithm)
 
 
+def carry_of(carries, axis: int, index: int):
+    """What chunk ``index`` of a lane starts from: entry ``index - 1`` of a plan's ``carries`` along
+    ``axis``, kept as a slice of length 1; None for chunk 0 or no carries."""
+    if carries is None or index <= 0:
+        return None
+    return carries[(slice(None),) * axis + (slice(index - 1, index),)]
+
+
 @dataclass(frozen=True)
 class ScanPlan:
     op: Operator
@@ -172,9 +180,7 @@ class ScanPlan:
     def scan_block(self, block, carries=None, index: int = 0):
         """Scan chunk ``index`` of its lane; ``carries`` comes from ``carries`` (None for chunk 0)."""
         backend = backend_for(block)
-        carry = None
-        if carries is not None and index > 0:
-            carry = carries[(slice(None),) * self.axis + (slice(index - 1, index),)]
+        carry = carry_of(carries, self.axis, index)
         with gpu_memory_guard(block, f"{self.label} of a chunk"):
             return backend.scan(block, self.op, self.axis, self.acc_dtype, self.out_dtype, carry,
                                 self.inclusive, self.algorithm)

@@ -23,6 +23,7 @@ from typing import ClassVar
 import numpy as np
 
 from ._validation import as_array, check_flag, fan_in, flattened, normalize_axes, normalize_scan_axis, requested_dtype
+from .core import carry_of
 from .errors import gpu_memory_guard
 
 EBASE = -1127  # value of bin k's unit: 2**(k + EBASE); frexp's exponent e maps to k = e + 1074
@@ -364,9 +365,7 @@ class ExactScanPlan:
         return np.moveaxis(out.reshape(rows.shape), -1, self.axis)
 
     def scan_block(self, block, carries=None, index: int = 0):
-        carry = None
-        if carries is not None and index > 0:
-            carry = carries[(slice(None),) * self.axis + (slice(index - 1, index),)]
+        carry = carry_of(carries, self.axis, index)
         with gpu_memory_guard(block, f"{self.label} of a chunk"):
             return _cumsum_block(block, self.axis, self.out_dtype, carry, self.skipnan)
 

@@ -56,8 +56,6 @@ _ROWS_PER_LAUNCH = 65535  # gridDim.y; the kernel loops over rows past it
 _PER_BLOCK_LIMIT = 1 << 28  # elements per block per launch: shared words stay far below 2**63
 
 
-
-
 # ------------------------------------------------------------------------------------------------
 # kernel names, module text, compile check, loader (the shape of cupy_stats)
 # ------------------------------------------------------------------------------------------------
@@ -410,7 +408,6 @@ def model_words(x: np.ndarray, threads: int = 64, terms: int = TERMS) -> np.ndar
     out[KWORDS - 1] = int(acc[KWORDS - 1]) + carry
     out[KWORDS] = flags
     return out
-
 
 
 # ------------------------------------------------------------------------------------------------

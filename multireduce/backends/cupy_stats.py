@@ -384,8 +384,6 @@ def to_host(partial):
     return tuple(cupy.asnumpy(p) for p in partial)
 
 
-
-
 def _kept(block, axes):
     return tuple(1 if d in axes else s for d, s in enumerate(block.shape))
 
