@@ -239,6 +239,7 @@ def test_scripted_cluster_listens_on_loopback_and_refuses_plain_tcp(tmp_path, ce
             nannies = [w["nanny"] for w in workers.values()]
             assert all(a.startswith("tls://127.0.0.1:") for a in list(workers) + nannies), (workers, nannies)
             assert client.submit(sum, [1, 2, 3]).result() == 6
+            _held_paths_call_workers_directly(client)
             pids = _tree(int((run / "scheduler.pid").read_text())) + _tree(int((run / "workers-n1.pid").read_text()))
             socks = _listening(pids)
             _assert_loopback_only(socks)
@@ -256,6 +257,30 @@ def test_scripted_cluster_listens_on_loopback_and_refuses_plain_tcp(tmp_path, ce
                 assert not isinstance(refused.value, TimeoutError), refused.value
     finally:
         sh("bash", DEPLOY / "stop.sh", config, check=False)
+
+
+def _held_paths_call_workers_directly(client):
+    """The held paths' direct calls to the workers (multireduce.direct._call_each) go over TLS with the
+    client's own certificate: with the scheduler's broadcast broken they still run."""
+    import dask.array as da
+    import distributed
+    import numpy as np
+
+    import multireduce as mr
+
+    x = client.persist(da.arange(1, 4001, chunks=1000, dtype=np.float64))
+    distributed.wait(x)
+    assert mr.sum(x, compute=True) == 8002000.0  # this first run learns the workers through the scheduler
+
+    def no_broadcast(*args, **kwargs):
+        raise AssertionError("the scheduler's broadcast was used")
+
+    client._run = no_broadcast
+    try:
+        assert mr.sum(x, compute=True) == 8002000.0
+        assert mr.cumsum(x).persist().compute()[-1] == 8002000.0
+    finally:
+        del client._run
 
 
 def test_local_cluster_listens_on_loopback_only():

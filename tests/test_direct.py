@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -98,8 +99,8 @@ def test_a_chunk_no_worker_reports_falls_back_to_the_graph(client, monkeypatch):
     d = _spread(client, x, 1000, [0, 1, 2, 0, 1, 2])
     real_run = direct._run
 
-    def one_chunk_short(*args):
-        replies = real_run(*args)
+    def one_chunk_short(*args, **kwargs):
+        replies = real_run(*args, **kwargs)
         worker = next(w for w in sorted(replies) if replies[w])
         replies[worker].pop(next(iter(replies[worker])))  # as if that chunk had been lost meanwhile
         return replies
@@ -332,12 +333,12 @@ def test_a_replica_gone_before_the_scan_falls_back_to_the_graph(client, monkeypa
     client.replicate(distributed.futures_of(d), n=3)
     real_run = direct._run
 
-    def drop_then_run(c, workers, fn, *args):
+    def drop_then_run(c, workers, fn, *args, **kwargs):
         if fn is direct.scan_and_keep:
             work = args[1]
             worker = sorted(work)[0]
             c.run(_forget_data, work[worker][0][0], workers=[worker])
-        return real_run(c, workers, fn, *args)
+        return real_run(c, workers, fn, *args, **kwargs)
 
     monkeypatch.setattr(direct, "_run", drop_then_run)
     out = mr.cumsum(d).persist()
@@ -406,3 +407,118 @@ def test_an_unexpected_registration_error_surfaces(client, monkeypatch):
         lazy.persist()
     monkeypatch.undo()
     assert _nothing_left(client, "cumsum-seeded")
+
+
+def _failing_broadcast(*args, **kwargs):
+    raise AssertionError("the scheduler's broadcast was used")
+
+
+def test_workers_are_called_without_the_scheduler_once_known(client, monkeypatch):
+    """After one run on every worker the client calls the workers itself (one round trip instead of two):
+    with the scheduler's broadcast broken, the eager sum, the held sum and the held scan still run, no task."""
+    x = np.arange(1, 6001, dtype=np.int64)
+    d = _spread(client, x, 1000, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == x.sum()  # learns the workers
+    assert sorted(direct._known_workers[client]) == sorted(client.scheduler_info()["workers"])
+    monkeypatch.setattr(client, "_run", _failing_broadcast)
+    got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
+    assert got == x.sum() and tasks == 0
+    got, tasks = _tasks_during(client, mr.sum(d).compute)
+    assert got == x.sum() and tasks == 0
+    out = mr.cumsum(d).persist()
+    assert "seeded" in out.name  # the direct scan, both of its runs without the broadcast
+    np.testing.assert_array_equal(out.compute(), np.cumsum(x))
+
+
+def test_direct_calls_can_be_turned_off(client, monkeypatch):
+    d = _spread(client, np.arange(60.0), 10, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == 1770.0
+    monkeypatch.setattr(direct, "_call_each", _failing_broadcast)
+    with dask.config.set({"multireduce.direct-to-workers": False}):
+        assert mr.sum(d, compute=True) == 1770.0
+
+
+def test_a_worker_that_joined_since_is_asked_through_the_scheduler(client):
+    """The client's list of workers predates a worker holding chunks: the direct call misses its chunks,
+    so the run is made again through the scheduler (no graph), and the list is brought up to date."""
+    x = np.arange(1.0, 61.0)
+    d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == x.sum()
+    everyone = sorted(client.scheduler_info()["workers"])
+    direct._known_workers[client] = everyone[:1]  # as if the other two had joined after the last run
+    got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
+    assert got == x.sum() and tasks == 0
+    assert sorted(direct._known_workers[client]) == everyone
+    assert client not in direct._direct_unreachable
+
+
+def test_a_listed_worker_that_is_gone_costs_one_fallback_not_a_timeout(client):
+    x = np.arange(1.0, 61.0)
+    d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == x.sum()
+    everyone = sorted(client.scheduler_info()["workers"])
+    gone = "tcp://127.0.0.1:9" if everyone[0].startswith("tcp") else everyone[0].rsplit("/", 1)[0] + "/999999"
+    direct._known_workers[client] = [*everyone, gone]
+    t0 = time.monotonic()
+    got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
+    assert got == x.sum() and tasks == 0 and time.monotonic() - t0 < 5
+    assert sorted(direct._known_workers[client]) == everyone
+    assert client not in direct._direct_unreachable  # the address is gone, not unreachable
+
+
+def test_workers_the_client_cannot_reach_are_asked_through_the_scheduler_from_then_on(client, monkeypatch):
+    """A client outside the workers' network (it reaches only the scheduler): the first direct call fails,
+    the broadcast answers, and later runs go through the scheduler without trying again."""
+    d = _spread(client, np.arange(60.0), 10, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == 1770.0
+    tries = []
+
+    async def unreachable(c, workers, fn, *args):
+        tries.append(workers)
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(direct, "_call_each", unreachable)
+    monkeypatch.setattr(direct, "_direct_unreachable", direct.weakref.WeakSet())
+    assert mr.sum(d, compute=True) == 1770.0
+    assert len(tries) == 1 and client in direct._direct_unreachable
+    assert mr.sum(d, compute=True) == 1770.0 and mr.cumsum(d).persist().compute()[-1] == 1770.0
+    assert len(tries) == 1
+
+
+def _no_who_has(*args, **kwargs):
+    raise AssertionError("placement was looked up")
+
+
+def test_a_direct_run_spares_the_next_result_its_placement_lookup(client, monkeypatch):
+    """A direct run learns where every chunk is; a result made over the same array within
+    ``multireduce.placement-reuse`` takes its grouping from there instead of asking the scheduler."""
+    from multireduce import placement
+
+    x = np.arange(1, 6001, dtype=np.int64)
+    d = _spread(client, x, 1000, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == x.sum()
+    fresh = placement.holders(d, client)
+    assert placement.recently_seen(d, client) == fresh
+    monkeypatch.setattr(client, "who_has", _no_who_has)
+    held = mr.sum(d)
+    assert held.compute() == x.sum()
+    assert client.compute(held).result() == x.sum()  # the graph, grouped as the scheduler would have told
+    with dask.config.set({"multireduce.placement-reuse": 0}), pytest.raises(AssertionError, match="looked up"):
+        mr.sum(d)
+
+
+def test_a_placement_seen_before_a_move_costs_locality_not_correctness(client):
+    """The chunks moved since they were seen: the graph built from the old placement runs its tasks where
+    the chunks were, Dask moves what they need, and the value is the same."""
+    from multireduce import placement
+
+    x = np.arange(1.0, 61.0)
+    d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2])
+    keys = placement.chunk_keys(d)
+    first = sorted(client.scheduler_info()["workers"])[0]
+    placement.remember(d, {k: first for k in keys}, client)  # as if every chunk had been on one worker
+    stale = mr.sum(d)
+    with dask.config.set({"multireduce.placement-reuse": 0}):
+        assert mr.sum(d).name != stale.name  # the looked-up placement groups differently, under another name
+    assert client.compute(stale).result() == x.sum() and stale.compute() == x.sum()
+    np.testing.assert_array_equal(client.persist(mr.cumsum(d)).compute(), np.cumsum(x))

@@ -97,11 +97,11 @@ def test_worker_killed_between_creation_and_run(cluster, client, monkeypatch, ho
     lazy = mr.cumsum(x) if how.startswith("scan") else mr.sum(x)
     real_run, killed = direct._run, []
 
-    def kill_then_run(*args):
+    def kill_then_run(*args, **kwargs):
         if not killed:
             killed.append(victim)
             _kill_one(cluster, client, victim)
-        return real_run(*args)
+        return real_run(*args, **kwargs)
 
     monkeypatch.setattr(direct, "_run", kill_then_run)
     call = {"compute=True": lambda: mr.sum(x, compute=True), ".compute()": lazy.compute,
