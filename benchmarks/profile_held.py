@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import dask
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -149,6 +150,11 @@ def main(argv=None):
         timed("mr.sum(x, compute=True)", lambda: mr.sum(x, compute=True))
         timed("held_values: each chunk's total on the host", lambda: direct.held_values(x, keys[:-1], scan_plan.totals))
         timed("client.run of a no-op", lambda: client.run(lambda: None))
+        everyone = sorted(client.scheduler_info()["workers"])
+        timed("a no-op sent to each worker directly (direct._call_each)",
+              lambda: client.sync(direct._call_each, client, everyone, lambda: None))
+        with dask.config.set({"multireduce.direct-to-workers": False}):
+            timed("mr.sum(x, compute=True) through the scheduler's broadcast", lambda: mr.sum(x, compute=True))
         for w, d in client.run(_on_worker, plan, scan_plan, keys).items():
             cells = ", ".join(f"{k} {v * 1e3:.2f} ms" if k != "chunks" else f"{v} chunks" for k, v in d.items())
             print(f"worker {w}: {cells}", flush=True)
