@@ -5,7 +5,8 @@
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
 # segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), segcall (host time of the segment calls, cProfile), statscall (host time of one statistics call, cProfile), pending (what session 15 left unverified on one GPU), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick; EXACT_ARGS="--logs 26,28" replaces --quick),
-# exactfull (bench_exact --gpu-exact, 2^20..2^30), exactterms (profile_exact --terms: expansion lengths 4/6/8), exactcall (cProfile of the exact call's host time), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
+# exactfull (bench_exact --gpu-exact, 2^20..2^30), exactsweep (sweep_exact_scan.py: the exact cumsum's pass 2 over Block x Items x
+# blocks per SM, bitwise-checked against mr.cumsum(exact=True); EXACTSWEEP_ARGS="--quick" narrows it; table and JSON in $OUT), exactterms (profile_exact --terms: expansion lengths 4/6/8), exactcall (cProfile of the exact call's host time), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
 # lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 # cub (CUB reduce / scan / segmented reduce through cuda.compute beside ours, CuPy, torch and the copy roof;
 # installs .whl-cccl/ first if it is there; CUB_ARGS="--quick" or "--sizes 26 --dtypes float32" narrow it).
@@ -92,6 +93,18 @@ fi
 if has exactfull; then
   timeout 420 python3 benchmarks/bench_exact.py --gpu-exact > "$OUT/bench-exact-full.log" 2>&1 || rc=1
   tail -n 52 "$OUT/bench-exact-full.log"
+fi
+if has exactsweep; then
+  # the whole table (one row per variant, dtype, data and size) and the JSON stay in $OUT; the best per dtype
+  # and size, any mismatch or failure, and the shipped shape's rows print here
+  timeout 540 python3 benchmarks/sweep_exact_scan.py --out "$OUT/sweep-exact-scan.json" ${EXACTSWEEP_ARGS:-} \
+    > "$OUT/sweep-exact-scan.log" 2>&1 || rc=1
+  sed -n '/^Best bitwise/,$p' "$OUT/sweep-exact-scan.log" > "$OUT/sweep-exact-scan.md"
+  grep -E "^(compiled [0-9]+ modules|!!)" "$OUT/sweep-exact-scan.log" | head -20
+  sed -n '/^Best bitwise/,/^$/p;/^| dtype | n |/,/^$/p' "$OUT/sweep-exact-scan.log" | head -12
+  grep -E -A1 "^\| dtype \| data" "$OUT/sweep-exact-scan.log" | head -2
+  grep -E "\(default\)|\| library \|" "$OUT/sweep-exact-scan.log" | head -24
+  tail -n 3 "$OUT/sweep-exact-scan.log"
 fi
 if has exactcall; then
   timeout 120 python3 benchmarks/profile_exact_call.py > "$OUT/profile-exact-call.log" 2>&1 || rc=1

@@ -46,7 +46,8 @@ namespace exact {
 
 constexpr int kTileOut = kWords + 3;  // a tile's words, then its NaN, +inf and -inf counts (0 or 1)
 constexpr double kTrack = 0x1p1000;   // |prefix| or |element| past this: eb = inf (TwoSum could overflow)
-constexpr int kScanMinBlocks = 3;     // pass 2: resident blocks per SM asked of ptxas (<= 85 registers at 256 threads)
+constexpr int kScanMinBlocks = 3;     // pass 2: resident blocks per SM asked of ptxas (<= 85 registers at 256 threads);
+                                      // exact_scan_tiles' default MinBlocks (benchmarks/sweep_exact_scan.py sweeps it)
 
 // Words slots: each row of ``tiles`` tiles owns tiles + 1 slots of kTileOut, its carry first (see "carries").
 // Tile t (of all rows, row-major) is written at tile_slot(t); the cumsum at carry_slot(t) is its carry.
@@ -447,9 +448,11 @@ __device__ __forceinline__ Partial block_exclusive(const Partial& p, Partial* wa
 __device__ __forceinline__ int padded(int i) { return i + (i >> 5); }  // shared staging without bank conflicts
 
 // Pass 2: one block per tile (grid-stride). seeds: 4 int64 per tile (exact_scan_seeds); out: rows x n;
-// marked[t]: how many threads of tile t left a sentinel (0: the tile is final).
-template <class T, class Out, int Block, int Items>
-__global__ void __launch_bounds__(Block, kScanMinBlocks) exact_scan_tiles(const T* __restrict__ x, index_t rows, index_t n,
+// marked[t]: how many threads of tile t left a sentinel (0: the tile is final). MinBlocks: the resident
+// blocks per SM asked of ptxas (__launch_bounds__' second argument: it caps the registers at about
+// 65536 / (Block * MinBlocks)); it changes the schedule only, never an output.
+template <class T, class Out, int Block, int Items, int MinBlocks = kScanMinBlocks>
+__global__ void __launch_bounds__(Block, MinBlocks) exact_scan_tiles(const T* __restrict__ x, index_t rows, index_t n,
                                                           index_t tiles, const long long* __restrict__ seeds,
                                                           int skipnan, Out* __restrict__ out,
                                                           int* __restrict__ marked) {

@@ -1,0 +1,43 @@
+"""benchmarks/sweep_exact_scan.py without a GPU: which pass-2 shapes it compiles for which dtype, and that it
+lists them and parses its arguments with CuPy absent."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "sweep_exact_scan.py"
+
+
+def _sweep():
+    spec = importlib.util.spec_from_file_location("sweep_exact_scan", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shared_memory_and_combinations():
+    s = _sweep()
+    # what ptxas reports for exact_scan_tiles at 256 x 16 (nvcc 13, sm_90): 17152 / 34048 bytes smem
+    assert s.shared_bytes(4, 256, 16) == 17152 and s.shared_bytes(8, 256, 16) == 34048
+    combos = {(b, i, m): dts for b, i, m, dts in s.combinations(s.BLOCKS, s.ITEMS, s.MIN_BLOCKS)}
+    assert combos[s.library_shape()] == ("float32", "float64")
+    assert combos[(256, 32, 3)] == ("float32",) and combos[(512, 16, 2)] == ("float32",)  # float64: > 48 KB
+    assert (512, 32, 2) not in combos  # no dtype fits
+    assert all(b * m <= 2048 for b, _, m in combos) and (512, 5) not in {(b, m) for b, _, m in combos}
+    assert len(s.combinations(s.BLOCKS, s.ITEMS, s.MIN_BLOCKS, max_threads_per_sm=1536)) < len(combos)
+    assert s.tiles_name("float64", 128, 8, 4) == "mr::exact::exact_scan_tiles<double, double, 128, 8, 4>"
+
+
+def test_lists_and_parses_without_cupy():
+    code = ("import runpy, sys; sys.modules['cupy'] = None; sys.argv = ['sweep', '--list', '--quick']; "
+            f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert run.returncode == 0, run.stderr
+    assert "Block 256 Items 16 MinBlocks 3: tile  4096" in run.stdout and "(the library's)" in run.stdout
+    assert "Block 512" not in run.stdout  # --quick: Block 128/256
+    assert subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=ROOT, capture_output=True).returncode == 0
