@@ -135,13 +135,47 @@ def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, da
 class _Packed:
     """A worker's reply pickled as one buffer. ``client.run`` serializes each NumPy array in a reply
     apart (its own header and frames): a dict of 99 host partials cost ~14 ms per call that way on a
-    4-worker CPU cluster (2026-11-26), where one pickle costs well under 1 ms."""
+    4-worker CPU cluster (2026-11-26), where one pickle costs well under 1 ms. Chunk partials of one
+    dtype and shape travel as columns (``_PartialColumns``)."""
 
     def __init__(self, value):
-        self.data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        self.data = pickle.dumps(_PartialColumns.of(value) or value, protocol=pickle.HIGHEST_PROTOCOL)
 
     def unpack(self):
-        return pickle.loads(self.data)
+        value = pickle.loads(self.data)
+        return value.expand() if isinstance(value, _PartialColumns) else value
+
+
+class _PartialColumns:
+    """{key: Partial} whose values are NumPy arrays of one dtype and shape and whose counts are Python
+    ints, as three columns: pickling 512 ``Partial`` objects apart took 2.8 ms and unpickling 1.5 ms,
+    the columns 0.07 and 0.4 ms (this 2-core machine, 2026-11-26). ``expand`` gives back equal
+    Partials (the same dtype, values and count type), so the fold's bits cannot change."""
+
+    def __init__(self, keys: list, values, counts):
+        self.keys, self.values, self.counts = keys, values, counts
+
+    @classmethod
+    def of(cls, found):
+        import numpy as np
+
+        from .core import Partial
+
+        if not isinstance(found, dict) or not found:
+            return None
+        parts = list(found.values())
+        first = parts[0]
+        if not all(type(p) is Partial and type(p.value) is np.ndarray and type(p.count) is int for p in parts):
+            return None
+        if any(p.value.dtype != first.value.dtype or p.value.shape != first.value.shape for p in parts) \
+                or not all(-(1 << 63) <= p.count < (1 << 63) for p in parts):
+            return None
+        return cls(list(found), np.stack([p.value for p in parts]), np.array([p.count for p in parts], dtype=np.int64))
+
+    def expand(self) -> dict:
+        from .core import Partial
+
+        return {k: Partial(self.values[i], int(c)) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
 
 
 def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):

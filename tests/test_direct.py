@@ -522,3 +522,25 @@ def test_a_placement_seen_before_a_move_costs_locality_not_correctness(client):
         assert mr.sum(d).name != stale.name  # the looked-up placement groups differently, under another name
     assert client.compute(stale).result() == x.sum() and stale.compute() == x.sum()
     np.testing.assert_array_equal(client.persist(mr.cumsum(d)).compute(), np.cumsum(x))
+
+
+def test_partials_travel_as_columns_and_come_back_equal():
+    import pickle
+
+    from multireduce.core import Partial
+
+    rng = np.random.default_rng(12)
+    found = {("x", i): Partial(rng.random((1, 3)).astype(np.float32), 1000 + i) for i in range(37)}
+    packed = pickle.loads(pickle.dumps(direct._Packed(found)))  # as the reply travels
+    assert isinstance(pickle.loads(packed.data), direct._PartialColumns)
+    back = packed.unpack()
+    assert list(back) == list(found)
+    for k, p in found.items():
+        assert back[k].value.dtype == p.value.dtype and np.array_equal(back[k].value, p.value)
+        assert back[k].value.shape == p.value.shape and type(back[k].count) is int and back[k].count == p.count
+    # anything else travels as it is: mixed shapes, NumPy counts, other values, failures
+    for other in ({**found, ("x", 99): Partial(np.ones((1, 4), np.float32), 1)},
+                  {("x", 0): Partial(np.ones(1), np.int64(3))}, {("x", 0): 5}, {}):
+        again = direct._Packed(other).unpack()
+        assert not isinstance(pickle.loads(direct._Packed(other).data), direct._PartialColumns)
+        assert list(again) == list(other) and all(type(again[k]) is type(v) for k, v in other.items())
