@@ -40,6 +40,48 @@ def _sync_all():
         pass
 
 
+def _values_of_held_profiled(plan, keys, calls, dask_worker=None):
+    """``direct.values_of_held`` as a direct run calls it, ``calls`` times under cProfile on this worker:
+    (median wall ms, the profile's top lines)."""
+    import cProfile
+    import io
+    import pstats
+
+    from multireduce import direct
+
+    walls = []
+    profile = cProfile.Profile()
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        profile.enable()
+        direct.values_of_held(plan.partial, keys, frozenset(), None, dask_worker=dask_worker)
+        profile.disable()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(22)
+    return statistics.median(walls), text.getvalue()
+
+
+def _cprofiled(client, x, keys, plan, calls: int = 10) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    import multireduce as mr
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        mr.sum(x, compute=True)
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(30)
+    print(f"## client: cProfile of {calls} x mr.sum(x, compute=True) (main thread)\n{text.getvalue()}", flush=True)
+    busiest = max(client.has_what().items(), key=lambda item: len(item[1]))[0]
+    wall, lines = client.run(_values_of_held_profiled, plan, keys, calls, workers=[busiest])[busiest]
+    print(f"## worker {busiest} (the busiest): values_of_held median {wall:.2f} ms\n{lines}", flush=True)
+
+
 def _on_worker(plan, scan_plan, keys, dask_worker=None):
     """The GPU's own time for this worker's chunks: every partial launched then one sync; each
     partial brought to the host; every chunk scanned (no carry) then one sync."""
@@ -106,6 +148,8 @@ def main(argv=None):
     p.add_argument("--gib-per-worker", type=float, default=8)
     p.add_argument("--chunk-log2", type=int, default=26)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cprofile", action="store_true",
+                   help="also cProfile the eager sum: the client's side, and values_of_held on each worker")
     args = p.parse_args(argv)
     if args.cpu:
         n_workers = args.workers or 2
@@ -158,6 +202,8 @@ def main(argv=None):
         for w, d in client.run(_on_worker, plan, scan_plan, keys).items():
             cells = ", ".join(f"{k} {v * 1e3:.2f} ms" if k != "chunks" else f"{v} chunks" for k, v in d.items())
             print(f"worker {w}: {cells}", flush=True)
+        if args.cprofile:
+            _cprofiled(client, x, keys, plan)
 
         for name, make_result in [("mr.cumsum(x).persist()", lambda: mr.cumsum(x).persist()),
                                   ("client.persist(mr.cumsum(x))", lambda: client.persist(mr.cumsum(x))),
