@@ -127,7 +127,8 @@ def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, da
         extra = extra or {}
         computed = [None if k in only_where else _call_where_held(dask_worker.data[k], per_chunk, *extra.get(k, ()))
                     for k in held]
-        return _Packed(dict(zip(held, _to_host_together(computed))))
+        columns = _PartialColumns.of(held, computed)  # the common case: no per-chunk work on the host
+        return _Packed(columns if columns is not None else dict(zip(held, _to_host_together(computed))))
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
 
@@ -135,11 +136,10 @@ def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, da
 class _Packed:
     """A worker's reply pickled as one buffer. ``client.run`` serializes each NumPy array in a reply
     apart (its own header and frames): a dict of 99 host partials cost ~14 ms per call that way on a
-    4-worker CPU cluster (2026-11-26), where one pickle costs well under 1 ms. Chunk partials of one
-    dtype and shape travel as columns (``_PartialColumns``)."""
+    4-worker CPU cluster (2026-11-26), where one pickle costs well under 1 ms."""
 
     def __init__(self, value):
-        self.data = pickle.dumps(_PartialColumns.of(value) or value, protocol=pickle.HIGHEST_PROTOCOL)
+        self.data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
     def unpack(self):
         value = pickle.loads(self.data)
@@ -147,35 +147,51 @@ class _Packed:
 
 
 class _PartialColumns:
-    """{key: Partial} whose values are NumPy arrays of one dtype and shape and whose counts are Python
-    ints, as three columns: pickling 512 ``Partial`` objects apart took 2.8 ms and unpickling 1.5 ms,
-    the columns 0.07 and 0.4 ms (this 2-core machine, 2026-11-26). ``expand`` gives back equal
-    Partials (the same dtype, values and count type), so the fold's bits cannot change."""
+    """{key: Partial} whose values are arrays of one type, device, dtype and shape and whose counts are
+    Python ints, as three host columns: one device-to-host copy of the stacked values and no per-chunk
+    work on the worker (pickling 512 ``Partial`` objects apart took 2.8 ms and unpickling 1.5 ms, the
+    columns 0.07 and 0.4 ms on this 2-core machine, 2026-11-26). ``expand`` gives back equal Partials
+    with NumPy values (the same dtype, values and count type), so the fold's bits cannot change."""
 
     def __init__(self, keys: list, values, counts):
         self.keys, self.values, self.counts = keys, values, counts
 
     @classmethod
-    def of(cls, found):
+    def of(cls, keys: list, parts: list):
         import numpy as np
 
         from .core import Partial
 
-        if not isinstance(found, dict) or not found:
+        if not parts:
             return None
-        parts = list(found.values())
-        first = parts[0]
-        if not all(type(p) is Partial and type(p.value) is np.ndarray and type(p.count) is int for p in parts):
+        kind = type(parts[0].value) if type(parts[0]) is Partial else None
+        if kind is None or not all(type(p) is Partial and type(p.value) is kind and type(p.count) is int for p in parts):
             return None
-        if any(p.value.dtype != first.value.dtype or p.value.shape != first.value.shape for p in parts) \
+        first = parts[0].value
+        if kind is np.ndarray:
+            stack = np.stack
+        elif kind.__module__.startswith("cupy") and kind.__name__ == "ndarray":
+            import cupy
+
+            if any(p.value.device.id != first.device.id for p in parts):
+                return None
+            stack = cupy.stack
+        else:
+            return None
+        if any(p.value.dtype != first.dtype or p.value.shape != first.shape for p in parts) \
                 or not all(-(1 << 63) <= p.count < (1 << 63) for p in parts):
             return None
-        return cls(list(found), np.stack([p.value for p in parts]), np.array([p.count for p in parts], dtype=np.int64))
+        if kind is np.ndarray:
+            values = stack([p.value for p in parts])
+        else:
+            with cupy.cuda.Device(first.device.id):
+                values = stack([p.value for p in parts]).get()
+        return cls(list(keys), values, np.array([p.count for p in parts], dtype=np.int64))
 
     def expand(self) -> dict:
         from .core import Partial
 
-        return {k: Partial(self.values[i], int(c)) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
+        return {k: Partial(self.values[i], c) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
 
 
 def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):
