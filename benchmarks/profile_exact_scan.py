@@ -16,7 +16,7 @@ from multireduce.backends import cupy_exact as ce  # noqa: E402
 def steps(x, dt):
     rows, n = x.shape
     k = ce._scan_kernels(x.dtype, dt)
-    tile = ce.scan_tile(x.dtype)
+    tile = ce.scan_tile(x.dtype, dt)
     tiles = -(-n // tile)
     count = rows * tiles
     i64 = np.int64

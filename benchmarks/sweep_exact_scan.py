@@ -39,7 +39,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # multireduce o
 BLOCKS = (128, 256, 512)
 ITEMS = (4, 8, 16, 32)
 MIN_BLOCKS = (2, 3, 4, 5, 6)
-QUICK = {"blocks": (128, 256), "items": (8, 16, 32), "min_blocks": (2, 3, 4), "logs": (26,)}
+QUICK = {"blocks": (256, 512), "items": (8, 16, 32), "min_blocks": (2, 3, 4), "logs": (26,)}
 LOGS = (26, 28)
 DTYPES = ("float32", "float64")  # each scanned into its own dtype
 KINDS = ("uniform", "normal")
@@ -48,8 +48,9 @@ PARTIAL_BYTES = 32  # exact_scan.cuh Partial: hi, lo, eb, flags
 REPEATS = 5
 
 
-def library_shape() -> tuple[int, int, int]:
-    """The library's pass 2: (tuning exact_scan_block, exact_scan_items, exact_scan.cuh kScanMinBlocks)."""
+def library_shape(dtype: str) -> tuple[int, int, int]:
+    """The library's pass 2 for ``dtype``: (tuning exact_scan_block, exact_scan_items[dtype], exact_scan.cuh
+    kScanMinBlocks)."""
     import re
 
     from multireduce import kernels as _kernels
@@ -57,7 +58,7 @@ def library_shape() -> tuple[int, int, int]:
 
     p = policy(9)
     found = re.search(r"constexpr int kScanMinBlocks = (\d+);", (_kernels.source_dir() / "exact_scan.cuh").read_text())
-    return p.exact_scan_block, p.exact_scan_items, int(found.group(1))
+    return p.exact_scan_block, dict(p.exact_scan_items)[dtype], int(found.group(1))
 
 
 def shared_bytes(itemsize: int, block: int, items: int) -> int:
@@ -190,9 +191,8 @@ def run(args) -> int:
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     max_threads = int(dev.attributes["MaxThreadsPerMultiProcessor"])
     combos = combinations(args.blocks, args.items, args.min_blocks, max_threads)
-    default = library_shape()
-    print(f"{gpu}: {len(combos)} combinations; the library's pass 2 is Block {default[0]}, Items {default[1]}, "
-          f"MinBlocks {default[2]}", flush=True)
+    shapes = "; ".join(f"{d} Block {b}, Items {i}, MinBlocks {m}" for d in DTYPES for b, i, m in [library_shape(d)])
+    print(f"{gpu}: {len(combos)} combinations; the library's pass 2: {shapes}", flush=True)
     start = time.perf_counter()
     variants, failed = compile_variants(combos, args.jobs)
     print(f"compiled {len(variants)} modules in {time.perf_counter() - start:.1f} s", flush=True)
@@ -230,7 +230,7 @@ def run(args) -> int:
                     row = {"dtype": d, "kind": kind, "log2n": lg, "block": b, "items": i, "min_blocks": m,
                            "variant": "sweep", "registers": regs, "local_bytes": local,
                            "resident_blocks_per_sm": resident, "plain_ms": plain, "library_ms": library,
-                           "default": (b, i, m) == default}
+                           "default": (b, i, m) == library_shape(d)}
                     try:
                         out = cupy.empty((1, n), dtype=dt)
                         out.view(np.uint8).fill(0xA5)  # garbage: a variant that writes nothing cannot pass
@@ -281,7 +281,7 @@ def run(args) -> int:
         good = {k: sum(v) for k, v in totals.items() if k not in bad and len(v) == len(KINDS)}
         if good:
             best = min(good, key=good.get)
-            dflt = f"{good[default]:.3f}" if default in good else "-"
+            dflt = f"{good[library_shape(d)]:.3f}" if library_shape(d) in good else "-"
             print(f"| {d} | 2^{lg} | {best[0]} | {best[1]} | {best[2]} | {good[best]:.3f} | {dflt} |")
     print(f"\n{gpu}; x plain = plain mr.cumsum ms / whole ms (target >= 0.5); resident = blocks per SM (occupancy API)\n")
     print("| dtype | data | n | Block | Items | MinBlocks | registers | local B | resident | pass-2 ms | whole ms "
@@ -313,11 +313,11 @@ def run(args) -> int:
 def main(argv=None) -> int:
     args = parse(argv)
     if args.list:
-        default = library_shape()
         for b, i, m, dts in combinations(args.blocks, args.items, args.min_blocks):
             sizes = ", ".join(f"{d} {shared_bytes(np.dtype(d).itemsize, b, i)} B" for d in dts)
+            mine = [d for d in dts if library_shape(d) == (b, i, m)]
             print(f"Block {b:3d} Items {i:2d} MinBlocks {m}: tile {b * i:5d}, shared {sizes}"
-                  + ("  (the library's)" if (b, i, m) == default else ""))
+                  + (f"  (the library's for {', '.join(mine)})" if mine else ""))
         return 0
     return run(args)
 

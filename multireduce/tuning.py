@@ -88,8 +88,11 @@ class Policy:
     exact_terms: int = 8  # expansion length per thread (a template argument)
     exact_unroll: tuple = (("float16", 2), ("float32", 4), ("float64", 4))  # 16-byte packs in flight
     exact_blocks_per_sm: int = 4  # one resident wave of the exact sum
-    exact_scan_block: int = 256  # exact scan: threads per tile of pass 2 (a template argument)
-    exact_scan_items: int = 16  # exact scan: elements per thread (tile = block x items)
+    # exact scan pass 2's tile (a template argument each): benchmarks/sweep_exact_scan.py on an H200
+    # (2026-11-26): 512 x 16 for float32 took 0.91 / 3.40 ms at 2^26 / 2^28 where 256 x 16 took 1.14 /
+    # 4.12; float64 cannot stage 512 x 16 in 48 KB of static shared memory and 512 x 8 is its best (even)
+    exact_scan_block: int = 512  # exact scan: threads per tile of pass 2
+    exact_scan_items: tuple = (("float16", 16), ("float32", 16), ("float64", 8))  # elements per thread
     exact_scan_warps: int = 8  # exact scan pass 1: warps per block, one tile each
 
     def scan_shape(self, in_size: int, acc_size: int, out_size: int) -> ScanShape:

@@ -71,19 +71,28 @@ def round_name(dtype) -> str:
     return f"mr::exact::exact_round_rows<{_kernels.ctype(dtype)}>"
 
 
-# The exact scan (kernels/exact_scan.cuh): tiles of SCAN_BLOCK x SCAN_ITEMS elements; pass 1 takes one warp
-# of SCAN_WARPS per tile. Measured at these values only (docs/performance.md, session 13: pass 2 is compute-
-# and occupancy-bound); a sweep of SCAN_ITEMS (8/16/32) and pass 2's blocks per SM is the next step.
+# The exact scan (kernels/exact_scan.cuh): tiles of SCAN_BLOCK x SCAN_ITEMS elements, the items per thread
+# chosen by the wider of the input and output dtypes (pass 2 stages a tile of either in 48 KB of static
+# shared memory); pass 1 takes one warp of SCAN_WARPS per tile. Why these values: tuning.py and
+# benchmarks/sweep_exact_scan.py (pass 2 is compute- and occupancy-bound, docs/performance.md).
 SCAN_BLOCK = _POLICY.exact_scan_block
-SCAN_ITEMS = {name: _POLICY.exact_scan_items for name in ("float16", "float32", "float64")}
+SCAN_ITEMS = dict(_POLICY.exact_scan_items)
 SCAN_WARPS = _POLICY.exact_scan_warps
 SEED_BLOCK = _POLICY.elementwise_block
 KTILEOUT = KWORDS + 3  # exact_scan.cuh kTileOut: a tile's words, then its NaN/+inf/-inf counts
 _FALLBACK_GRID = 1024  # blocks of one warp that look for marked tiles (grid-stride; no host round trip)
 
 
-def scan_tile(dtype) -> int:
-    return SCAN_BLOCK * SCAN_ITEMS[np.dtype(dtype).name]
+def scan_items(dtype, out=None) -> int:
+    """Elements per thread of pass 2 for ``dtype`` data scanned into ``out`` (default: ``dtype``)."""
+    dtype = np.dtype(dtype)
+    out = dtype if out is None else np.dtype(out)
+    return SCAN_ITEMS[(dtype if dtype.itemsize >= out.itemsize else out).name]
+
+
+def scan_tile(dtype, out=None) -> int:
+    """Elements per tile of the exact scan of ``dtype`` data into ``out`` (default: ``dtype``)."""
+    return SCAN_BLOCK * scan_items(dtype, out)
 
 
 def scan_names(dtype, out) -> dict[str, str]:
@@ -94,7 +103,7 @@ def scan_names(dtype, out) -> dict[str, str]:
     return {
         "words": f"mr::exact::exact_tile_words<{T}, {TERMS}, {SCAN_WARPS}, {UNROLL[name]}>",
         "seeds": f"mr::exact::exact_scan_seeds<{SEED_BLOCK}>",
-        "tiles": f"mr::exact::exact_scan_tiles<{T}, {O}, {SCAN_BLOCK}, {SCAN_ITEMS[name]}>",
+        "tiles": f"mr::exact::exact_scan_tiles<{T}, {O}, {SCAN_BLOCK}, {scan_items(dtype, out)}>",
         "fallback": f"mr::exact::exact_scan_fallback<{T}, {O}>",
     }
 
@@ -298,7 +307,7 @@ def device_cumsum(x, dt, skipnan: bool = False, carry=None):
     the carry's flags decide as an earlier element's would."""
     rows, n = x.shape
     k = _scan_kernels(x.dtype, dt)
-    tile = scan_tile(x.dtype)
+    tile = scan_tile(x.dtype, dt)
     tiles = -(-n // tile)
     count = rows * tiles
     i64 = np.int64

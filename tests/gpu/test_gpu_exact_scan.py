@@ -135,7 +135,7 @@ def dask_of_cupy(host: np.ndarray, chunks):
 
 def chunkings(n: int) -> list[tuple[int, ...]]:
     """Awkward chunks of ``n`` elements: a single chunk, empty chunks first, last and between, one-element
-    chunks, cuts at tile - 1, tile and 2 tile + 1 of the scan's tile (4096) and chunks of hundreds of tiles."""
+    chunks, cuts at tile - 1, tile and 2 tile + 1 of the scan's tile (float32's) and chunks of hundreds of tiles."""
     tile = cupy_exact.scan_tile(np.float32)
     found = [(n,), (0, n), (n, 0)]
     if n >= 1:
