@@ -17,10 +17,16 @@
 //   seeds    exact_scan_seeds: tile t's carry (the cumsum at its carry_slot) as a double-double (hi, lo)
 //            with a bound eb on |carry - hi - lo| (0 when the carry fits the 106 bits), and the carried flags.
 //   pass 2   exact_scan_tiles: one block per tile; each thread sums its Items consecutive elements as a
-//            Partial (double-double + bound), the block scans the Partials (warp shuffles, then the warp
-//            totals), each thread seeds its running Partial with (seed + its exclusive prefix) and adds
-//            its elements one by one, writing each output whose rounding the bound proves; an output it
-//            cannot prove gets a sentinel NaN payload, and the tile is marked.
+//            Partial (double-double + bound; float16/float32 elements within a provably exact exponent
+//            spread as one plain double sum: thread_partial), the block scans the Partials (warp shuffles,
+//            then the warp totals), and each thread's exact prefix is seed + its exclusive prefix. For
+//            float16/float32 elements and outputs the thread first tries the fast path (approximate_outputs):
+//            a plain double running sum from the prefix's hi with a rigorous bound on its distance to the
+//            exact prefix, proving each output by rounding both ends of that interval. If any output of the
+//            thread is not proved (or NaN/inf are involved), or for float64, it writes all its outputs on
+//            the exact path (exact_outputs): a running Partial advanced by TwoSums, writing each output whose
+//            rounding the bound proves; an output it cannot prove gets a sentinel NaN payload, and the tile
+//            is marked.
 //   fallback exact_scan_fallback: for each marked tile only, one thread walks the tile with the carry's
 //            exact words, adding every element into them, and rounds the words (round_words, exact.py's
 //            rounding bit for bit) wherever it finds the sentinel. Launched always with a fixed grid: no
@@ -34,8 +40,10 @@
 // prefix and ties are decided exactly (float32 integer data around 2^24, float16 around 2^11, float64
 // sums one bit too long). A rounding is proved when both rounding midpoints of the candidate are farther
 // from hi + lo than eb, the distances computed with downward rounding (__dsub_rd, __dadd_rd), so the
-// comparison errs only towards a fallback. The output is then the correctly rounded value whatever the
-// path, so the result is bitwise exact.py's and does not depend on the tile, the block or the schedule.
+// comparison errs only towards a fallback. The fast path's bound (approximate_outputs) starts at the exact
+// prefix's |lo| + eb and adds each double addition's rounding error bound upward, so it is rigorous too.
+// The output is then the correctly rounded value whatever the path, so the result is bitwise exact.py's
+// and does not depend on the tile, the block, the path or the schedule.
 //
 // float32 inputs are converted through to_double (subnormals from their bits: CuPy's NVRTC compiles with
 // -ftz=true) and outputs written through FromRounded (bit operations), as the exact sum kernel does.
@@ -312,6 +320,198 @@ __device__ __forceinline__ bool element_output(const Partial& run, Out& o) {
   return false;
 }
 
+// ---- pass 2, one thread's Items elements ---------------------------------------------------------------
+__device__ __forceinline__ int padded(int i) { return i + (i >> 5); }  // shared staging without bank conflicts
+
+__host__ __device__ constexpr int ceil_log2(int n) { return n <= 1 ? 0 : 1 + ceil_log2((n + 1) / 2); }
+
+__device__ __forceinline__ int lowest_bit(unsigned long long v) {  // v != 0
+#ifdef __CUDA_ARCH__
+  return __ffsll(static_cast<long long>(v)) - 1;
+#else
+  return __builtin_ctzll(v);
+#endif
+}
+
+// The biased double exponents of the largest and the smallest nonzero |value| of a thread's float16/float32
+// elements (top 0x7ff: an inf/NaN among them; all zero: top 0, bottom 0x7ff). A nonzero float16/float32 is
+// a normal double, so the high word of its double (exponent field, top mantissa bits) is nonzero and its
+// exponent field is the value's exponent e = floor(log2 |value|).
+struct Span {
+  int top, bottom;
+};
+template <int Items>
+__device__ __forceinline__ Span exponent_span(const double* v) {
+  constexpr unsigned kSpecial = 0x7ff00000u;  // the high word of inf, the least of NaN's
+  unsigned top = 0u, bottom = kSpecial;
+#pragma unroll
+  for (int j = 0; j < Items; ++j) {
+    const unsigned h =
+        static_cast<unsigned>(static_cast<unsigned long long>(__double_as_longlong(v[j])) >> 32) & 0x7fffffffu;
+    top = h > top ? h : top;
+    const unsigned nonzero = h ? h : kSpecial;
+    bottom = nonzero < bottom ? nonzero : bottom;
+  }
+  Span s;
+  s.top = static_cast<int>(top >> 20);
+  s.bottom = static_cast<int>(bottom >> 20);
+  return s;
+}
+
+// The exponent of a power of two that divides every element of the span (T = float16/float32): a value of
+// T with exponent e is an integer multiple of 2^(max(e, Emin) - P + 1) (P, Emin: T's precision and smallest
+// normal exponent; a subnormal is a multiple of 2^(Emin - P + 1)), so each is a multiple of the smallest
+// exponent's unit. Past 1000 when every element is zero (no constraint).
+template <class T>
+__device__ __forceinline__ int unit_exponent(const Span& s) {
+  const int e = s.bottom - 1023;
+  return (e > Format<T>::kEmin ? e : Format<T>::kEmin) - Format<T>::kPrecision + 1;
+}
+
+// The Partial of the thread's elements v[0..Items) (zeros past the row), the block scan's input. float16
+// and float32 values whose exponents lie close enough are summed in plain double, exactly: all are
+// multiples of u = 2^unit_exponent, and every partial sum of at most Items of them is a multiple of u below
+// Items 2^(top + 1), fewer than 2^(top - max(bottom, Emin) + P + ceil_log2(Items)) units of u (top, bottom:
+// the span's unbiased exponents). A double holds that exactly when top - max(bottom, Emin) is at most 53 - P
+// - ceil_log2(Items) (float32, 16 items: 25 binades; float16, 16 items: 38, more than float16's whole span
+// of 29), and u >= 2^-149 is far above the double subnormals, so no addition rounds: the Partial (sum, 0, 0)
+// is exact. Otherwise (a wider spread, inf/NaN, float64 input) partial_add's TwoSums.
+template <class T, int Items>
+__device__ __forceinline__ Partial thread_partial(const double* v, const Span& span, bool skipnan) {
+  Partial p = partial_zero();
+  if constexpr (sizeof(T) <= 4) {
+    constexpr int kSpread = 53 - Format<T>::kPrecision - ceil_log2(Items);
+    const int low = unit_exponent<T>(span) + Format<T>::kPrecision - 1;  // max(bottom, Emin), unbiased
+    if (span.top != 0x7ff && span.top - 1023 - low <= kSpread) {
+      double sum = 0.0;
+#pragma unroll
+      for (int j = 0; j < Items; ++j) sum = __dadd_rn(sum, v[j]);
+      p.hi = sum;
+      return p;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < Items; ++j) partial_add(p, v[j], skipnan);
+  return p;
+}
+
+// A double rounded to nearest, half to even, to float16 bits by the hardware (cvt.rn.f16.f64, as inline PTX,
+// which -ftz=true leaves alone: float16 subnormals come out exact). The emulator (no __CUDA_ARCH__) rounds
+// with round_magnitude, the same rounding.
+__device__ __forceinline__ unsigned short double_to_half_bits(double a) {
+#ifdef __CUDA_ARCH__
+  unsigned short h;
+  asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(a));
+  return h;
+#else
+  const double m = round_magnitude<11, -14>(fabs(a));
+  return Convert<half, double>::apply(__double_as_longlong(a) < 0 ? -m : m).bits;
+#endif
+}
+
+// One float16/float32 output from a double a known to lie within u of the exact prefix: true (and o) when
+// every real within u of a rounds to the same Out, false (and the sentinel) when not, or a is inf/NaN.
+// a - u rounded down and a + u rounded up both round to the same Out value, so by the monotonicity of
+// rounding to nearest every real between them does (a tie included: u = 0 is the exact prefix, and the
+// conversion rounds it half to even; ends of opposite signs or zeros differ). float32 only where |a| >=
+// 2^-125, clear of the float32 subnormals the conversion flushes under -ftz=true (a flushed end differs
+// from the other, normal one); float16 wherever a != 0. Elsewhere (an exact zero prefix is +0.0, float32
+// near zero) proved_rounding of the Partial (a, 0, u) decides.
+template <class Out>
+__device__ __forceinline__ bool approximation_output(double a, double u, Out& o) {
+  o = Sentinel<Out>::value();
+  if (!(fabs(a) < kTrack)) return false;  // inf/NaN entered the sum: the exact path sets the flags
+  const double below = __dsub_rd(a, u), above = __dadd_ru(a, u);
+  if constexpr (sizeof(Out) == 4) {
+    if (fabs(a) >= 0x1p-125) {
+      const float b = __double2float_rn(below), t = __double2float_rn(above);
+      if (bit_cast<unsigned>(b) != bit_cast<unsigned>(t)) return false;
+      o = b;
+      return true;
+    }
+  } else {
+    if (a != 0.0) {
+      const unsigned short b = double_to_half_bits(below);
+      if (b != double_to_half_bits(above)) return false;
+      o = half{b};
+      return true;
+    }
+  }
+  Partial p = partial_zero();
+  p.hi = a;
+  p.eb = u;
+  double r;
+  if (!proved_rounding<Out>(p, r)) return false;
+  o = FromRounded<Out>::apply(r);
+  return true;
+}
+
+// The fast path, for float16/float32 elements and outputs: the thread's outputs res[padded(first + j)]
+// from a plain double running sum a, started at run.hi, and a bound u on |a - exact prefix|, started at
+// |run.lo| + run.eb (rounded up). Each addition adds its rounding error's bound h to u (upward):
+//   - h = 0 when |a| < 2^53 g, g a power of two dividing run.hi and every element: then every running sum
+//     is a multiple of g (a rounded one is at least 2^53 g, whose ulp is a multiple of g), and a sum below
+//     2^53 g, which rounding to nearest cannot take to 2^53 g or past it, is held exactly. So integers,
+//     float16 data and whatever fits 53 bits keep u = 0, and their ties are decided exactly;
+//   - else h = |a| 2^-53 rounded to nearest: at least half an ulp of a, a power of two (or 0 when |a| <
+//     2^-1021, where every sum is exact) that no rounding of |a| 2^-53 goes below, and half an ulp bounds
+//     the addition's error.
+// A float32 output is proved unless a lies within u of a rounding midpoint, about 2^-24 |a| apart, where u
+// stays below (|run.hi| + the Items running sums) 2^-53 + u's start. True when every output was proved;
+// false when one was not, or the prefix carries NaN/inf flags (special_output, on the exact path), or T or
+// Out is float64 (no double approximation can prove a 53-bit rounding; float64 elements would need their
+// 53-bit units): the caller then overwrites all of them with exact_outputs.
+template <class T, class Out, int Items>
+__device__ __forceinline__ bool approximate_outputs(const Partial& run, const double* v, const Span& span,
+                                                    int first, int len, Out* res) {
+  if constexpr (sizeof(T) == 8 || sizeof(Out) == 8) {
+    return false;
+  } else {
+    if (run.flags) return false;
+    int unit = unit_exponent<T>(span);  // then the exponent of g, and 2^53 g as a double (inf past 2^1023)
+    const unsigned long long hi_bits = static_cast<unsigned long long>(__double_as_longlong(run.hi)) << 1 >> 1;
+    if (hi_bits) {
+      const int field = static_cast<int>(hi_bits >> 52);
+      const unsigned long long mantissa = (hi_bits & ((1ull << 52) - 1)) | (field ? 1ull << 52 : 0ull);
+      const int hi_unit = (field ? field : 1) - 1075 + lowest_bit(mantissa);
+      unit = hi_unit < unit ? hi_unit : unit;
+    }
+    const double exact_below = unit + 53 > 1023 ? positive_inf()
+                                                : __longlong_as_double(static_cast<long long>(unit + 53 + 1023) << 52);
+    double a = run.hi, u = __dadd_ru(fabs(run.lo), run.eb);
+    bool proved = true;
+#pragma unroll
+    for (int j = 0; j < Items; ++j) {
+      if (first + j < len) {
+        a = __dadd_rn(a, v[j]);
+        if (!(fabs(a) < exact_below)) u = __dadd_ru(u, fabs(a) * 0x1p-53);
+        Out o;
+        proved = approximation_output<Out>(a, u, o) && proved;
+        res[padded(first + j)] = o;
+      }
+    }
+    return proved;
+  }
+}
+
+// The exact path: the thread's outputs from run (the exact Partial of everything before its first element)
+// advanced by partial_add's TwoSums; returns how many outputs it left as sentinels (unproved).
+template <class Out, int Items>
+__device__ __forceinline__ int exact_outputs(Partial run, const double* v, int first, int len, bool skipnan,
+                                             Out* res) {
+  int unproved = 0;
+#pragma unroll
+  for (int j = 0; j < Items; ++j) {
+    if (first + j < len) {
+      partial_add(run, v[j], skipnan);
+      Out o;
+      if (!element_output<Out>(run, o)) ++unproved;
+      res[padded(first + j)] = o;
+    }
+  }
+  return unproved;
+}
+
 // ---- the fallback: exact words walked along a tile -----------------------------------------------------
 // w += the finite double d (as deposit, into int64 words: a tile's adds stay far below 2^63).
 __device__ __forceinline__ void add_to_words(long long* w, double d) {
@@ -445,8 +645,6 @@ __device__ __forceinline__ Partial block_exclusive(const Partial& p, Partial* wa
   return warp == 0 ? ex : partial_combine(warp_sums[warp - 1], ex);
 }
 
-__device__ __forceinline__ int padded(int i) { return i + (i >> 5); }  // shared staging without bank conflicts
-
 // Pass 2: one block per tile (grid-stride). seeds: 4 int64 per tile (exact_scan_seeds); out: rows x n;
 // marked[t]: how many threads of tile t left a sentinel (0: the tile is final). MinBlocks: the resident
 // blocks per SM asked of ptxas (__launch_bounds__' second argument: it caps the registers at about
@@ -473,29 +671,20 @@ __global__ void __launch_bounds__(Block, MinBlocks) exact_scan_tiles(const T* __
     __syncthreads();
     const int first = static_cast<int>(threadIdx.x) * Items;
     double v[Items];
-    Partial mine = partial_zero();
 #pragma unroll
-    for (int j = 0; j < Items; ++j) {
-      v[j] = first + j < len ? to_double(in[padded(first + j)]) : 0.0;
-      partial_add(mine, v[j], skip);
-    }
-    Partial run = block_exclusive<Block>(mine, warp_sums);  // its barriers also end the reads of ``in``
+    for (int j = 0; j < Items; ++j) v[j] = first + j < len ? to_double(in[padded(first + j)]) : 0.0;
+    const Span span = exponent_span<Items>(v);  // read by the float16/float32 paths only
+    // the block scan's barriers also end the reads of ``in``
+    Partial run = block_exclusive<Block>(thread_partial<T, Items>(v, span, skip), warp_sums);
     Partial seed;
     seed.hi = __longlong_as_double(seeds[4 * t]);
     seed.lo = __longlong_as_double(seeds[4 * t + 1]);
     seed.eb = __longlong_as_double(seeds[4 * t + 2]);
     seed.flags = static_cast<unsigned long long>(seeds[4 * t + 3]);
     run = partial_combine(seed, run);
-    int unproved = 0;
-#pragma unroll
-    for (int j = 0; j < Items; ++j) {
-      if (first + j < len) {
-        partial_add(run, v[j], skip);
-        Out o;
-        if (!element_output<Out>(run, o)) ++unproved;
-        res[padded(first + j)] = o;
-      }
-    }
+    const int unproved = approximate_outputs<T, Out, Items>(run, v, span, first, len, res)
+                             ? 0
+                             : exact_outputs<Out, Items>(run, v, first, len, skip, res);
     const int any = __syncthreads_count(unproved);
     Out* dst = out + row * n + start;
     for (int i = threadIdx.x; i < len; i += Block) dst[i] = res[padded(i)];

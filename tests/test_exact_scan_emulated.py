@@ -354,3 +354,112 @@ def test_carry_words_are_the_states_integers():
     odd = exact.ExactState(np.array(1, dtype=object), np.array(False), np.array(False), np.array(False), 0)
     with pytest.raises(ValueError):
         cupy_exact.carry_words([odd])
+
+
+# -- pass 2's fast path (approximate_outputs: a double running sum and its error bound) ----------------------
+LIBRARY_SHAPE = (cupy_exact.SCAN_BLOCK, cupy_exact.scan_items(np.float32))  # 512 x 16 for float16/float32
+
+
+def check_paths(x, block, items, out_dtype=None, carry=None) -> int:
+    """Outputs bitwise exact.py's (or the host scan's from ``carry``); returns how many threads ran the exact
+    path (every thread for float64 elements or outputs, where the fast path is never tried)."""
+    got, _, exact_threads, _ = exact_emulate.emulate_scan_paths(x, out_dtype, block, items, carry=carry)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = exact.cumsum(x, dtype=out_dtype) if carry is None else host_scan(x, carry, out_dtype)
+    assert same(got, want), (x.dtype, x.size, block, items, out_dtype, np.flatnonzero(bits(got) != bits(want))[:5])
+    return exact_threads
+
+
+def test_fast_path_proves_plain_data():
+    """Uniform and normal float32, float16 and integer data: every thread's outputs proved by the double running
+    sum (integers and float16 sums are exact in double: their bound stays 0 and ties are decided exactly)."""
+    rng = np.random.default_rng(21)
+    n = 1 << 15
+    ints = rng.integers(-3, 4, n).astype(np.float32)
+    ints[0] = 2.0**24  # prefixes around 2^24: the odd ones are float32 midpoints
+    rows = {"uniform": rng.random(n).astype(np.float32), "normal": rng.standard_normal(n).astype(np.float32),
+            "f16 normal": rng.standard_normal(n).astype(np.float16), "ints around 2^24": ints}
+    for name, x in rows.items():
+        for out in (np.float16, np.float32):
+            assert check_paths(x, *LIBRARY_SHAPE, out_dtype=out) == 0, (name, out)
+
+
+def traps(rng, n) -> dict[str, np.ndarray]:
+    """float32 rows whose double running sum lands on, or within its bound of, a rounding midpoint of float32
+    or float16 while the exact prefix lies off it, so that only the bound keeps the fast path from a wrong
+    rounding."""
+    f = np.float32
+    # on the float32 midpoint 1 + 2^-24 the dust 2^-70 is lost by the double sum but decides the rounding
+    dust = np.concatenate([[1.0, 2.0**-24], np.full(n - 2, 2.0**-70)]).astype(f)
+    # prefixes of integers around 2^24 (the odd ones are float32 midpoints) with dust 2^-30, which the double
+    # sum drops (2^24 + 2^-30 needs 55 bits)
+    ints = rng.integers(-3, 4, n).astype(f)
+    ints[0] = f(2.0**24)
+    at = rng.random(n) < 0.1
+    ints[at] = (rng.choice([-1.0, 1.0, 3.0], int(at.sum())) * 2.0**-30).astype(f)
+    # 1 lost under 2^60, then -2^60: the double sum is 0, the prefix 1; repeated with other magnitudes
+    crossing = np.tile(np.array([2.0**60, 1.0, -(2.0**60), 2.0**-20, 3.0e30, -0.5, -3.0e30], f), n // 7 + 1)[:n]
+    # 2^-16 + 2^-40 is a float32 midpoint; (1 + 2^-23) 2^-46 then -2^-46 leave it 2^-69 above, the double
+    # sum ties 2^-69 away (to even) onto it: the smallest element unit, 2^-69, makes 2^53 of it = 2^-16 the
+    # first magnitude whose additions round, which the bound must count
+    edge = np.tile(np.array([2.0**-16, 2.0**-40, (1 + 2.0**-23) * 2.0**-46, -(2.0**-46), -(2.0**-16), -(2.0**-40)],
+                            f), n // 6 + 1)[:n]
+    # near-midpoints of float16: 1 + 2^-11 with dust below float16's and the double's reach
+    half_dust = np.concatenate([[1.0, 2.0**-11], np.tile([2.0**-60, -(2.0**-60), 2.0**-61], n)[: n - 2]]).astype(f)
+    # one thread of 16 items: from 1 + 2^-24 - 5 2^-52, eight additions of 2^-53 + 2^-76 each round up by
+    # nearly 2^-53: the double sum ends 6 2^-53 above the midpoint 1 + 2^-24, the prefix 2^-52 - 2^-73 below.
+    # The 11 additions' bound, 11 2^-53, covers the gap; a bound 4 times smaller would not
+    ramp = np.tile(np.array([1.0, 2.0**-24, -1.25 * 2.0**-50] + [2.0**-53 + 2.0**-76] * 8 + [-1.0, -(2.0**-24)]
+                            + [0.0] * 3, f), n // 16 + 1)[:n]
+    return {"dust": dust, "ints dust": ints, "ramp": ramp, "crossing": crossing, "edge": edge, "half dust": half_dust}
+
+
+def test_fast_path_gives_up_on_traps():
+    """Where the double sum cannot decide, the thread reruns its elements on the exact path: every output still
+    bitwise exact.py's, for both float outputs, the library's tile and small ones, and each trap does send
+    threads to the exact path (so the fast path is not simply right by luck)."""
+    rng = np.random.default_rng(22)
+    for name, x in traps(rng, 3 * 8192 + 5).items():
+        exact_threads = 0
+        for out in (np.float16, np.float32):
+            for block, items in (LIBRARY_SHAPE, (32, 3), (64, 16)):
+                exact_threads += check_paths(x, block, items, out_dtype=out)
+        assert exact_threads > 0, name
+
+
+def test_fast_path_hostile_rows_at_the_library_tile():
+    """Every hostile kind of ``cases`` (spread, cancellation, ties, subnormals, inf/NaN placement) through the
+    library's 512 x 16 tiles, float16/float32 to both float outputs: bitwise exact.py's."""
+    rng = np.random.default_rng(23)
+    for dt in (np.float16, np.float32):
+        for name, x in cases(dt, 2 * 8192 + 77, rng).items():
+            for out in (np.float16, np.float32):
+                check_paths(x, *LIBRARY_SHAPE, out_dtype=out)
+
+
+def test_thread_sums_beyond_the_exact_spread():
+    """thread_partial's plain double sum is taken only within its spread (25 binades for 16 float32): 15
+    values of 2^27 - 8 and 1 + 2^-23 (26 binades) sum to 2^31 - 119 + 2^-23, which a double rounds. The next
+    thread removes all but 1 + 2^-23: a rounded thread sum would show there, as 1 or 1 + 2^-22."""
+    big = 2.0**27 - 8
+    x = np.zeros(32 * 16, np.float32)
+    x[:16] = [big] * 15 + [1 + 2.0**-23]
+    x[16:18] = [-15 * 2.0**27, 120.0]
+    got, _ = exact_emulate.emulate_scan(x, block=32, items=16)
+    assert got[17] == np.float32(1 + 2.0**-23)
+    check_paths(x, 32, 16)
+
+
+def test_fast_path_counts_the_start_of_its_prefix():
+    """The fast path starts from the exact prefix's hi alone: its bound starts at |lo| + eb. A carry 2^-60 off
+    the float32 (float16) midpoint 1 + 2^-24 (1 + 2^-11) fits the double-double (lo = +-2^-60, eb = 0): its hi
+    is the midpoint, and only lo decides the rounding of a row of zeros (or of ulps) after it."""
+    rng = np.random.default_rng(24)
+    for out, mid in ((np.float32, 1 + Fraction(2) ** -24), (np.float16, 1 + Fraction(2) ** -11)):
+        for value in (mid + Fraction(2) ** -60, -mid - Fraction(2) ** -60, mid - Fraction(2) ** -60):
+            for dt in (np.float16, np.float32):
+                zeros = np.zeros(100, dt)
+                assert check_paths(zeros, 32, 4, out_dtype=out, carry=carry_state(value)) > 0, (out, value, dt)
+                ulps = (rng.integers(-2, 3, 100) * float(np.finfo(dt).smallest_subnormal)).astype(dt)
+                for o in (np.float16, np.float32):
+                    check_paths(ulps, 32, 4, out_dtype=o, carry=carry_state(value))

@@ -80,10 +80,19 @@ def emulate_round(words: np.ndarray, dt, skipnan: bool = False, divisor: int = 1
 def emulate_scan(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 16,
                  skipnan: bool = False, carry=None) -> tuple[np.ndarray, int]:
     """The exact cumsum of the 1-d ``x`` as kernels/exact_scan.cuh computes it with tiles of ``block`` (a
-    multiple of 32) x ``items`` elements: (outputs of ``out_dtype``, default x's, and the count of outputs
-    pass 2 could not prove, which fallback_walk rounded from the exact words). ``carry``: an exact.ExactState
-    of what precedes ``x`` (a Dask chunk's carry), turned into the row's first words slot by
-    cupy_exact.carry_words as the GPU path does."""
+    multiple of 32) x ``items`` elements (1, 2, 3, 4, 8, 16 or 32): (outputs of ``out_dtype``, default x's,
+    and the count of outputs pass 2 could not prove, which fallback_walk rounded from the exact words).
+    ``carry``: an exact.ExactState of what precedes ``x`` (a Dask chunk's carry), turned into the row's first
+    words slot by cupy_exact.carry_words as the GPU path does."""
+    out, unproved, _, _ = emulate_scan_paths(x, out_dtype, block, items, skipnan, carry)
+    return out, unproved
+
+
+def emulate_scan_paths(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 16,
+                       skipnan: bool = False, carry=None) -> tuple[np.ndarray, int, int, int]:
+    """emulate_scan's (outputs, unproved), then how many of pass 2's threads ran the exact path (exact_outputs:
+    their fast path, approximate_outputs, gave up; every thread when x or the output is float64), and how many
+    threads had elements."""
     from multireduce.backends import cupy_exact
 
     x = np.ascontiguousarray(x)
@@ -93,8 +102,8 @@ def emulate_scan(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 1
                           str(items), str(int(skipnan))], input=x.tobytes() + words.tobytes(),
                          capture_output=True, check=True)
     fields = [int(v) for v in run.stdout.split()]
-    raw = np.array(fields[1:], dtype=np.uint64).astype({2: np.uint16, 4: np.uint32, 8: np.uint64}[out_dt.itemsize])
-    return raw.view(out_dt), fields[0]
+    raw = np.array(fields[3:], dtype=np.uint64).astype({2: np.uint16, 4: np.uint32, 8: np.uint64}[out_dt.itemsize])
+    return raw.view(out_dt), fields[0], fields[1], fields[2]
 
 
 def emulate_seed(words: np.ndarray, skipnan: bool = False) -> list[tuple[float, float, float, int]]:

@@ -11,8 +11,11 @@
 //   it (exact_round_rows<float>'s store), one row per line.
 //   exact_host_emulator scan DTYPE OUT N BLOCK ITEMS SKIPNAN < raw element bytes, then the row's carry
 //   (kTileOut int64: the words and NaN/+inf/-inf counts cupy_exact.carry_words gives)
-//   prints the count of outputs pass 2 left unproved, then each output's bits: kernels/exact_scan.cuh, its
-//   seeds and fallback kernels run as they are, pass 1 and pass 2 replayed thread by thread.
+//   prints the count of outputs pass 2 left unproved, the count of its threads that ran the exact path
+//   (exact_outputs: their fast path, approximate_outputs, gave up, or the elements or outputs are float64) and
+//   the count of threads with elements, then each output's bits: kernels/exact_scan.cuh, its seeds and
+//   fallback kernels run as they are, pass 1 and pass 2 replayed thread by thread (ITEMS: 1, 2, 3, 4, 8, 16
+//   or 32).
 //   exact_host_emulator seed ROWS SKIPNAN < ROWS x kTileOut int64   prints seed_of_words of each row.
 #include <cstdint>
 #include <cstdio>
@@ -228,12 +231,12 @@ static void one_block(unsigned threads) {
   blockDim.x = threads;
 }
 
-template <class T, class Out, int Terms, int Unroll>
-static int run_scan(const T* x, long long n, int block, int items, bool skipnan, const long long* carry) {
-  const long long tile = static_cast<long long>(block) * items;
+template <class T, class Out, int Terms, int Unroll, int Items>
+static int run_scan(const T* x, long long n, int block, bool skipnan, const long long* carry) {
+  const long long tile = static_cast<long long>(block) * Items;
   const long long tiles = n ? (n + tile - 1) / tile : 0;
   if (tiles == 0) {  // cupy_exact.cumsum launches nothing for an empty row
-    std::printf("0\n");
+    std::printf("0 0 0\n");
     return 0;
   }
   std::vector<long long> cum(static_cast<size_t>(tiles + 1) * kTileOut, 0);
@@ -268,7 +271,11 @@ static int run_scan(const T* x, long long n, int block, int items, bool skipnan,
   }
   std::vector<Out> out(static_cast<size_t>(n));
   std::vector<int> marked(static_cast<size_t>(tiles), 0);
-  long long unproved = 0;
+  long long unproved = 0, exact_threads = 0, threads = 0;
+  std::vector<double> v(static_cast<size_t>(tile));
+  std::vector<Partial> mine(block);
+  std::vector<Span> spans(block);
+  std::vector<Out> res(static_cast<size_t>(padded(static_cast<int>(tile))));  // the kernel's shared staging
   for (long long t = 0; t < tiles; ++t) {  // pass 2: exact_scan_tiles, threads in turn
     const long long start = t * tile;
     const int len = static_cast<int>(std::min(tile, n - start));
@@ -277,45 +284,61 @@ static int run_scan(const T* x, long long n, int block, int items, bool skipnan,
     seed.lo = __longlong_as_double(seeds[4 * t + 1]);
     seed.eb = __longlong_as_double(seeds[4 * t + 2]);
     seed.flags = static_cast<unsigned long long>(seeds[4 * t + 3]);
-    std::vector<double> v(static_cast<size_t>(tile));
-    std::vector<Partial> mine(block);
     for (int th = 0; th < block; ++th) {
-      mine[th] = partial_zero();
-      for (int j = 0; j < items; ++j) {
-        const int i = th * items + j;
+      for (int j = 0; j < Items; ++j) {
+        const int i = th * Items + j;
         v[i] = i < len ? to_double(x[start + i]) : 0.0;
-        partial_add(mine[th], v[i], skipnan);
       }
+      spans[th] = exponent_span<Items>(v.data() + th * Items);
+      mine[th] = thread_partial<T, Items>(v.data() + th * Items, spans[th], skipnan);
     }
     const std::vector<Partial> excl = block_exclusive_replay(mine, block);
     long long unproved_here = 0;
     for (int th = 0; th < block; ++th) {
-      Partial run = partial_combine(seed, excl[th]);
-      for (int j = 0; j < items; ++j) {
-        const int i = th * items + j;
-        if (i >= len) continue;
-        partial_add(run, v[i], skipnan);
-        if (!element_output<Out>(run, out[start + i])) ++unproved_here;
+      const int first = th * Items;
+      const Partial run = partial_combine(seed, excl[th]);
+      const double* mine_v = v.data() + first;
+      if (!approximate_outputs<T, Out, Items>(run, mine_v, spans[th], first, len, res.data())) {
+        exact_threads += first < len;
+        unproved_here += exact_outputs<Out, Items>(run, mine_v, first, len, skipnan, res.data());
       }
+      threads += first < len;
     }
+    for (int i = 0; i < len; ++i) out[start + i] = res[padded(i)];
     unproved += unproved_here;
     marked[t] = static_cast<int>(unproved_here);
   }
   one_block(32);
   threadIdx.x = 0;  // the walking thread (its 31 neighbours skip every tile)
   exact_scan_fallback<T, Out>(x, 1, n, tile, tiles, cum.data(), marked.data(), out.data());
-  std::printf("%lld\n", unproved);
+  std::printf("%lld %lld %lld\n", unproved, exact_threads, threads);
   for (long long i = 0; i < n; ++i) std::printf("%llu\n", out_bits(out[i]));
   return 0;
 }
 
-template <class T>
-static int scan_to(char out, const T* x, long long n, int block, int items, bool skipnan, const long long* carry) {
+template <class T, int Items>
+static int scan_to(char out, const T* x, long long n, int block, bool skipnan, const long long* carry) {
   constexpr int unroll = sizeof(T) == 2 ? 2 : 4;  // cupy_exact.UNROLL
-  if (out == 'e') return run_scan<T, mr::half, 8, unroll>(x, n, block, items, skipnan, carry);
-  if (out == 'f') return run_scan<T, float, 8, unroll>(x, n, block, items, skipnan, carry);
-  if (out == 'd') return run_scan<T, double, 8, unroll>(x, n, block, items, skipnan, carry);
+  if (out == 'e') return run_scan<T, mr::half, 8, unroll, Items>(x, n, block, skipnan, carry);
+  if (out == 'f') return run_scan<T, float, 8, unroll, Items>(x, n, block, skipnan, carry);
+  if (out == 'd') return run_scan<T, double, 8, unroll, Items>(x, n, block, skipnan, carry);
   std::fprintf(stderr, "unsupported output dtype %c\n", out);
+  return 2;
+}
+
+// Items is a template argument of pass 2's per-thread functions (the kernel's): the tests' and the library's.
+template <class T>
+static int scan_items(char out, int items, const T* x, long long n, int block, bool skipnan, const long long* carry) {
+  switch (items) {
+    case 1: return scan_to<T, 1>(out, x, n, block, skipnan, carry);
+    case 2: return scan_to<T, 2>(out, x, n, block, skipnan, carry);
+    case 3: return scan_to<T, 3>(out, x, n, block, skipnan, carry);
+    case 4: return scan_to<T, 4>(out, x, n, block, skipnan, carry);
+    case 8: return scan_to<T, 8>(out, x, n, block, skipnan, carry);
+    case 16: return scan_to<T, 16>(out, x, n, block, skipnan, carry);
+    case 32: return scan_to<T, 32>(out, x, n, block, skipnan, carry);
+  }
+  std::fprintf(stderr, "unsupported ITEMS %d (1, 2, 3, 4, 8, 16, 32)\n", items);
   return 2;
 }
 
@@ -342,9 +365,9 @@ static int scan_row(int argc, char** argv) {
     std::fprintf(stderr, "short input\n");
     return 2;
   }
-  if (dtype == 'e') return scan_to(out, reinterpret_cast<const mr::half*>(data), n, block, items, skipnan, carry);
-  if (dtype == 'f') return scan_to(out, reinterpret_cast<const float*>(data), n, block, items, skipnan, carry);
-  if (dtype == 'd') return scan_to(out, reinterpret_cast<const double*>(data), n, block, items, skipnan, carry);
+  if (dtype == 'e') return scan_items(out, items, reinterpret_cast<const mr::half*>(data), n, block, skipnan, carry);
+  if (dtype == 'f') return scan_items(out, items, reinterpret_cast<const float*>(data), n, block, skipnan, carry);
+  if (dtype == 'd') return scan_items(out, items, reinterpret_cast<const double*>(data), n, block, skipnan, carry);
   std::fprintf(stderr, "unsupported dtype %c\n", dtype);
   return 2;
 }
