@@ -52,12 +52,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import pickle
+import time
 import traceback
 import uuid
 import weakref
 
 import dask
-from dask.utils import parse_timedelta
 
 import dask.array as da
 from dask.array.utils import meta_from_array
@@ -296,22 +296,29 @@ async def _call_each(client, workers: list, fn, *args) -> dict:
     from distributed.protocol.pickle import dumps
 
     message = dict(op="run", function=dumps(fn), args=dumps(args), wait=True, kwargs=dumps({}))
-    timeout = parse_timedelta(dask.config.get("multireduce.direct-connect-timeout", "2s"))
+    timeout = placement.config_seconds("multireduce.direct-connect-timeout", "2s", positive=True)
 
     async def one(address):
         comm = await client.rpc.connect(address, timeout=timeout)
+        _last_direct_connect[client] = time.monotonic()  # the client reaches its workers
         try:
             reply = await send_recv(comm, **message)
         except BaseException:
             comm.abort()  # a reply half read must not reach the pool's next user
             raise
-        client.rpc.reuse(address, comm)
+        finally:
+            client.rpc.reuse(address, comm)  # a closed comm gives its slot back, an open one returns to the pool
         if reply.get("status") != "OK":  # the worker could not run fn at all (our functions catch their own)
             _, error, tb = clean_exception(**reply)
             raise error.with_traceback(tb)
         return reply["result"]
 
-    replies = await asyncio.gather(*(one(w) for w in workers))
+    calls = [asyncio.ensure_future(one(w)) for w in workers]
+    try:
+        replies = await asyncio.gather(*calls)
+    finally:
+        for call in calls:  # one failed: the others are not left running unawaited
+            call.cancel()
     return dict(zip(workers, replies))
 
 
@@ -319,6 +326,7 @@ async def _call_each(client, workers: list, fn, *args) -> dict:
 # itself), and whether calling workers directly failed where the scheduler's broadcast reached them.
 _known_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _direct_unreachable: weakref.WeakSet = weakref.WeakSet()
+_last_direct_connect: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> monotonic time
 
 
 def _goes_direct(client) -> bool:
@@ -341,9 +349,10 @@ def _run(client, workers, fn, *args, complete=None):
     placement (an address gone, unreachable), or whose replies ``complete(replies)`` rejects (a worker
     that joined since, holding chunks), is made once more through the scheduler, whose broadcast
     reaches every worker it has now."""
-    interval = parse_timedelta(dask.config.get("multireduce.direct-check-interval", "250ms"))
+    interval = placement.config_seconds("multireduce.direct-check-interval", "250ms", positive=True)
     targets = workers if workers is not None else _known_workers.get(client)
     unreached = None
+    started = time.monotonic()
     if targets and _goes_direct(client):
         try:
             replies = client.sync(_run_while_alive, client, list(targets), interval, True, fn, *args)
@@ -355,10 +364,12 @@ def _run(client, workers, fn, *args, complete=None):
                 return replies
     try:
         replies = client.sync(_run_while_alive, client, workers, interval, False, fn, *args)
-    except _placement_errors():
+    except (*_placement_errors(), OSError):  # the scheduler's connect times out with a bare OSError too
         return None
     replies = _unpacked(replies)
-    if unreached and unreached <= set(replies):  # the scheduler reached every worker the client could not
+    # the scheduler reached every worker the client could not, and no direct connection of the client
+    # succeeded meanwhile (under TLS a worker busy past the connect timeout fails a handshake it would pass later)
+    if unreached and unreached <= set(replies) and _last_direct_connect.get(client, float("-inf")) < started:
         _direct_unreachable.add(client)
     if workers is None:
         _known_workers[client] = sorted(replies)

@@ -102,6 +102,22 @@ _seen_lock = threading.Lock()
 _SEEN_MAX = 64
 
 
+def config_seconds(name: str, default: str, positive: bool = False) -> float:
+    """The duration set as ``dask.config`` ``name`` (a number of seconds or a string such as "250ms"), in
+    seconds; a ValueError naming the setting for anything else (negative, or not above 0 if ``positive``)."""
+    from dask.utils import parse_timedelta
+
+    given = dask.config.get(name, default)
+    try:
+        seconds = parse_timedelta(given) if given is not None and not isinstance(given, bool) else None
+    except (KeyError, ValueError, TypeError, AttributeError):  # parse_timedelta's errors for what it cannot read
+        seconds = None
+    if seconds is None or not seconds >= 0 or seconds == float("inf") or (positive and seconds == 0):
+        wanted = "a duration above 0" if positive else "a duration (0 turns it off)"
+        raise ValueError(f"dask.config {name!r}: expected {wanted} such as {default!r}, got {given!r}")
+    return seconds
+
+
 def remember(x, holder: dict, client=None) -> None:
     """Record ``holder`` (chunk key -> worker, every chunk of ``x``) as where ``x``'s chunks are now."""
     client = client or default_client()
@@ -117,9 +133,7 @@ def remember(x, holder: dict, client=None) -> None:
 def recently_seen(x, client=None) -> dict | None:
     """``x``'s placement as recorded by ``remember`` within ``multireduce.placement-reuse`` (default
     10 s; 0: never), if it covers every chunk of ``x``; else None."""
-    from dask.utils import parse_timedelta
-
-    reuse = parse_timedelta(dask.config.get("multireduce.placement-reuse", "10s"))
+    reuse = config_seconds("multireduce.placement-reuse", "10s")
     client = client or default_client()
     if not reuse or client is None:
         return None

@@ -544,3 +544,25 @@ def test_partials_travel_as_columns_and_come_back_equal():
         assert direct._PartialColumns.of(list(other), list(other.values())) is None
         again = direct._Packed(other).unpack()
         assert list(again) == list(other) and all(type(again[k]) is type(v) for k, v in other.items())
+
+
+@pytest.mark.parametrize("name", ["multireduce.placement-reuse", "multireduce.direct-connect-timeout",
+                                  "multireduce.direct-check-interval"])
+@pytest.mark.parametrize("value", [True, "abc", -1, float("inf"), [1]])
+def test_bad_duration_settings_name_the_setting(client, name, value):
+    d = _spread(client, np.arange(60.0), 10, [0, 1, 2, 0, 1, 2])
+    assert mr.sum(d, compute=True) == 1770.0
+    with dask.config.set({name: value}), pytest.raises(ValueError, match=f"dask.config '{name}': expected"):
+        mr.sum(d, compute=True)
+        mr.sum(d).compute()
+
+
+def test_zero_turns_placement_reuse_off_but_is_no_timeout(client):
+    from multireduce import placement
+
+    with dask.config.set({"multireduce.placement-reuse": 0}):
+        assert placement.config_seconds("multireduce.placement-reuse", "10s") == 0
+    with dask.config.set({"multireduce.direct-connect-timeout": "0s"}), pytest.raises(ValueError, match="above 0"):
+        placement.config_seconds("multireduce.direct-connect-timeout", "2s", positive=True)
+    with dask.config.set({"multireduce.direct-check-interval": "100ms"}):
+        assert placement.config_seconds("multireduce.direct-check-interval", "250ms", positive=True) == 0.1

@@ -1,7 +1,6 @@
 """Defects a hostile review found in the direct path's calls to the workers (2026-11-26), each shown on a
 real cluster or, where a real failure cannot be arranged on one machine, with the one call that fails
-replaced. Each test that shows a defect not yet fixed is an ``xfail(strict=True)``: it starts passing
-(and so fails as XPASS) once the defect is fixed, and then the mark must go."""
+replaced. All three are fixed in ``direct._call_each`` / ``direct._run``; these tests keep them fixed."""
 
 from __future__ import annotations
 
@@ -45,9 +44,6 @@ async def _sleep_a_while():
     await asyncio.sleep(1.0)
 
 
-@pytest.mark.xfail(strict=True, reason="direct._call_each aborts a comm whose send_recv failed or was cancelled "
-                   "but never hands it back (client.rpc.reuse): it stays in the pool's occupied set and its "
-                   "semaphore slot is never released; fix: client.rpc.reuse(address, comm) in a finally")
 def test_a_direct_call_abandoned_midway_gives_its_connection_back(client):
     """``_run_while_alive`` cancels the direct call when a waited worker leaves; the calls to the other
     workers, cancelled midway, must give their pooled connections back (each kept one is a slot of
@@ -109,8 +105,6 @@ def _kill_later(pid: int, after: float) -> threading.Thread:
     return thread
 
 
-@pytest.mark.xfail(strict=True, reason="the same leak as above, on a real cluster: the call to the worker still "
-                   "busy when the other one was SIGKILLed keeps its pool slot")
 def test_a_worker_killed_during_a_direct_call_leaves_the_pool_whole(sleepy):
     """Worker 0 sleeps in the operator while worker 1 is SIGKILLed: the direct call is abandoned, the
     run falls back (the value is right), and the connection pool has every slot back."""
@@ -133,9 +127,6 @@ def test_a_worker_killed_during_a_direct_call_leaves_the_pool_whole(sleepy):
         assert _pool_is_whole(client), repr(client.rpc)
 
 
-@pytest.mark.xfail(strict=True, reason="direct._run catches a bare OSError (distributed's connect timeout) from "
-                   "the direct call but not from the scheduler's broadcast, where it reaches the caller instead "
-                   "of the graph; fix: catch (*_placement_errors(), OSError) around the broadcast too")
 def test_a_broadcast_that_cannot_connect_falls_back_to_the_graph(client, monkeypatch):
     """A worker still listed but unreachable (a host gone without a TCP reset stays listed until the
     scheduler's worker-ttl): the direct call and then the scheduler's broadcast both time out connecting,
@@ -163,10 +154,6 @@ def _tls(certs: Path, role: str):
     return distributed.Security(**kw)
 
 
-@pytest.mark.xfail(strict=True, reason="a TLS connect to a worker whose event loop is busy for longer than "
-                   "multireduce.direct-connect-timeout times out (the TLS handshake needs the worker's loop); "
-                   "the broadcast then reaches every worker and _run puts the client in _direct_unreachable for "
-                   "good, although it reaches its workers (one answered it directly a moment before)")
 def test_a_busy_worker_under_tls_does_not_turn_direct_calls_off_for_good(sleepy, tmp_path, monkeypatch):
     """Two threads on one TLS client: one direct call keeps worker 0 busy (3 s in the operator); the
     other needs a new connection to worker 0 meanwhile. Both values are right, and the client still
