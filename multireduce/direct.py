@@ -191,7 +191,7 @@ class _PartialColumns:
     def expand(self) -> dict:
         from .core import Partial
 
-        return {k: Partial(self.values[i], c) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
+        return {k: Partial(self.values[i, ...], c) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
 
 
 def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):

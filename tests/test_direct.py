@@ -538,6 +538,9 @@ def test_partials_travel_as_columns_and_come_back_equal():
     for k, p in found.items():
         assert back[k].value.dtype == p.value.dtype and np.array_equal(back[k].value, p.value)
         assert back[k].value.shape == p.value.shape and type(back[k].count) is int and back[k].count == p.count
+    zero_d = {("y", i): Partial(np.array(i + 0.5, dtype=np.float64), 3) for i in range(5)}
+    back = direct._Packed(direct._PartialColumns.of(list(zero_d), list(zero_d.values()))).unpack()
+    assert all(type(back[k].value) is np.ndarray and back[k].value.shape == () for k in zero_d)  # not NumPy scalars
     # anything else travels as it is: mixed shapes, NumPy counts, other values
     for other in ({**found, ("x", 99): Partial(np.ones((1, 4), np.float32), 1)},
                   {("x", 0): Partial(np.ones(1), np.int64(3))}, {("x", 0): 5}, {}):
