@@ -162,30 +162,23 @@ class _PartialColumns:
 
         from .core import Partial
 
-        if not parts:
-            return None
-        kind = type(parts[0].value) if type(parts[0]) is Partial else None
-        if kind is None or not all(type(p) is Partial and type(p.value) is kind and type(p.count) is int for p in parts):
+        if not parts or type(parts[0]) is not Partial:
             return None
         first = parts[0].value
-        if kind is np.ndarray:
-            stack = np.stack
-        elif kind.__module__.startswith("cupy") and kind.__name__ == "ndarray":
+        kind = type(first)
+        on_gpu = kind.__module__.startswith("cupy") and kind.__name__ == "ndarray"
+        if not (kind is np.ndarray or on_gpu) or not all(
+                type(p) is Partial and type(p.value) is kind and p.value.dtype == first.dtype
+                and p.value.shape == first.shape and (not on_gpu or p.value.device.id == first.device.id)
+                and type(p.count) is int and -(1 << 63) <= p.count < (1 << 63) for p in parts):
+            return None
+        if on_gpu:
             import cupy
 
-            if any(p.value.device.id != first.device.id for p in parts):
-                return None
-            stack = cupy.stack
-        else:
-            return None
-        if any(p.value.dtype != first.dtype or p.value.shape != first.shape for p in parts) \
-                or not all(-(1 << 63) <= p.count < (1 << 63) for p in parts):
-            return None
-        if kind is np.ndarray:
-            values = stack([p.value for p in parts])
-        else:
             with cupy.cuda.Device(first.device.id):
-                values = stack([p.value for p in parts]).get()
+                values = cupy.stack([p.value for p in parts]).get()
+        else:
+            values = np.stack([p.value for p in parts])
         return cls(list(keys), values, np.array([p.count for p in parts], dtype=np.int64))
 
     def expand(self) -> dict:

@@ -56,8 +56,11 @@ def holders(x, client=None) -> dict[Hashable, str] | None:
     if not dask.config.get("multireduce.placement", True) or not is_persisted(x):
         return None
     client = client or default_client()
-    if client is None:
-        return None
+    return None if client is None else _looked_up(x, client)
+
+
+def _looked_up(x, client) -> dict[Hashable, str] | None:
+    """``holders`` of a persisted ``x`` with a client, from the scheduler (one ``who_has``)."""
     keys = chunk_keys(x)
     graph = x.__dask_graph__()
     who = client.who_has([graph[k] for k in keys])  # who_has takes futures, not bare keys
@@ -164,9 +167,12 @@ def grouping_for(x, commutative: bool) -> Grouping | None:
     chunks were seen last (``recently_seen``) or looked up now."""
     if not dask.config.get("multireduce.placement", True) or not is_persisted(x):
         return None
-    holder = recently_seen(x)
+    client = default_client()
+    if client is None:
+        return None
+    holder = recently_seen(x, client)
     if holder is None:
-        holder = holders(x)
+        holder = _looked_up(x, client)
         if holder:
-            remember(x, holder)
+            remember(x, holder, client)
     return by_worker(holder, commutative) if holder else None
