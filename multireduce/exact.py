@@ -241,11 +241,11 @@ def _reduce(x, axis, dtype, keepdims, mean: bool, caller: str, split_every=None,
     plan = ExactSumPlan(axes, out_dt, check_flag(keepdims, "keepdims", caller), mean, skipnan)
     fan = fan_in(split_every, axes, caller)  # checked for every input kind, as the other entry points do
     if kind.startswith("dask"):
-        from . import direct, graph
+        from . import direct, graph, placement
 
         if len(axes) == x.ndim and direct.is_held(x):  # .compute() folds the held chunks' states on the client
             return direct.whole_of_held(x, plan, fan)
-        return graph.reduction(x, plan, fan)
+        return graph.reduction(x, plan, fan, placement.grouping_for(x, True))
     if kind == "cupy":
         from .backends import cupy_exact
 

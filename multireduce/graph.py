@@ -51,6 +51,19 @@ def contiguous_groups(size: int) -> Grouping:
     return split
 
 
+def even_groups(count: int) -> Grouping:
+    """Split keys into ``count`` consecutive runs (fewer if there are fewer keys) whose sizes differ by one
+    at most."""
+
+    def split(keys):
+        n = min(count, len(keys))
+        bounds = [len(keys) * i // n for i in range(n + 1)] if n else [0]
+        return [list(keys[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+    split.__qualname__ = f"even_groups({count})"
+    return split
+
+
 def _check_groups(keys, grouped, ordered: bool) -> None:
     """Every key once, in non-empty groups; ``ordered``: concatenated, the groups give ``keys`` back."""
     flat = [k for g in grouped for k in g]
@@ -106,14 +119,30 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
         layer.update(emit(names, lane, index, grouped, layout))
     name = names["output"]
     holder = getattr(groups, "holder", None)  # placement found every chunk in a worker's memory
+    sources = getattr(groups, "sources", None)
+    if sources is not None:  # the tasks follow recipes: they read held chunks and shared constants, not x's tasks
+        layer.update(sources.futures)
     if holder is not None:
         layer = _pinned(layer, holder)
     # with per-chunk partials made apart, the tasks here read only them: x must not be a dependency too,
     # or Dask's blockwise fusion (which fuses a layer into its only dependent) would leave it apart
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=[x] if per_chunk is None else [per_chunk])
+    if sources is not None:
+        dependencies = []
+    else:
+        dependencies = [x] if per_chunk is None else [per_chunk]
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
     one_block = len(chunks) <= 1 and all(len(c) == 1 for c in chunks)
     return _RESULT_TYPES[one_block, holder is not None](graph, name, chunks, meta=meta)
+
+
+def _recipe_tasks(recipes, shared: dict, level: list, make) -> dict:
+    """The tasks of groups that follow recipes (``recipes.Recipe``): ``make(recipe)`` per level key, reading
+    the recipe's inputs, plus the constants the groups share (tasks of their own, run once)."""
+    tasks = dict(shared)
+    for key, recipe in zip(level, recipes):
+        tasks[key] = (*make(recipe), *recipe.inputs)
+    return tasks
 
 
 def _pinned(tasks: dict, holder: dict) -> MaterializedLayer:
@@ -126,6 +155,8 @@ def _pinned(tasks: dict, holder: dict) -> MaterializedLayer:
     which drops them."""
     where = _WorkerOf()
     for key, task in tasks.items():
+        if type(task) is not tuple:  # a future or a constant: nothing to run
+            continue
         workers = {holder[a] for a in task[1:] if type(a) is tuple and a in holder}
         if len(workers) == 1:
             where[key] = workers.pop()
@@ -195,6 +226,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     axes = plan.axes
     on_device = type(x._meta).__module__.startswith("cupy")  # the result's chunk type follows the input's
     per_chunk = None
+    sources = getattr(groups, "sources", None)  # the groups make their chunks themselves (``recipes``)
     if groups is None and math.prod(x.numblocks[d] for d in axes) > 1:  # every lane has several chunks
         # one chunk per partial (a lazy input): the partials as a blockwise layer over x, which Dask's
         # optimisation fuses with the layer making each chunk (dask.array's own reductions fuse so):
@@ -208,6 +240,17 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         out_index = index[0] if plan.keepdims else kept_index  # index[0]: 0 on every reduced axis
         out = (name, *out_index)
         keys = [(x.name, *i) for i in index]
+        if sources is not None:
+            recipes, shared = sources.recipes(grouped)
+            if len(keys) == 1:
+                return _recipe_tasks(recipes, shared, [out], lambda r: (_recipe_apply, plan.whole, r))
+            if len(grouped) == 1:
+                return _recipe_tasks(recipes, shared, [out],
+                                     lambda r: (_recipe_whole_in_order, plan, on_device, split_every, r))
+            level = [(partial_name, *kept_index, g) for g in range(len(grouped))]
+            tasks = _recipe_tasks(recipes, shared, level, lambda r: (_recipe_partials, plan, r))
+            tasks[out] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
+            return tasks
         if len(keys) == 1:  # one chunk: reduce and finalize in one task
             return {out: (plan.whole, keys[0])}
         if any(len(group) > 1 for group in grouped):
@@ -261,6 +304,9 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     twice and each output written once. Totals and scan tasks run by data locality where their chunks
     are, so every output chunk is made where its input lives.
     """
+
+    if getattr(groups, "sources", None) is not None:  # scans read x's chunks twice: Dask's tasks make them once
+        groups = None
 
     def emit(names, lane, index, grouped, layout):
         name = names["output"]
@@ -339,6 +385,21 @@ def _chunk_partials(plan, *blocks):
     return [_host_partial(plan, b) for b in blocks]
 
 
+def _recipe_partials(plan, recipe, *inputs):
+    """Each chunk's own partial (host values), in the group's order, made from the recipe one chunk at a
+    time: a chunk is dropped as soon as its partial is taken."""
+    return [_host_partial(plan, b) for b in recipe.make(dict(zip(recipe.inputs, inputs)))]
+
+
+def _recipe_whole_in_order(plan, on_device: bool, split_every: int, recipe, *inputs):
+    return _device(on_device, fold_in_order(plan, split_every, _recipe_partials(plan, recipe, *inputs)))
+
+
+def _recipe_apply(fn, recipe, *inputs):
+    (block,) = recipe.make(dict(zip(recipe.inputs, inputs)))
+    return fn(block)
+
+
 def _device(on_device: bool, value):
     if on_device and not type(value).__module__.startswith("cupy"):
         import cupy
@@ -391,4 +452,4 @@ def _scan_from_totals(plan: ScanPlan, block, index: int, layout, *totals):
     return plan.scan_block(block, _like(block, carries), index)
 
 
-__all__ = ["reduction", "scan", "contiguous_groups", "fold_in_order"]
+__all__ = ["reduction", "scan", "contiguous_groups", "even_groups", "fold_in_order"]

@@ -12,13 +12,14 @@ Set ``dask.config.set({"multireduce.placement": False})`` to turn the lookup off
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Hashable, Sequence
 
 import dask
 
-from .graph import Grouping
+from .graph import Grouping, even_groups
 
 
 def default_client():
@@ -68,6 +69,27 @@ def _looked_up(x, client) -> dict[Hashable, str] | None:
     if any(not w for w in found.values()):
         return None  # some chunk is not in memory yet: let Dask place the work
     return {k: w[0] for k, w in found.items()}
+
+
+def _holders_of(futures: dict, client) -> dict[Hashable, str] | None:
+    """Key -> a worker holding it, for {key: Future}; None if some is in no worker's memory."""
+    who = client.who_has(list(futures.values()))
+    found = {k: sorted(who.get(k) or who.get(str(k)) or ()) for k in futures}
+    if any(not w for w in found.values()):
+        return None
+    return {k: w[0] for k, w in found.items()}
+
+
+def config_number(name: str, default: float) -> float:
+    """The positive number set as ``dask.config`` ``name``; a ValueError naming the setting otherwise."""
+    given = dask.config.get(name, default)
+    try:
+        value = float(given) if not isinstance(given, bool) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        raise ValueError(f"dask.config {name!r}: expected a number above 0 such as {default!r}, got {given!r}")
+    return value
 
 
 def by_worker(holder: dict[Hashable, str], commutative: bool) -> Grouping:
@@ -165,14 +187,57 @@ def _placement_token(holder: dict, commutative: bool) -> str:
 def grouping_for(x, commutative: bool) -> Grouping | None:
     """The grouping the graph should use for ``x`` (None: the default contiguous groups), from where its
     chunks were seen last (``recently_seen``) or looked up now."""
-    if not dask.config.get("multireduce.placement", True) or not is_persisted(x):
+    if not dask.config.get("multireduce.placement", True):
         return None
     client = default_client()
     if client is None:
         return None
+    if not is_persisted(x):
+        return grouping_of_sources(x, commutative, client)
     holder = recently_seen(x, client)
     if holder is None:
         holder = _looked_up(x, client)
         if holder:
             remember(x, holder, client)
     return by_worker(holder, commutative) if holder else None
+
+
+def _threads(client) -> int:
+    """The worker threads the client's scheduler reported last (the client keeps its identity)."""
+    workers = getattr(client, "_scheduler_identity", {}).get("workers") or client.scheduler_info()["workers"]
+    return sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
+
+
+def grouping_of_sources(x, commutative: bool, client) -> Grouping | None:
+    """For an ``x`` made inside the graph: groups whose tasks make their own chunks (``recipes``), so the
+    first stage is a few tasks per worker thread instead of one per chunk. An expression over persisted
+    arrays (every chunk made from held chunks of one worker) is grouped by that worker, as a persisted
+    array is; anything else in contiguous runs, ``multireduce.tasks-per-thread`` (default 2) per worker
+    thread, placed by Dask. None (one task per chunk, as before) where the graph cannot be split so (see
+    ``recipes.ChunkSources``) or there is nothing to gain (a chunk per thread or fewer)."""
+    from .recipes import ChunkSources
+
+    n = len(chunk_keys(x))
+    per_thread = config_number("multireduce.tasks-per-thread", 2)
+    tasks = max(1, math.ceil(_threads(client) * per_thread))
+    sources = ChunkSources(x)
+    if not sources.ok:
+        return None
+    if sources.held_only:
+        found = _holders_of(sources.futures, client)
+        if found is None:
+            return None
+        chunk_worker = {}
+        for k in sources.keys:
+            workers = {found[f] for f in sources.reads[k]}
+            if len(workers) != 1:  # a chunk made from chunks held apart: Dask moves them, as it would
+                return None
+            chunk_worker[k] = workers.pop()
+        split = by_worker(chunk_worker, commutative)
+        split.holder = {f: found[f] for f in sources.futures}
+    elif n <= tasks:
+        return None
+    else:
+        split = even_groups(tasks)
+    split.sources = sources
+    return split

@@ -1,0 +1,170 @@
+"""How the chunks of a Dask array are made: recipes that one task, or one worker, can follow.
+
+Dask runs a task per chunk and stage, and a GPU worker runs one task at a time, each handed over by a
+scheduler round trip (about 3 ms per chunk on a GPU box, 2026-11-26), so a reduction of chunks made
+inside the graph (loaded, generated, the output of elementwise steps) runs at Dask's task rate, not the
+GPU's. A recipe takes the tasks that make a group of chunks and that no other group needs, and the keys
+those tasks read from outside the group: chunks held in workers' memory (futures) and constants that
+several groups share (a small array every chunk is multiplied by). Following it makes the group's chunks
+one at a time, in chunk order, and drops every intermediate as soon as nothing later needs it, so whoever
+follows it holds one chunk (with what it is made from) at a time, as Dask's own reductions of fused
+chunks do.
+
+``ChunkSources(x)`` reads ``x``'s graph once: for every chunk, the tasks it is made from and the held
+chunks (futures) it reads. ``recipes(groups)`` splits that into one ``Recipe`` per group. A graph that
+shares anything but constants between groups (a rechunk, an overlap, a reduction of a reduction: tasks
+whose one output feeds many chunks) is not split (``None``): its tasks stay Dask's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Hashable, Iterator, Mapping, Sequence
+
+Key = Hashable
+
+
+def _dependencies(node) -> frozenset:
+    return getattr(node, "dependencies", frozenset())
+
+
+def _evaluate(node, cache: Mapping):
+    from dask._task_spec import GraphNode
+
+    if isinstance(node, GraphNode):
+        return node({d: cache[d] for d in node.dependencies})
+    return node  # a literal in the graph (``from_array``'s data)
+
+
+class Recipe:
+    """The tasks that make ``chunks`` (keys, in chunk order) from ``inputs`` (keys read from outside: held
+    chunks or shared constants). ``make(values)`` yields each chunk's value in order."""
+
+    __slots__ = ("tasks", "chunks", "inputs")
+
+    def __init__(self, tasks: dict, chunks: list, inputs: list):
+        self.tasks, self.chunks, self.inputs = tasks, chunks, inputs
+
+    def __reduce__(self):
+        return Recipe, (self.tasks, self.chunks, self.inputs)
+
+    def __dask_tokenize__(self):
+        return ("multireduce.Recipe", tuple(self.chunks), tuple(self.inputs), tuple(sorted(map(str, self.tasks))))
+
+    def make(self, values: Mapping) -> Iterator:
+        """Each chunk's value in chunk order, every task run once, every value dropped as soon as no later
+        task or chunk needs it. ``values`` maps the inputs (a worker's memory, or a task's arguments)."""
+        remaining = Counter(d for node in self.tasks.values() for d in _dependencies(node))
+        remaining.update(self.chunks)
+        cache: dict = {}
+        for chunk in self.chunks:
+            stack = [chunk]
+            while stack:
+                key = stack[-1]
+                if key in cache:
+                    stack.pop()
+                    continue
+                node = self.tasks.get(key)
+                if node is None:  # an input
+                    cache[key] = values[key]
+                    stack.pop()
+                    continue
+                missing = [d for d in _dependencies(node) if d not in cache]
+                if missing:
+                    stack.extend(missing)
+                    continue
+                stack.pop()
+                cache[key] = _evaluate(node, cache)
+                for d in _dependencies(node):
+                    remaining[d] -= 1
+                    if not remaining[d]:
+                        del cache[d]
+            value = cache[chunk]
+            remaining[chunk] -= 1
+            if not remaining[chunk]:
+                del cache[chunk]
+            yield value
+
+
+class ChunkSources:
+    """What each chunk of ``x`` is made from, read from its graph once.
+
+    ``reads[k]``: the held chunks (keys of futures) that chunk ``k``'s tasks read; ``futures``: key ->
+    Future of every held chunk read; ``ok``: False where the graph cannot be followed chunk by chunk (a
+    task shared by several chunks that is not a constant, or a graph too tangled to trace cheaply): the
+    caller keeps Dask's tasks."""
+
+    # a chunk's tasks are traced once per chunk; past this many visits per task of the graph, chunks share
+    # so much (a reduction of a reduction) that recipes would not help
+    MAX_VISITS_PER_TASK = 8
+
+    def __init__(self, x):
+        from dask._task_spec import convert_legacy_graph
+        from dask.core import flatten
+
+        try:
+            from distributed import Future
+        except ImportError:  # no distributed: nothing is held
+            Future = ()
+        self.keys = list(flatten(x.__dask_keys__()))
+        graph = dict(x.__dask_graph__())
+        self.futures = {k: v for k, v in graph.items() if Future and isinstance(v, Future)}
+        self.graph = convert_legacy_graph({k: v for k, v in graph.items() if k not in self.futures}, set(graph))
+        self.closure: dict[Key, set] = {}
+        self.reads: dict[Key, frozenset] = {}
+        self.ok = True
+        budget = self.MAX_VISITS_PER_TASK * (len(self.graph) + len(self.keys))
+        for k in self.keys:
+            seen, held, stack = set(), set(), [k]
+            while stack:
+                key = stack.pop()
+                if key in seen:
+                    continue
+                if key in self.futures:
+                    held.add(key)
+                    continue
+                node = self.graph.get(key)
+                if node is None:  # neither a task nor held data of this graph: not ours to follow
+                    self.ok = False
+                    return
+                seen.add(key)
+                stack.extend(_dependencies(node))
+            budget -= len(seen)
+            if budget < 0:
+                self.ok = False
+                return
+            self.closure[k], self.reads[k] = seen, frozenset(held)
+        counts = Counter(key for tasks in self.closure.values() for key in tasks)
+        # a task in several chunks' closures must be a constant (no dependencies): anything more is work
+        # that Dask would run once and recipes would run per group
+        self.ok = all(n == 1 or not _dependencies(self.graph[key]) for key, n in counts.items())
+
+    @property
+    def held_only(self) -> bool:
+        """Every chunk reads held data and nothing but constants besides (an expression over persisted
+        arrays)."""
+        return self.ok and all(self.reads[k] for k in self.keys)
+
+    def recipes(self, groups: Sequence[Sequence[Key]]) -> tuple[list[Recipe], dict]:
+        """One Recipe per group of chunk keys, and the tasks shared between groups (constants), which
+        stay tasks of their own. Only for ``ok`` sources."""
+        owner: dict = {}
+        for g, group in enumerate(groups):
+            for k in group:
+                for key in self.closure[k]:
+                    owner[key] = g if owner.get(key, g) == g else -1
+        shared = {key: self.graph[key] for key, g in owner.items() if g == -1}
+        out = []
+        for g, group in enumerate(groups):
+            tasks = {}
+            for k in group:
+                for key in self.closure[k]:
+                    if owner[key] == g:
+                        tasks[key] = self.graph[key]
+            inputs = sorted({d for node in tasks.values() for d in _dependencies(node) if d not in tasks}
+                            | {k for k in group if k not in tasks}, key=str)
+            out.append(Recipe(tasks, list(group), inputs))
+        return out, shared
+
+
+__all__ = ["Recipe", "ChunkSources"]

@@ -1,0 +1,166 @@
+"""Recipes: chunks made inside the graph are made by a few tasks per worker (lazy inputs) or by the worker
+holding their data (expressions over persisted arrays), with Dask's own bits and lineage."""
+
+from __future__ import annotations
+
+import weakref
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import multireduce as mr
+from multireduce import placement
+from multireduce.recipes import ChunkSources
+
+from .helpers import task_count
+
+distributed = pytest.importorskip("distributed")
+
+
+def _data(n=40_011, seed=5):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def _groups(keys, size):
+    return [keys[i : i + size] for i in range(0, len(keys), size)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Following a recipe (no cluster)
+# ------------------------------------------------------------------------------------------------
+def test_recipes_make_every_chunk_once_in_order():
+    calls = []
+
+    def produce(block, block_info=None):
+        calls.append(block_info[None]["chunk-location"][0])
+        return block * 3
+
+    a = _data(1003)
+    y = (da.from_array(a, chunks=100).map_blocks(produce, dtype=a.dtype) - 1).astype(np.float64)
+    sources = ChunkSources(y)
+    assert sources.ok and not sources.held_only and not sources.futures
+    recipes, shared = sources.recipes(_groups(sources.keys, 4))
+    assert len(recipes) == 3 and not shared
+    with dask.config.set(scheduler="synchronous"):
+        expected = [y.blocks[i].compute() for i in range(y.numblocks[0])]
+    calls.clear()
+    made = [b for r in recipes for b in r.make({k: None for k in r.inputs})]
+    assert calls == list(range(11))  # every chunk once, in chunk order
+    assert len(made) == 11 and all(np.array_equal(m, e) for m, e in zip(made, expected))
+
+
+def test_a_recipe_holds_one_chunk_at_a_time():
+    alive, peak = set(), [0]
+
+    def produce(block):
+        out = block * 2.0
+        alive.add(id(out))
+        weakref.finalize(out, alive.discard, id(out))
+        peak[0] = max(peak[0], len(alive))
+        return out
+
+    a = _data(4000)
+    y = da.from_array(a, chunks=250).map_blocks(produce, dtype=np.float64) + 1.0
+    sources = ChunkSources(y)
+    (recipe,), _ = sources.recipes([sources.keys])
+    inputs = {k: None for k in recipe.inputs}
+    total = 0.0
+    for block in recipe.make(inputs):
+        total += float(block.sum(dtype=np.float64))
+        del block
+    assert peak[0] <= 2  # the chunk being made and at most the one just handed out
+    assert total == pytest.approx(float((a * 2.0 + 1.0).astype(np.float64).sum()), rel=1e-9)
+
+
+def test_shared_constants_stay_tasks_and_shared_work_is_refused():
+    a = _data(4000).reshape(40, 100)
+    x = da.from_array(a, chunks=(10, 100))
+    w = da.from_array(np.linspace(0.5, 1.5, 100), chunks=100)
+    sources = ChunkSources(x * w)
+    assert sources.ok
+    recipes, shared = sources.recipes(_groups(sources.keys, 2))
+    assert len(shared) == 1 and all(k in r.inputs for r in recipes for k in shared)
+    # tasks whose one output feeds several chunks: Dask keeps them
+    assert not ChunkSources((x + 1).rechunk((15, 50))).ok
+    assert not ChunkSources(da.overlap.overlap(x, depth={0: 1}, boundary="reflect")).ok
+    assert not ChunkSources(x - x.mean(axis=0)).ok
+
+
+# ------------------------------------------------------------------------------------------------
+# On a real cluster (three single-threaded workers)
+# ------------------------------------------------------------------------------------------------
+def _graph_bits(fn, x):
+    """``fn(x)`` computed through the graph of one task per chunk (placement off), the reference bits."""
+    with dask.config.set({"multireduce.placement": False}):
+        return fn(x).compute()
+
+
+REDUCTIONS = {
+    "sum": mr.sum, "prod": lambda x: mr.prod(x / 4 + 1), "min": mr.min, "max": mr.max, "mean": mr.mean,
+    "var": mr.var, "nanmean": mr.nanmean, "argmax": mr.argmax, "nansum": mr.nansum,
+    "exact": lambda x: mr.sum(x, exact=True), "any": lambda x: mr.any(x > 3.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_lazy_inputs_take_a_few_tasks_per_thread_with_the_same_bits(cpu_client, name):
+    fn = REDUCTIONS[name]
+    a = _data()
+    a[[7, 20_001]] = np.nan if name.startswith("nan") else a[[7, 20_001]]
+    x = da.from_array(a, chunks=997) * 1.5 - 0.25  # 41 chunks made in the graph
+    result = fn(x)
+    got = result.compute()
+    assert np.array_equal(np.asarray(got), np.asarray(_graph_bits(fn, x)), equal_nan=True)
+    if name not in ("argmax", "any", "prod"):  # those wrap x in more steps of their own; checked for bits above
+        partials = sum(1 for k in result.__dask_graph__() if "partial" in str(k[0] if isinstance(k, tuple) else k))
+        assert 1 <= partials <= 3 * 2  # three threads, two tasks each (the default)
+
+
+def test_axis_reductions_of_lazy_inputs(cpu_client):
+    a = _data(60_000).reshape(300, 200)
+    x = da.from_array(a, chunks=(25, 100)) + 1
+    for fn in (lambda v: mr.sum(v, axis=0), lambda v: mr.mean(v, axis=1), lambda v: mr.max(v, axis=0),
+               lambda v: mr.var(v, axis=0)):
+        assert np.array_equal(fn(x).compute(), _graph_bits(fn, x))
+    ref = (a.astype(np.float64) + 1).sum(axis=0)
+    np.testing.assert_allclose(mr.sum(x, axis=0).compute(), ref, rtol=1e-5)
+
+
+def test_tasks_per_thread_setting(cpu_client):
+    x = da.from_array(_data(), chunks=997) + 2
+    with dask.config.set({"multireduce.tasks-per-thread": 1}):
+        assert task_count(mr.sum(x), "sum-partial") == 3
+    with dask.config.set({"multireduce.tasks-per-thread": "4"}):
+        assert task_count(mr.sum(x), "sum-partial") == 12
+    for bad in (0, -1, "many", "", True):
+        with dask.config.set({"multireduce.tasks-per-thread": bad}):
+            with pytest.raises(ValueError, match="multireduce.tasks-per-thread"):
+                mr.sum(x)
+
+
+def test_shared_work_keeps_dasks_tasks(cpu_client):
+    x = da.from_array(_data(40_000).reshape(200, 200), chunks=(20, 200))
+    y = (x + 1).rechunk((50, 50))
+    assert placement.grouping_for(y, True) is None
+    fn = lambda v: mr.sum(v, axis=0)  # noqa: E731
+    assert task_count(fn(y), "sum-partial") == 16  # one per chunk, as before
+    assert np.array_equal(fn(y).compute(), _graph_bits(fn, y))
+
+
+def test_expressions_over_persisted_arrays_run_where_the_chunks_are(cpu_client):
+    a = _data()
+    x = cpu_client.persist(da.from_array(a, chunks=997))
+    distributed.wait(x)
+    workers = {w for ws in cpu_client.who_has(x).values() for w in ws}
+    w = da.from_array(np.float32(0.5) * np.ones(997, np.float32), chunks=997)
+    for fn in (lambda v: mr.sum(v * 2), lambda v: mr.var(v + 1), lambda v: mr.min(abs(v)),
+               lambda v: mr.sum(v.astype(np.float64) * np.float64(1.25)), lambda v: mr.nansum(v)):
+        result = fn(x)
+        assert np.array_equal(result.compute(), _graph_bits(fn, x))
+        partials = sum(1 for k in result.__dask_graph__() if "partial" in str(k[0]))
+        assert partials <= len(workers)  # one per worker holding chunks
+    # a constant shared by every chunk: one task of its own, the rest per worker
+    y = x.reshape(-1)[: 997 * 40].reshape(40, 997) * w
+    assert np.array_equal(mr.sum(y).compute(), _graph_bits(mr.sum, y))
