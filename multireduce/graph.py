@@ -305,11 +305,12 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     are, so every output chunk is made where its input lives.
     """
 
-    if getattr(groups, "sources", None) is not None:  # scans read x's chunks twice: Dask's tasks make them once
-        groups = None
+    sources = getattr(groups, "sources", None)
 
     def emit(names, lane, index, grouped, layout):
         name = names["output"]
+        if sources is not None:
+            return _recipe_scan_tasks(plan, sources, names, lane, [(x.name, *i) for i in index], grouped, layout)
         if len(index) == 1:
             return {(name, *index[0]): (plan.scan_block, (x.name, *index[0]))}
         total_keys = [(names["totals"], *lane, g) for g in range(len(grouped))]
@@ -333,6 +334,47 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     # the last chunk's total seeds nothing: chunks 0..n-2 are grouped
     return _grouped_stages(x, plan, split_every, groups, (plan.axis,), stages, emit, x.chunks, plan.out_dtype,
                            last_apart=True, token=token)
+
+
+def _recipe_scan_tasks(plan: ScanPlan, sources, names, lane, keys, grouped, layout) -> dict:
+    """A lane's scan over chunks made by recipes: one totals task per group (its chunks made one at a time,
+    each dropped once its total is taken), then one scan task per chunk that makes its chunk again from
+    its own recipe and scans it from the totals of the groups before it. Making each chunk twice keeps one
+    chunk per task in memory, as Dask's own scans do; a persisted input is made once."""
+    name = names["output"]
+    total_keys = [(names["totals"], *lane, g) for g in range(len(grouped))]
+    group_recipes, shared = sources.recipes(grouped)
+    tasks = _recipe_tasks(group_recipes, shared, total_keys, lambda r: (_recipe_totals, plan, r))
+    chunk_recipes, shared = sources.recipes([[k] for k in keys])
+    tasks.update(shared)
+    fold_here = len(total_keys) <= FOLD_TOTALS_UP_TO and getattr(plan, "carries_are_cheap", True)
+    if not fold_here:
+        carries_key = (names["carries"], *lane)
+        tasks[carries_key] = (_carries_in_order, plan, layout, *total_keys)
+    for i, (key, recipe) in enumerate(zip(keys, chunk_recipes)):
+        if fold_here:
+            used = [g for g, pos in enumerate(layout) if min(pos) < i]
+            seed = (_scan_from_totals, i, tuple(layout[g] for g in used), *(total_keys[g] for g in used))
+        else:
+            seed = (_scan_seeded, carries_key, i)
+        tasks[(name, *key[1:])] = (_recipe_scan, plan, recipe, len(seed), *seed, *recipe.inputs)
+    return tasks
+
+
+def _recipe_totals(plan: ScanPlan, recipe, *inputs):
+    """The per-chunk totals of a group made by its recipe, one chunk at a time, on the host."""
+    totals = [_host(plan.totals(b)) for b in recipe.make(dict(zip(recipe.inputs, inputs)))]
+    return totals[0] if len(totals) == 1 else np.concatenate(totals, axis=plan.axis)
+
+
+def _recipe_scan(plan: ScanPlan, recipe, seeded: int, *args):
+    """Chunk made by ``recipe``, scanned by ``args[0]`` (``_scan_from_totals`` or ``_scan_seeded``) with the
+    next ``seeded - 1`` arguments after the block; the rest are the recipe's inputs."""
+    how, seed, inputs = args[0], args[1:seeded], args[seeded:]
+    (block,) = recipe.make(dict(zip(recipe.inputs, inputs)))
+    if how is _scan_seeded:
+        return _scan_seeded(plan, block, *seed)
+    return _scan_from_totals(plan, block, *seed)
 
 
 def _host(value):

@@ -164,3 +164,32 @@ def test_expressions_over_persisted_arrays_run_where_the_chunks_are(cpu_client):
     # a constant shared by every chunk: one task of its own, the rest per worker
     y = x.reshape(-1)[: 997 * 40].reshape(40, 997) * w
     assert np.array_equal(mr.sum(y).compute(), _graph_bits(mr.sum, y))
+
+
+SCANS = {
+    "cumsum": mr.cumsum, "cumprod": lambda x: mr.cumprod(x / 8 + 1), "exact": lambda x: mr.cumsum(x, exact=True),
+    "nancumsum": mr.nancumsum, "axis0": lambda x: mr.cumsum(x.reshape(-1, 3), axis=0),
+    "axis1": lambda x: mr.cumsum(x.reshape(-1, 3).rechunk((997, 1)), axis=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCANS))
+def test_scans_of_lazy_inputs_and_held_expressions(cpu_client, name):
+    fn = SCANS[name]
+    a = _data(40_011 - 40_011 % 3)
+    lazy = da.from_array(a, chunks=997) * 1.5 - 0.25
+    held = cpu_client.persist(da.from_array(a, chunks=997))
+    distributed.wait(held)
+    for x in (lazy, held * 1.5 - 0.25):
+        result = fn(x)
+        assert np.array_equal(result.compute(), _graph_bits(fn, x), equal_nan=True)
+        assert np.array_equal(cpu_client.persist(result).compute(), _graph_bits(fn, x), equal_nan=True)
+    np.testing.assert_allclose(mr.cumsum(lazy).compute(), np.cumsum((a * 1.5 - 0.25).astype(np.float64)),
+                               rtol=1e-6, atol=1e-3)
+
+
+def test_lazy_scan_totals_are_a_few_tasks_per_thread(cpu_client):
+    x = da.from_array(_data(), chunks=997) + 1
+    result = mr.cumsum(x)
+    assert task_count(result, "cumsum-totals") <= 6
+    assert task_count(result, "cumsum-") == 41 + task_count(result, "cumsum-totals")  # a scan task per chunk
