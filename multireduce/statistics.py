@@ -268,12 +268,9 @@ def _run(x, kind, plan, split_every, caller):
         if plan.stat in _ARG:
             def located_graph(token=None, groups_of_x=None):
                 located = x.map_blocks(_locate, dtype=x.dtype, meta=x._meta, name=f"{plan.stat}-locate-{x.name}")
-                holder = groups_of_x.holder if groups_of_x is not None else placement.holders(x)
-                groups = None
-                if holder:  # the same workers hold the located chunks
-                    holder = {(located.name, *k[1:]): w for k, w in holder.items()}
-                    groups = placement.by_worker(holder, True)
-                return graph.reduction(located, plan, fan, groups, token=token)
+                # located chunks are made where x's are (one task per worker holding them), or a few per
+                # worker thread for a lazy x
+                return graph.reduction(located, plan, fan, placement.grouping_for(located, True), token=token)
 
             if len(plan.axes) == x.ndim and direct.is_held(x):
                 return direct.whole_of_held(x, plan, fan, build=located_graph, located=Located)
