@@ -1,5 +1,6 @@
 """CUB baselines through ``cuda.compute``, side by side with multireduce, CuPy and PyTorch in one run
-(issue 15 item 4, issue 14 item 7).
+(CUB is the reference for a GPU reduce, scan and segmented reduce; its determinism modes are the
+reference for what repeatable sums cost).
 
     python benchmarks/bench_cub.py [--sizes 26,28] [--dtypes float32,float64] [--repeats 20] [--quick]
                                    [--json PATH]

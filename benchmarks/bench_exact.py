@@ -12,7 +12,7 @@ ratio to the plain sum's; "exact kernel" is the kernel alone (device words), "ex
 
 --gpu-exact-cumsum: the exact GPU cumsum (kernels/exact_scan.cuh, mr.cumsum(exact=True)) against the plain
 mr.cumsum and cupy.cumsum, float32/float64, uniform / normal / ill-conditioned, 2^24/2^26/2^28; CUDA-event
-medians; bandwidth counts the input read and the output written once; issue 15's goal: exact >= 0.5 x plain.
+medians; bandwidth counts the input read and the output written once; the goal: exact >= 0.5 x plain.
 
 Data: uniform, normal, and ill-conditioned (condition number ~1e16: large terms that cancel, leaving
 small ones). Prints one line per (device, dtype, data, n, function): best-of-3 seconds and the ratio

@@ -4,7 +4,7 @@ and float32 accumulated in float32 vs float64, 2^24 .. 2^30 elements, each as a 
 
     python benchmarks/bench_scan.py [--quick] [--lookback-only]
 
-``--lookback-only`` runs the variants section alone (what picks the defaults of issue 15: the fixed
+``--lookback-only`` runs the variants section alone (what picks the defaults: the fixed
 look-back must reach >= 0.97 x the free one's throughput; dtypes.WIDE_FLOAT32_ON_GPU waits for "wide"
 to cost nothing measurable).
 """

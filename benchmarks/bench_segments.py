@@ -34,7 +34,7 @@ from multireduce.backends import cupy_segment  # noqa: E402
 from multireduce.operators import get_operator  # noqa: E402
 
 SEGMENTS = (10**3, 10**5, 10**7)
-TARGET = {10**3: 0.8, 10**5: 0.8, 10**7: 0.5}  # issue 14, item 8: fraction of copy bandwidth
+TARGET = {10**3: 0.8, 10**5: 0.8, 10**7: 0.5}  # the goal per segment count: fraction of copy bandwidth
 
 
 def main(argv=None) -> list:

@@ -138,7 +138,7 @@ def persist_placed(client, make, n_chunks: int, chunk: int, meta, kind: str):
     workers = sorted(client.scheduler_info()["workers"])
     name = f"bench-{kind}-{n_chunks}x{chunk}"
     chunks = ((chunk,) * n_chunks,)
-    if kind == "lazy":  # not persisted: every computation generates the chunks again (issue 12.4)
+    if kind == "lazy":  # not persisted: every computation generates the chunks again
         return da.map_blocks(make, 7, chunks=chunks, dtype=np.float32, meta=meta, name=name), 0
     if kind == "contiguous":
         def where(key):
@@ -162,7 +162,7 @@ def persist_placed(client, make, n_chunks: int, chunk: int, meta, kind: str):
 
 def submit_sum(client, x, split_every: int = 16):
     """The eager sum through ``client.submit`` (one task per worker, restricted to it, taking its chunk
-    futures) and a gather, folded on the client: the alternative to ``client.run`` weighed in issue 12."""
+    futures) and a gather, folded on the client: the alternative to ``client.run`` that the direct paths were weighed against."""
     from multireduce import graph, placement
     from multireduce.api import _resolve_reduction
     from multireduce.operators import get_operator
@@ -276,8 +276,8 @@ def main(argv=None):
         # 4 GPUs first: the targets are there, and the budget cuts what comes last
         args.gpus, args.per_gpu_gib, args.chunk_log2, args.repeats = "all,1", "8,32", "26,28", 3
         args.timeout_s, args.budget_s = 10, args.budget_s or 170
-        # blelloch never finished in 10 s on CuPy chunks (sessions 1, 2, 4, 10, 12), and its cancelled
-        # tasks kept the workers busy: every row after it timed out (session 12). Asked for by name only.
+        # blelloch never finished in 10 s on CuPy chunks in any GPU run, and its cancelled tasks kept the
+        # workers busy so that every row after it timed out. Asked for by name only.
         args.dask_cumsum_methods = "sequential"
     if args.cpu and not args.profile:  # blelloch timed out here too (60 s on 40 chunks of 1 MB): not in the smoke run
         args.gpus, args.per_gpu_gib, args.chunk_log2 = "1,2", "0.01", "18"

@@ -12,7 +12,7 @@ one warm-up; a repetition starts only after the scheduler has released the previ
 argmax must equal dask's (both give the first occurrence); var must be within 1e-5 of a float64
 reference; the exact sum must be the float32 nearest a float64 sum (within one float32 ulp: the float64
 sum is itself rounded) and the exact cumsum's last element the exact sum's bits. The exact rows
-(``exact=True``, issue 15) sit beside the plain ones, so each has its cost in the same run. Writes $OUT/bench_multigpu_stats.{md,json} (and docs/ on a GPU run).
+(``exact=True``) sit beside the plain ones, so each has its cost in the same run. Writes $OUT/bench_multigpu_stats.{md,json} (and docs/ on a GPU run).
 """
 
 from __future__ import annotations

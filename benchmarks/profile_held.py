@@ -1,4 +1,4 @@
-"""Where the time of the direct paths over held chunks goes (issue 12): ``mr.sum(x).compute()`` and
+"""Where the time of the direct paths over held chunks goes: ``mr.sum(x).compute()`` and
 ``mr.cumsum(x).persist()`` on a persisted array, phase by phase, beside Dask's own per-task floor (a
 trivial ``map_blocks(...).persist()`` over the same chunks) and the GPUs' own time for the same work
 done inside one ``client.run`` (no tasks at all).

@@ -4,10 +4,10 @@
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
 # small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
-# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), segcall (host time of the segment calls, cProfile), statscall (host time of one statistics call, cProfile), pending (what session 15 left unverified on one GPU), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick; EXACT_ARGS="--logs 26,28" replaces --quick),
+# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), segcall (host time of the segment calls, cProfile), statscall (host time of one statistics call, cProfile), pending (the exact sum and scan tests alone, Dask arrays of CuPy chunks included), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick; EXACT_ARGS="--logs 26,28" replaces --quick),
 # exactfull (bench_exact --gpu-exact, 2^20..2^30), exactsweep (sweep_exact_scan.py: the exact cumsum's pass 2 over Block x Items x
 # blocks per SM, bitwise-checked against mr.cumsum(exact=True); EXACTSWEEP_ARGS="--quick" narrows it; table and JSON in $OUT), exactterms (profile_exact --terms: expansion lengths 4/6/8), exactcall (cProfile of the exact call's host time), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
-# lookback (fixed vs free look-back and float32 accumulators: what picks issue 15's defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
+# lookback (fixed vs free look-back and float32 accumulators: what picks the defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
 # cub (CUB reduce / scan / segmented reduce through cuda.compute beside ours, CuPy, torch and the copy roof;
 # installs .whl-cccl/ first if it is there; CUB_ARGS="--quick" or "--sizes 26 --dtypes float32" narrow it).
 set -uo pipefail
@@ -67,8 +67,8 @@ if has stats || has statsbench; then
   tail -n 30 "$OUT/bench-stats.log"
 fi
 if has pending; then
-  # what session 15 left unverified on one GPU (docs/gpu-testing.md "Session 15 runs"): the exact Dask cumsum
-  # through ExactScanPlan (the Dask-of-CuPy tests of test_gpu_exact_scan.py), with the exact sum and scan tests
+  # the exact sum and scan tests without the rest of the suite: the exact Dask cumsum through ExactScanPlan
+  # (the Dask-of-CuPy tests of test_gpu_exact_scan.py) and the single-array exact sums and scans
   { python3 -m pytest tests/gpu/test_gpu_exact_scan.py tests/gpu/test_gpu_exact.py tests/gpu/test_gpu_exact_sum.py \
       -m "gpu and not large" -n 8 -q -p no:cacheprovider -p no:benchmark; } > "$OUT/pending.log" 2>&1 || rc=1
   grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/pending.log" | head -30

@@ -4,7 +4,7 @@
 # then the multi-GPU benchmarks. Short table last; logs in $OUT.
 #   bash benchmarks/run_multigpu.sh [PHASES] [multigpu.py args...]
 # PHASES: "all" (= "tests soak bench") or a quoted list of tests (multi-GPU, spill, fault and OOM tests, the
-# deploy/ TLS cluster), soak (a short soak: 4 clients x MR_SOAK_REQUESTS), soakfull (issue 11's 4 clients x 500,
+# deploy/ TLS cluster), soak (a short soak: 4 clients x MR_SOAK_REQUESTS), soakfull (the full soak: 4 clients x 500,
 # 1 KB - 1 GB, in 10 rounds; no new round past MR_SOAK_TIMEOUT - 60 s), bench (benchmarks/multigpu.py --quick,
 # multigpu_stats.py --exact), profile (multigpu.py --profile, profile_held.py). Each phase fits one device call
 # (<= 10 minutes); soakfull and bench take one each.
@@ -46,7 +46,7 @@ grep -E "^deploy:|scheduler at|workers of node|stopped|Error" "$OUT/deploy.log" 
 cp $d/run/*.log "$OUT/" 2>/dev/null
 fi
 if has soak || has soakfull; then
-# soak (issue 11.16): 4 client processes, every result checked, memory sampled after the warm-up and after
+# soak: 4 client processes, every result checked, memory sampled after the warm-up and after
 # every round; no new round starts 60 s before the timeout, so a long soak still reports the rounds it finished
 if has soakfull; then soak_s=${MR_SOAK_TIMEOUT:-560} requests=500 rounds=10; else
   soak_s=${MR_SOAK_TIMEOUT:-150} requests=${MR_SOAK_REQUESTS:-100} rounds=${MR_SOAK_ROUNDS:-5}; fi

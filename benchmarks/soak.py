@@ -3,7 +3,7 @@ checked against NumPy, worker memory is sampled after a warm-up and after every 
 throughput is reported next to dask.array.sum on the same requests.
 
     python benchmarks/soak.py                     # default: 4 clients x 80 requests, 1 KB .. 1 GB (~2 min)
-    python benchmarks/soak.py --full              # the size: 4 clients x 500 requests, 1 KB .. 1 GB
+    python benchmarks/soak.py --full              # the full size: 4 clients x 500 requests, 1 KB .. 1 GB
     python benchmarks/soak.py --cpu --clients 2 --requests 20 --max-bytes 1e6
 
 Memory is judged after a warm-up, not from a cold start: the first use of each dtype, operation and size
@@ -519,7 +519,7 @@ def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--full", action="store_true",
-                   help="the issue's size: 4 clients x 500 requests, 1 KB .. 1 GB (tens of minutes on 4 x H200)")
+                   help="the full size: 4 clients x 500 requests, 1 KB .. 1 GB (tens of minutes on 4 x H200)")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=80, help="per client, over all rounds")
     p.add_argument("--rounds", type=int, default=5)

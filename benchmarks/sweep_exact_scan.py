@@ -1,6 +1,6 @@
 """Sweep pass 2 of the exact GPU cumsum (kernels/exact_scan.cuh exact_scan_tiles<T, Out, Block, Items,
 MinBlocks>): threads per tile (Block), elements per thread (Items) and the blocks per SM asked of ptxas
-(MinBlocks, __launch_bounds__' second argument), checked bit for bit and timed (issue 15).
+(MinBlocks, __launch_bounds__' second argument), checked bit for bit and timed.
 
     python benchmarks/sweep_exact_scan.py [--quick] [--out FILE] [--logs 26,28]
                                           [--blocks 128,256,512] [--items 4,8,16,32] [--min-blocks 2,3,4,5,6]
@@ -17,7 +17,7 @@ variant's. Its output must be bitwise the library's mr.cumsum(x, exact=True) (wr
 filled with garbage first): a variant that differs is reported loudly and disqualified. Times are CUDA-event
 medians of 5 after a warm-up: pass 2 alone (seeds ready) and the whole pipeline (its allocations
 included, as device_cumsum's), beside the plain mr.cumsum of the same array and the library's exact call.
-"x plain" is plain ms / whole ms (issue 15's target: >= 0.5). A markdown table is printed last; --out writes
+"x plain" is plain ms / whole ms (the goal: >= 0.5). A markdown table is printed last; --out writes
 every row as JSON.
 """
 

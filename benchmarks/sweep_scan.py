@@ -22,8 +22,8 @@ import harness as h  # noqa: E402
 from multireduce.operators import get_operator  # noqa: E402
 from multireduce.tuning import SCAN_SHAPE_CANDIDATES  # noqa: E402
 
-# the candidates live beside the policy; earlier sweeps (docs/sweep_scan_1..3.md) ran 256-thread tiles
-# without held layers, sweep_scan_3.md also two-stage persistent blocks, sweep_scan_4.md kernel variants
+# the candidates live beside the policy, so a default can change after a sweep without new code; the kernel
+# variants that led to them (held layers, tile index from blockIdx) are measured in docs/sweep_scan_4.md
 SHAPES = {"float32": SCAN_SHAPE_CANDIDATES["4byte"], "float64": SCAN_SHAPE_CANDIDATES["8byte"],
           "int32->int64": SCAN_SHAPE_CANDIDATES["widening"]}
 
