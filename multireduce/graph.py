@@ -202,7 +202,7 @@ def _cull_only(dsk, keys, **kwargs):
 class _OfHeld(da.Array):
     """A result over an input whose chunks are all in workers' memory (futures): Dask's array optimisation
     (blockwise and linear fusion, slicing) has nothing to fuse there, so only the cull runs
-    (measured in docs/performance.md, "Lazy reduction profile")."""
+    (docs/performance.md, "Several GPUs")."""
 
     __slots__ = ()
     __dask_optimize__ = staticmethod(_cull_only)

@@ -47,7 +47,7 @@ class Policy:
     ordered_items: int = 7  # odd: thread t reads slots t*ITEMS+k without shared-memory bank conflicts
     scan_block: int = 256  # catalogue scans (Hillis-Steele, Blelloch)
     # look-back scan tiles (kernels/scan.cuh). Items odd, so thread t's blocked reads t*ITEMS+k hit distinct
-    # shared-memory banks. H200, bytes read + written vs the copy roof at 2^28 (2^26) elements, session 3
+    # shared-memory banks. H200, bytes read + written vs the copy roof at 2^28 (2^26) elements
     # (docs/performance.md, docs/sweep_scan_4.md); without held layers the best was 256x31 / 256x15 /
     # 256x9: 0.81 / 0.87 / 0.70 x copy.
     scan_4byte: ScanShape = ScanShape(128, 61, 6)  # float32 0.853-0.859 (0.826) x copy; +4v 0.848, +8v 0.851
@@ -64,7 +64,7 @@ class Policy:
     elementwise_block: int = 256  # one thread per output: columns, the catalogue's add-back and finish
     column_min_threads: int = 1 << 16  # below this many columns a strided scan transposes instead
     # statistics (kernels/stats.cuh, backends/cupy_stats.py): stats_rows, stats_columns and stats_fold,
-    # measured on an H200 with these numbers (docs/performance.md, session 10: var/std float32 0.94 x copy
+    # measured on an H200 with these numbers (docs/performance.md, "Statistics": var/std float32 0.94 x copy
     # at 2^28)
     stats_block: int = 256  # threads per block of all three kernels (a template argument)
     stats_row_unroll: int = 4  # 16-byte packs in flight per thread in stats_rows (a template argument)
@@ -74,7 +74,7 @@ class Policy:
     stats_short_row: int = 2048  # rows shorter than this go to stats_columns (a thread per row and piece)
     stats_min_piece: int = 32  # stats_columns: elements per thread at least
     # segmented reduce and scan (kernels/segment.cuh, backends/cupy_segment.py), measured on an H100 with
-    # these numbers (docs/performance.md, session 13: 0.90 / 0.88 / 0.66 x copy at 10^3 / 10^5 / 10^7
+    # these numbers (docs/performance.md, "Segments": 0.90 / 0.88 / 0.66 x copy at 10^3 / 10^5 / 10^7
     # segments over 2^28 float32)
     segment_block: int = 256  # threads per tile (a template argument)
     segment_tile_bytes: int = 128  # bytes per thread: eight 16-byte loads in flight for 4- and 8-byte types
@@ -83,7 +83,7 @@ class Policy:
     segment_carry_items: int = 4  # consecutive tiles per carry thread: 1024 tiles per block
     segment_search_block: int = 256  # tile starts and the offsets check
     # exact sums and scans (kernels/exact.cuh, exact_scan.cuh, backends/cupy_exact.py; why these values:
-    # the comments there and docs/performance.md, session 10)
+    # the comments there and docs/performance.md, "Exact sums and scans")
     exact_block: int = 256  # threads per block of the exact sum (a template argument)
     exact_terms: int = 8  # expansion length per thread (a template argument)
     exact_unroll: tuple = (("float16", 2), ("float32", 4), ("float64", 4))  # 16-byte packs in flight

@@ -346,7 +346,7 @@ def test_unhashable_operator_is_refused_by_name():
 
 
 # ------------------------------------------------------------------------------------------------
-# Issue 11: exclusive scans' length, big-endian input, narrow dtype=, misaligned input
+# Exclusive scans' length, big-endian input, narrow dtype=, misaligned input
 # ------------------------------------------------------------------------------------------------
 def _exclusive_reference(x, axis, ufunc):
     """np.ufunc.accumulate shifted right by one along ``axis``, starting from the identity."""
@@ -474,7 +474,7 @@ def test_misaligned_input_gives_the_same_bits_as_an_aligned_copy(dtype):
 
 
 def test_numpy_calls_import_no_dask():
-    """NumPy and CuPy users never pay for importing dask (first-call time, issue 13), nor need it installed."""
+    """NumPy and CuPy users never pay for importing dask (first-call time), nor need it installed."""
     import subprocess
     import sys
 
@@ -623,7 +623,7 @@ def test_nanmin_nanmax_finish_all_nan_slices_as_numpy():
 
 
 # ------------------------------------------------------------------------------------------------
-# accumulate=: float32 cumsum in float64 (issue 15 item 3)
+# accumulate=: float32 cumsum in float64
 # ------------------------------------------------------------------------------------------------
 def _f32_bits(a):
     return np.asarray(a, dtype=np.float32).view(np.uint32)

@@ -1,4 +1,4 @@
-"""Input checks (issue 11, items 2, 7, 9): every bad argument raises before any work, naming the argument,
+"""Input checks: every bad argument raises before any work, naming the argument,
 whatever calls came before; split_every is checked one way for every entry point and input kind; operators
 that are not what they claim are refused at registration. Fast: small arrays, no cluster."""
 
@@ -127,7 +127,7 @@ def test_not_associative_is_refused_with_the_values():
              cpu=_minus_unless_zero, commutative=False, kinds="iu")
     _refused(r"not associative on float64 \(beyond the tolerance", cpu=_minus_unless_zero, commutative=False,
              kinds="f")
-    # np.subtract (issue 11's example) already fails on its identity
+    # np.subtract already fails on its identity
     _refused(r"argument 'identity' is 0, which is not an identity", cpu=np.subtract, commutative=False, kinds="iuf")
 
 

@@ -1,4 +1,4 @@
-"""Hostile tests of the statistics (issue 14) against NumPy: the edges a first implementation gets wrong.
+"""Hostile tests of the statistics against NumPy: the edges a first implementation gets wrong.
 
 Each test compares values, dtypes, warnings and errors with NumPy on NumPy input and on Dask input under
 several chunkings (zero-length chunks, one-element chunks, unknown sizes where they apply), and checks

@@ -255,7 +255,7 @@ def _held(client, host, chunk):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_exact_bits_equal_on_one_gpu_and_on_every_gpu(client, dtype):
-    """Issue 15: ``exact=True`` gives the same bits on one GPU (a CuPy array; a one-worker cluster) as on
+    """``exact=True`` gives the same bits on one GPU (a CuPy array; a one-worker cluster) as on
     every GPU of the box through Dask, for several chunkings, the graph, the held (direct) and the eager
     path, and as NumPy input: sum, mean, nansum and cumsum."""
     host = _wide_data((1 << 22) + 1031, dtype, seed=21)

@@ -1,4 +1,4 @@
-"""Item 4 of issue 11 on GPUs: a lazy CuPy array larger than the workers' GPU memory. Each worker's CuPy pool
+"""On GPUs: a lazy CuPy array larger than the workers' GPU memory. Each worker's CuPy pool
 is capped (a hard limit: an allocation past it fails) and dask-cuda's ``device_memory_limit`` spills stored
 chunks to host memory below the cap. dask.array's sum and cumsum finish there; so must mr.sum and mr.cumsum,
 and their graphs read one input chunk per task. The CPU version, with worker memory limits, is
