@@ -28,9 +28,17 @@ def is_dask_array(x) -> bool:
     return dask_array is not None and isinstance(x, dask_array.Array)
 
 
+QUERY_PLANNING_ERROR = (
+    "argument 'x' is a dask array built with dask's array expressions (dask.config 'array.query-planning' "
+    "is True), which multireduce does not support yet; set dask.config.set({'array.query-planning': False}) "
+    "(or DASK_ARRAY__QUERY_PLANNING=False) before dask.array is first imported")
+
+
 def array_kind(x) -> str:
     """'dask', 'cupy' or 'numpy'; dask arrays whose chunks are neither raise."""
     if is_dask_array(x):
+        if type(x).__module__.startswith("dask.array._array_expr"):
+            raise TypeError(f"multireduce: {QUERY_PLANNING_ERROR}")
         meta = x._meta
         if is_cupy_array(meta):
             return "dask-cupy"
