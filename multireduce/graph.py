@@ -98,7 +98,7 @@ def stage_token(x: da.Array, plan, split_every: int, groups: Grouping | None) ->
 
 def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None, along: Sequence[int],
                     stages: dict[str, str], emit, chunks, dtype, last_apart: bool = False,
-                    per_chunk: da.Array | None = None, token: str | None = None) -> da.Array:
+                    per_chunk: da.Array | None = None, token: str | None = None, whole=None) -> da.Array:
     """The one builder behind ``reduction`` and ``scan``: per lane, the chunks (all, or with
     ``last_apart`` all but the last) are split by ``groups`` (checked: every chunk once) into groups and
     their chunk positions (``layout``), and
@@ -133,6 +133,9 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
     one_block = len(chunks) <= 1 and all(len(c) == 1 for c in chunks)
+    if one_block and whole is not None:  # read by ``_fuse_whole_reductions`` when several are computed together
+        graph.layers[name].multireduce_whole = _WholeSource(x, plan, split_every, groups, (name, *(0,) * len(chunks)),
+                                                            holder is not None)
     return _RESULT_TYPES[one_block, holder is not None](graph, name, chunks, meta=meta)
 
 
@@ -180,6 +183,92 @@ class _Pinned(_WorkerOf):
         return True if key in self else None
 
 
+class _WholeSource:
+    """What a whole reduction's output layer was made from, so that several computed together can be made
+    from one reading of their input (``_fuse_whole_reductions``)."""
+
+    __slots__ = ("x", "plan", "split_every", "groups", "key", "held")
+
+    def __init__(self, x, plan, split_every, groups, key, held):
+        self.x, self.plan, self.split_every, self.groups, self.key, self.held = x, plan, split_every, groups, key, held
+
+
+class FusedPlan:
+    """Several whole reductions of one array as one plan: each chunk is read once and gives every plan's
+    partial; each plan's partials are combined and aggregated as they would be alone (the same bits)."""
+
+    keepdims = False
+    out_dtype = np.dtype(object)
+
+    def __init__(self, plans):
+        self.plans = tuple(plans)
+        self.axes = self.plans[0].axes
+        self.label = "fused"
+
+    def partial(self, *blocks):
+        return tuple(_host_partial(p, *blocks) for p in self.plans)
+
+    def combine(self, *partials):
+        return tuple(p.combine(*(q[i] for q in partials)) for i, p in enumerate(self.plans))
+
+    def aggregate(self, *partials):
+        return tuple(p.aggregate(*(q[i] for q in partials)) for i, p in enumerate(self.plans))
+
+    def whole(self, *blocks):
+        return tuple(p.whole(*blocks) for p in self.plans)
+
+    def __dask_tokenize__(self):
+        return ("multireduce.FusedPlan", tokenize(*self.plans))
+
+
+def _fuse_whole_reductions(dsk):
+    """``dsk`` with every set of two or more whole reductions of one array (same fan-in and grouping) made
+    from one reading of it (a ``FusedPlan``), each result then picked from the fused one: ``dask.compute(
+    mr.sum(x), mr.max(x), mr.var(x))`` reads every chunk of ``x`` once. Also returns whether every such
+    reduction is over held chunks."""
+    if not isinstance(dsk, HighLevelGraph):
+        return dsk, False
+    found = {name: layer.multireduce_whole for name, layer in dsk.layers.items()
+             if getattr(layer, "multireduce_whole", None) is not None}
+    held = bool(found) and all(src.held for src in found.values())
+    together: dict = {}
+    for name, src in found.items():
+        grouping = getattr(src.groups, "__qualname__", None) if src.groups is not None else None
+        together.setdefault((src.x.name, src.split_every, grouping), []).append(name)
+    if all(len(names) < 2 for names in together.values()):
+        return dsk, held
+    layers, dependencies = dict(dsk.layers), dict(dsk.dependencies)
+    for names in together.values():
+        if len(names) < 2:
+            continue
+        first = found[names[0]]
+        fused = reduction(first.x, FusedPlan([found[n].plan for n in names]), first.split_every, first.groups)
+        fused_graph = fused.__dask_graph__()
+        for lname, layer in fused_graph.layers.items():
+            if lname not in layers:
+                layers[lname], dependencies[lname] = layer, set(fused_graph.dependencies[lname])
+        fused_key = (fused.name,)
+        for i, n in enumerate(names):
+            layers[n] = MaterializedLayer({found[n].key: (_pick, fused_key, i)})
+            dependencies[n] = {fused.name}
+    return HighLevelGraph(layers, dependencies), held
+
+
+def _pick(values, i: int):
+    return values[i]
+
+
+def _optimize_whole(dsk, keys, **kwargs):
+    """Dask's optimisation of whole results (one block), after several reductions of one array were fused
+    (``_fuse_whole_reductions``); over held chunks only the cull (``_OfHeld``)."""
+    dsk, held = _fuse_whole_reductions(dsk)
+    if held:
+        return _cull_only(dsk, keys)
+    from dask.array.optimization import optimize
+
+    return optimize(dsk, keys, **kwargs)
+
+
 class _OneBlock(da.Array):
     """A result of one block (a whole reduction). Computed, its value is that block's, so Dask's finalize
     task (a concatenation of one block: one more task and scheduler round trip after the aggregate) is
@@ -188,6 +277,7 @@ class _OneBlock(da.Array):
     (0-d and 1-d results): ``single_key`` picks the first."""
 
     __slots__ = ()
+    __dask_optimize__ = staticmethod(_optimize_whole)
 
     def __dask_postcompute__(self):
         return Delayed.__dask_postcompute__(self)
@@ -210,6 +300,7 @@ class _OfHeld(da.Array):
 
 class _OneBlockOfHeld(_OneBlock, _OfHeld):
     __slots__ = ()
+    __dask_optimize__ = staticmethod(_optimize_whole)
 
 
 _RESULT_TYPES = {(False, False): da.Array, (True, False): _OneBlock, (False, True): _OfHeld,
@@ -289,7 +380,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
     stages = {stage: f"{{label}}-{stage}-{{token}}" for stage in ("partial", "combine")}
     stages["output"] = "{label}-aggregate-{token}"
     return _grouped_stages(x, plan, split_every, groups, axes, stages, emit, chunks, plan.out_dtype,
-                           per_chunk=per_chunk, token=token)
+                           per_chunk=per_chunk, token=token, whole=len(axes) == x.ndim or None)
 
 
 def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None = None,
@@ -443,6 +534,8 @@ def _recipe_apply(fn, recipe, *inputs):
 
 
 def _device(on_device: bool, value):
+    if type(value) is tuple:  # a FusedPlan's results
+        return tuple(_device(on_device, v) for v in value)
     if on_device and not type(value).__module__.startswith("cupy"):
         import cupy
 
@@ -494,4 +587,4 @@ def _scan_from_totals(plan: ScanPlan, block, index: int, layout, *totals):
     return plan.scan_block(block, _like(block, carries), index)
 
 
-__all__ = ["reduction", "scan", "contiguous_groups", "even_groups", "fold_in_order"]
+__all__ = ["reduction", "scan", "contiguous_groups", "even_groups", "fold_in_order", "FusedPlan"]

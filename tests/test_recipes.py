@@ -193,3 +193,35 @@ def test_lazy_scan_totals_are_a_few_tasks_per_thread(cpu_client):
     result = mr.cumsum(x)
     assert task_count(result, "cumsum-totals") <= 6
     assert task_count(result, "cumsum-") == 41 + task_count(result, "cumsum-totals")  # a scan task per chunk
+
+
+# ------------------------------------------------------------------------------------------------
+# Several results, one read
+# ------------------------------------------------------------------------------------------------
+_made = []
+
+
+def _counted(block, block_info=None):
+    _made.append(block_info[None]["chunk-location"])
+    return block * 1.5
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_several_whole_results_computed_together_read_each_chunk_once(cpu_client, held):
+    a = _data()
+    base = da.from_array(a, chunks=997)
+    if held:
+        base = cpu_client.persist(base)
+        distributed.wait(base)
+    x = base.map_blocks(_counted, dtype=a.dtype)
+    fns = (mr.sum, mr.max, mr.var, mr.nanmean, lambda v: mr.sum(v, exact=True), mr.count_nonzero)
+    alone = [_graph_bits(fn, x) for fn in fns]
+    _made.clear()
+    together = dask.compute(*(fn(x) for fn in fns))
+    assert sorted(_made) == [(i,) for i in range(x.numblocks[0])]  # every chunk made once, for all six
+    for got, ref in zip(together, alone):
+        assert type(got) is type(ref) and np.array_equal(got, ref)
+    # results of other arrays, or over some axes only, are computed as before beside them
+    other = da.from_array(a[::-1].copy(), chunks=997)
+    s, o, m = dask.compute(mr.sum(x), mr.sum(other), mr.max(x))
+    assert (s, o, m) == (alone[0], _graph_bits(mr.sum, other), alone[1])
