@@ -8,19 +8,23 @@ bounds every call: with 39 of 128 chunks, four GPUs do at most 3.3 times the wor
 
     x = mr.persist(da.random.random(n, chunks=c))   # worker 0 (GPU 0) holds the first range, ...
 
-How: each chunk's task carries the Dask annotations ``workers=[its worker]`` and
-``allow_other_workers=True`` (what ``client.persist(..., workers=..., allow_other_workers=True)``
-does for a whole graph, here per chunk), so the scheduler runs it on that worker while it exists.
-The graph stays the array's own: a lost worker's chunks are recomputed by Dask on the workers left,
-as for any persisted array. Restrictions that could not be broken (``allow_other_workers=False``)
-would leave a lost worker's chunks waiting for it forever. The price of preferring: Dask's work
-stealing may move a chunk that is still queued on a worker that fell behind, so shares are exact
-when the workers keep pace with each other, and off by what was stolen otherwise.
+How: each chunk's task carries the Dask annotation ``workers=[its worker]`` (what
+``client.persist(..., workers=...)`` does for a whole graph, here per chunk; distributed 2026.8's
+``persist`` takes no per-key mapping), in the array's own optimised graph, which is then persisted
+unoptimised: fusion would drop the annotations. Where fusion made a chunk in a task of another name and
+left the chunk's key an alias of it, that task gets the same worker, so chunks are made where they stay
+rather than made elsewhere and copied. Chunks already in memory (an array persisted before) are moved by
+one task per chunk that takes its chunk (no copy where it is already on its worker); the moved array has
+new keys whose tasks depend on the old ones, so its lineage reaches back to the original graph. Keep
+only the new array: the original's chunks stay in memory while it is referenced.
 
-Chunks already in memory (an array persisted before) are moved by one task per chunk that takes its
-chunk and is restricted the same way (no copy where the chunk is already on its worker). The moved
-array has new keys; its chunks depend on the ones they came from, so lineage reaches back to the
-original graph. Keep only the new array: the original's chunks stay in memory while it is referenced.
+The restrictions are strict (``allow_other_workers=False``): with loose ones, Dask's work stealing gave a
+chunk to an idle worker while its own was busy (a moved chunk on a loaded 3-process CPU cluster). A
+strict restriction alone would leave a lost worker's chunks waiting for it forever, so a scheduler plugin
+(``_Rescue``, added once per scheduler through ``client.run_on_scheduler``; the scheduler must be able
+to import multireduce, as it must to read the graphs) drops the restriction of those chunks when their
+worker leaves, or is gone when the graph arrives: Dask then runs them, or recomputes the lost ones, on
+the workers left, as for any persisted array.
 """
 
 from __future__ import annotations
@@ -29,13 +33,7 @@ import bisect
 import numbers
 import re
 
-import dask
-import dask.array as da
-from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-
-from . import placement
 from ._validation import check_flag, is_dask_array
-from .graph import _Pinned, _WorkerOf
 
 __all__ = ["persist"]
 
@@ -68,10 +66,10 @@ def persist(*arrays, balanced: bool = True, client=None):
     The persisted array, or for several arrays a tuple of them in the same order. Computation starts in
     the background, as with ``client.persist``.
 
-    A lost worker's chunks are recomputed by Dask on the workers left (the module docstring says how the
-    placement is asked for and what work stealing can change). A lazy array whose chunks are already in
-    the cluster's memory under the same keys (the same array persisted and still referenced) keeps those
-    chunks where they are: persist the persisted array instead, which moves them.
+    Each chunk is made on its worker (Dask neither places nor steals it elsewhere); a lost worker's
+    chunks are recomputed by Dask on the workers left (the module docstring says how). A lazy array whose
+    chunks are already in the cluster's memory under the same keys (the same array persisted and still
+    referenced) keeps those chunks where they are: persist the persisted array instead, which moves them.
     """
     if not arrays:
         raise TypeError(f"{_CALLER}: expected one or more dask arrays; got none")
@@ -81,15 +79,20 @@ def persist(*arrays, balanced: bool = True, client=None):
     balanced = check_flag(balanced, "balanced", _CALLER)
     client = _client(client, required=balanced)
     if not balanced:
+        import dask
+
         out = client.persist(list(arrays)) if client is not None else dask.persist(*arrays)
     else:
         workers = worker_order(client)
+        client.run_on_scheduler(_install)
         out = client.persist([_restricted(x, workers, client) for x in arrays], optimize_graph=False)
     return out[0] if len(arrays) == 1 else tuple(out)
 
 
 def _client(client, required: bool):
     """``client``, or the current client; None only where none is needed."""
+    from . import placement
+
     if client is None:
         client = placement.default_client()
         if client is None and required:
@@ -166,6 +169,10 @@ def _chunk_sizes(x) -> list:
 def _restricted(x, workers: list[str], client):
     """``x`` as an array whose chunks are asked to be made on their workers (``ranges``): x's own optimised
     graph with the chunk tasks annotated, or for chunks held already, one task per chunk that takes it."""
+    import dask
+
+    from . import placement
+
     keys = placement.chunk_keys(x)
     target = dict(zip(keys, (workers[i] for i in ranges(_chunk_sizes(x), len(workers)))))
     if placement.is_persisted(x):
@@ -173,9 +180,28 @@ def _restricted(x, workers: list[str], client):
         if held == target:
             return x
         return _moved(x, target)
-    (optimised,) = dask.optimize(x)  # as client.persist would; the annotations must survive fusion
+    (optimised,) = dask.optimize(x)  # now, as client.persist would: persisted unoptimised, fusion drops annotations
     tasks = dict(optimised.__dask_graph__())
-    return _annotated(tasks, optimised.name, x, target)
+    return _annotated(tasks, optimised.name, x, _through_aliases(tasks, target))
+
+
+def _through_aliases(tasks: dict, target: dict) -> dict:
+    """``target`` (chunk key -> worker) with, for a chunk whose task is an alias of another (Dask's linear
+    fusion names the fused task apart and leaves the chunk's key as an alias of it), the aliased tasks on
+    the same worker: the chunk is made there, not made elsewhere and copied."""
+    try:
+        from dask._task_spec import Alias
+    except ImportError:  # a Dask without task objects: no aliases
+        return target
+    where = {}
+    for key, worker in target.items():
+        while key in tasks and key not in where:
+            where[key] = worker
+            task = tasks[key]
+            if not isinstance(task, Alias):
+                break
+            key = task.target
+    return where
 
 
 def _same(chunk):
@@ -184,6 +210,8 @@ def _same(chunk):
 
 def _moved(x, target: dict):
     """A new array whose chunk ``i`` is a task on ``target[x's chunk i]`` that returns x's chunk ``i``."""
+    from . import placement
+
     token = placement._placement_token(target, False)
     name = f"balanced-{x.name}-{token}"
     graph = x.__dask_graph__()
@@ -197,7 +225,68 @@ def _moved(x, target: dict):
 
 
 def _annotated(tasks: dict, name: str, x, where: dict):
-    layer = MaterializedLayer(tasks, annotations={"workers": _WorkerOf(where),
-                                                  "allow_other_workers": _Pinned(where)})
+    """``tasks`` as the one layer of an array like ``x``; the tasks named in ``where`` must run on their
+    worker (``_MARK`` tells the scheduler's ``_Rescue`` that they are ours)."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    from .graph import _Pinned, _WorkerOf
+
+    layer = MaterializedLayer(tasks, annotations={"workers": _WorkerOf(where), _MARK: _Pinned(where)})
     graph = HighLevelGraph({name: layer}, {name: set()})
     return da.Array(graph, name, x.chunks, meta=x._meta)
+
+
+# ------------------------------------------------------------------------------------------------
+# On the scheduler: a chunk whose worker is gone may run anywhere
+# ------------------------------------------------------------------------------------------------
+_MARK = "multireduce-balanced"  # the tasks' annotation and the plugin's name
+
+
+def _install(dask_scheduler=None):
+    """``client.run_on_scheduler``: add the plugin once per scheduler."""
+    dask_scheduler.add_plugin(_rescue_type()(), name=_MARK, idempotent=True)
+
+
+_RESCUE = None
+
+
+def _rescue_type():
+    """The plugin's class, made on first use: its base class comes with ``distributed``, which
+    ``import multireduce`` does not load."""
+    global _RESCUE
+    if _RESCUE is None:
+        from distributed.diagnostics.plugin import SchedulerPlugin
+
+        class _Rescue(SchedulerPlugin):
+            """Drops the restriction of a task ``persist`` placed once its worker is not in the cluster
+            (the worker left, or was gone already when the graph came), so Dask runs it, or recomputes
+            its lost chunk, on a worker it chooses; a task restricted so would otherwise wait forever."""
+
+            idempotent = True
+
+            def update_graph(self, scheduler, *, annotations, stimulus_id, **kwargs):
+                ours = annotations.get(_MARK) or {}
+                _release(scheduler, (scheduler.tasks.get(k) for k in ours), stimulus_id, kick=False)
+
+            def remove_worker(self, scheduler, worker, *, stimulus_id, **kwargs):
+                _release(scheduler, list(scheduler.tasks.values()), stimulus_id, kick=True)
+
+        _RESCUE = _Rescue
+    return _RESCUE
+
+
+def _release(scheduler, tasks, stimulus_id: str, kick: bool) -> None:
+    """Of ``tasks``, ours restricted only to workers that are gone lose the restriction; with ``kick``,
+    those already waiting for a worker (state "no-worker") are scheduled again."""
+    again = {}
+    for ts in tasks:
+        if ts is None or not ts.worker_restrictions or not (ts.annotations or {}).get(_MARK):
+            continue
+        if any(w in scheduler.workers for w in ts.worker_restrictions):
+            continue
+        ts.worker_restrictions = None
+        if kick and ts.state == "no-worker" and scheduler.workers:
+            again[ts.key] = "processing"
+    if again:
+        scheduler.transitions(again, stimulus_id=stimulus_id)

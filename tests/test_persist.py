@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import multireduce as mr
+from multireduce import placement
 from multireduce.placement import chunk_keys
 
 da = pytest.importorskip("dask.array")
@@ -19,10 +20,11 @@ distributed = pytest.importorskip("distributed")
 persist_mod = importlib.import_module("multireduce.persist")  # the module; ``mr.persist`` is its function
 
 
-def _where(client, x) -> list[int]:
-    """The index (in ``worker_order``) of the one worker holding each chunk of ``x``, in C order."""
+def _where(client, x, order=None) -> list[int]:
+    """The index (in ``order``, default ``worker_order``) of the one worker holding each chunk of ``x``, in
+    C order."""
     distributed.wait(x)
-    order = persist_mod.worker_order(client)
+    order = order or persist_mod.worker_order(client)
     who = client.who_has(x)
     out = []
     for key in chunk_keys(x):
@@ -56,6 +58,27 @@ def test_one_d_lazy_equal_ranges_in_worker_order(cpu_client):
     assert where == [0] * 4 + [1] * 4 + [2] * 4
     assert xp.name == x.name  # the lazy array's own graph, run where asked
     np.testing.assert_array_equal(xp.compute(), want)
+
+
+_MADE_ON: dict = {}  # chunk index -> the worker that ran the function making it (in-process workers)
+
+
+def _noted(block, block_info=None):
+    _MADE_ON[block_info[0]["chunk-location"][0]] = distributed.get_worker().address
+    return block * 3
+
+
+def test_chunks_are_made_on_their_worker_not_copied_there(cpu_client):
+    # Dask's fusion makes each chunk in a task of its own name and leaves the chunk's key an alias of it:
+    # that task must run on the chunk's worker too
+    x = da.random.default_rng(10).random(9 * 29, chunks=29)
+    _MADE_ON.clear()
+    xp = mr.persist(x.map_blocks(_noted, dtype=x.dtype))
+    where = _where(cpu_client, xp)
+    order = persist_mod.worker_order(cpu_client)
+    assert where == [0] * 3 + [1] * 3 + [2] * 3
+    assert [_MADE_ON[i] for i in range(9)] == [order[w] for w in where]
+    np.testing.assert_array_equal(xp.compute(), x.compute() * 3)
 
 
 def test_chunk_count_that_workers_do_not_divide(cpu_client):
@@ -125,7 +148,7 @@ def test_several_arrays_share_the_ranges(cpu_client):
 def test_balanced_false_is_dask_placement(cpu_client):
     x = da.random.default_rng(19).random(7 * 19, chunks=19)
     (xp,) = [mr.persist(x, balanced=False)]
-    assert persist_mod.placement.is_persisted(xp)
+    assert placement.is_persisted(xp)
     np.testing.assert_array_equal(xp.compute(), x.compute())
 
 
@@ -143,11 +166,38 @@ def test_bad_arguments_are_named(cpu_client, call, argument):
 
 
 def test_no_client_is_refused_for_balanced_and_dask_persists_otherwise(monkeypatch):
-    monkeypatch.setattr(persist_mod.placement, "default_client", lambda: None)
+    monkeypatch.setattr(placement, "default_client", lambda: None)
     x = da.random.default_rng(20).random(50, chunks=9)
     with pytest.raises(ValueError, match="client"):
         mr.persist(x)
     np.testing.assert_array_equal(mr.persist(x, balanced=False).compute(), x.compute())
+
+
+def _slow_copy(block, seconds):
+    import time
+
+    time.sleep(seconds)
+    return block.copy()
+
+
+def test_ranges_hold_when_chunks_arrive_unevenly(cpu_client):
+    # the input is made where Dask puts it, slowly, while the moves are already queued on their workers:
+    # a task waiting on a busy worker must not be taken by an idle one (Dask's work stealing)
+    x = da.random.default_rng(24).random(24 * 11, chunks=11)
+    slow = x.map_blocks(_slow_copy, 0.02, dtype=x.dtype)
+    moved = mr.persist(cpu_client.persist(slow))
+    assert _where(cpu_client, moved) == [0] * 8 + [1] * 8 + [2] * 8
+    np.testing.assert_array_equal(moved.compute(), x.compute())
+
+
+def test_a_worker_gone_before_the_graph_arrives(cpu_client, monkeypatch):
+    real = persist_mod.worker_order(cpu_client)
+    monkeypatch.setattr(persist_mod, "worker_order", lambda client: [real[0], "tcp://127.0.0.1:9", real[2]])
+    x = da.random.default_rng(25).random(9 * 13, chunks=13)
+    xp = mr.persist(x)
+    where = _where(cpu_client, xp, real)  # the gone worker's chunks run where Dask puts them
+    assert where[:3] == [0] * 3 and where[6:] == [2] * 3
+    np.testing.assert_array_equal(xp.compute(), x.compute())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,7 +251,7 @@ def test_no_workers_is_a_clear_error():
 # ------------------------------------------------------------------------------------------------
 # Lineage: a lost worker's chunks are recomputed by Dask
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.timeout(120)  # restrictions that cannot be broken would leave the lost chunks waiting forever
+@pytest.mark.timeout(60)  # a lost worker's chunks, left restricted to it, would wait forever
 def test_lost_worker_chunks_are_recomputed_in_process():
     from multireduce.cluster import local_cluster
 
@@ -220,6 +270,25 @@ def test_lost_worker_chunks_are_recomputed_in_process():
         assert victim not in client.scheduler_info()["workers"]
         np.testing.assert_array_equal(lazy.compute(), want)
         np.testing.assert_array_equal(moved.compute(), want + 1)
+
+
+@pytest.mark.timeout(60)
+def test_worker_lost_while_its_chunks_are_made():
+    import time
+
+    from multireduce.cluster import local_cluster
+
+    with local_cluster(n_workers=3, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
+        x = da.random.default_rng(26).standard_normal(30 * 17, chunks=17)
+        want = x.compute()
+        victim = persist_mod.worker_order(client)[1]
+        worker = next(w for w in cluster.workers.values() if w.address == victim)
+        xp = mr.persist(x.map_blocks(_slow_copy, 0.05, dtype=x.dtype))
+        while not worker.data:  # some of its chunks made, most still queued on it
+            time.sleep(0.01)
+        client.sync(worker.close)
+        np.testing.assert_array_equal(xp.compute(), want)
+        assert victim not in client.scheduler_info()["workers"]
 
 
 def _exit():
