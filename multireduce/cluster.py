@@ -6,11 +6,29 @@ Kubernetes); this helper is the one-box default::
     from multireduce.cluster import local_cluster
     with local_cluster() as cluster, distributed.Client(cluster) as client:
         ...
+
+GPU memory: by default each worker's CuPy allocates from CuPy's own pool, which keeps freed blocks for
+CuPy alone. dask-cuda's spilling and unspilling allocate outside it, so a worker near its GPU's capacity
+can fail in ``cuMemAlloc`` while CuPy's pool holds free memory (measured on 4 x H200, 32 GiB per GPU:
+a held ``mr.cumsum(x).persist()`` failed so while a chunk was unspilled). ``rmm_pool_size=`` or
+``rmm_async=True`` gives every worker one RMM allocator that CuPy allocates through too
+(``rmm_allocator_external_lib_list=["cupy"]``, set by dask-cuda in each worker process), as RAPIDS
+deployments run; the same call then finished with the right values. ``DEFAULT_RMM`` is what a call that
+names no RMM option gets.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import numbers
+
+#: RMM options that ``local_cluster`` gives GPU workers when the call names none of ``rmm_pool_size``,
+#: ``rmm_async``, ``rmm_managed_memory`` (or another ``rmm_*`` option of LocalCUDACluster): None keeps
+#: CuPy's own memory pool on every worker; a dict of those options (for instance ``{"rmm_async": True}``)
+#: puts every worker's CuPy on RMM. Never applied to CPU clusters.
+DEFAULT_RMM: dict | None = None
+
+_RMM_OPTIONS = ("rmm_pool_size", "rmm_async", "rmm_managed_memory")
 
 
 def gpu_count() -> int:
@@ -49,19 +67,97 @@ def _check_exposure(kwargs: dict) -> None:
                          "(TLS); expected a loopback host such as '127.0.0.1', or such a security argument")
 
 
-def local_cluster(n_workers: int | None = None, gpu: bool | None = None, **kwargs):
+def _check_rmm(options: dict, origin: str) -> dict:
+    """``options`` (rmm_pool_size, rmm_async, rmm_managed_memory; None: not set) checked, without the
+    unset ones. ``origin``: how an error names where they came from."""
+    pool, use_async, managed = (options.get(k) for k in _RMM_OPTIONS)
+    if pool is not None:
+        from dask.utils import parse_bytes
+
+        if isinstance(pool, bool) or not isinstance(pool, (numbers.Real, str)):
+            ok = False
+        elif isinstance(pool, numbers.Integral):
+            ok = pool > 0
+        elif isinstance(pool, numbers.Real):
+            ok = 0 < pool <= 1
+        else:
+            try:
+                ok = parse_bytes(pool) > 0
+            except (ValueError, TypeError):
+                ok = False
+        if not ok:
+            raise ValueError(f"{origin}: 'rmm_pool_size' must be a number of bytes above 0, a size such as "
+                             f"'24GiB', or a fraction of each GPU's memory in (0, 1]; got {pool!r}")
+    for name, value in (("rmm_async", use_async), ("rmm_managed_memory", managed)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{origin}: '{name}' must be True, False or None; got {value!r}")
+    if use_async and managed:
+        raise ValueError(f"{origin}: 'rmm_async=True' and 'rmm_managed_memory=True' exclude each other "
+                         "(RMM's asynchronous allocator does not use managed memory); choose one")
+    if use_async and pool is not None:
+        raise ValueError(f"{origin}: 'rmm_pool_size' is not used with 'rmm_async=True' (the asynchronous "
+                         f"allocator grows and trims its own pool); got rmm_pool_size={pool!r}: pass one")
+    return {k: v for k, v in zip(_RMM_OPTIONS, (pool, use_async, managed)) if v is not None}
+
+
+def _rmm_install_hint() -> str:
+    """The pip line for RMM wheels matching CuPy's CUDA (both lines where that is not known)."""
+    try:
+        import cupy
+
+        major = cupy.cuda.runtime.runtimeGetVersion() // 1000
+    except Exception:
+        major = None
+    if major in (12, 13):
+        return f"pip install rmm-cu{major}"
+    return "pip install rmm-cu13 (CUDA 13) or rmm-cu12 (CUDA 12)"
+
+
+def _with_cupy(libs) -> list:
+    """``rmm_allocator_external_lib_list`` with "cupy" in it (dask-cuda's forms: None, "a,b" or a list)."""
+    if libs is None:
+        libs = []
+    elif isinstance(libs, str):
+        libs = [v.strip() for v in libs.split(",") if v.strip()]
+    else:
+        libs = list(libs)
+    return libs if "cupy" in libs else [*libs, "cupy"]
+
+
+def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_pool_size=None,
+                  rmm_async: bool | None = None, rmm_managed_memory: bool | None = None, **kwargs):
     """A LocalCUDACluster with one worker per GPU (``gpu=None``: when GPUs and dask-cuda exist), otherwise
     a CPU LocalCluster. Ports default to 0 and the dashboard to a free loopback port, so several clusters
     never collide. The scheduler, workers and nannies listen on 127.0.0.1 unless ``host`` (or ``interface``)
     names another address (``processes=False`` without either: Dask's in-process transport, and the workers'
     HTTP endpoints on loopback); one that is not loopback ("", "0.0.0.0" and "::" included) needs
     ``security=distributed.Security(...)`` with TLS, checked before anything starts. Extra keyword arguments
-    go to the cluster class."""
+    go to the cluster class.
+
+    GPU memory (LocalCUDACluster's own options, passed on): ``rmm_pool_size`` (bytes, a size such as
+    "24GiB", or a fraction of each GPU's memory) gives every worker an RMM pool of that size;
+    ``rmm_async=True`` RMM's asynchronous allocator (``cudaMallocAsync``) instead; ``rmm_managed_memory``
+    managed memory. With any of them CuPy allocates through RMM on every worker ("cupy" is added to
+    ``rmm_allocator_external_lib_list``), so CuPy, dask-cuda's spilling and everything else share one
+    allocator. None (the default) for all three: ``DEFAULT_RMM`` decides (CuPy's own pool unless it is
+    set). They need the ``rmm`` package (``rmm-cu13`` or ``rmm-cu12``) and GPU workers: on a CPU cluster
+    they are refused, not ignored, so a script that asked for RMM never runs without it unnoticed. Every
+    argument is checked before anything starts."""
+    rmm = _check_rmm({"rmm_pool_size": rmm_pool_size, "rmm_async": rmm_async,
+                      "rmm_managed_memory": rmm_managed_memory}, "local_cluster")
+    rmm_given = [*rmm, *(k for k in kwargs if k.startswith("rmm_"))]  # DEFAULT_RMM then stays out
+    asked = {k: v for k, v in {**kwargs, **rmm}.items() if k.startswith("rmm_") and v not in (None, False)}
     _check_exposure(kwargs)
     kwargs.setdefault("scheduler_port", 0)
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     have_gpus = gpu_count() > 0
     have_dask_cuda = importlib.util.find_spec("dask_cuda") is not None
+    if asked and (gpu is False or (gpu is None and not (have_gpus and have_dask_cuda))):
+        why = ("gpu=False" if gpu is False else
+               "no CUDA GPU is visible to this process" if not have_gpus else "dask-cuda is not installed")
+        name, value = next(iter(asked.items()))
+        raise ValueError(f"local_cluster({name}={value!r}): RMM options are for GPU workers (dask-cuda), but this "
+                         f"would be a CPU cluster ({why}); drop the RMM options or start GPU workers")
     if gpu is None:
         gpu = have_gpus and have_dask_cuda
     if gpu:
@@ -69,6 +165,19 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, **kwarg
             raise RuntimeError("local_cluster(gpu=True): no CUDA GPU is visible to this process")
         if not have_dask_cuda:
             raise RuntimeError("local_cluster(gpu=True) needs dask-cuda: pip install 'multireduce[cluster]'")
+        if not rmm_given and DEFAULT_RMM:
+            unknown = sorted(set(DEFAULT_RMM) - set(_RMM_OPTIONS))
+            if unknown:
+                raise ValueError(f"multireduce.cluster.DEFAULT_RMM: unknown option {unknown[0]!r}; expected "
+                                 f"some of {', '.join(_RMM_OPTIONS)}")
+            rmm = _check_rmm(DEFAULT_RMM, "multireduce.cluster.DEFAULT_RMM")
+        kwargs.update(rmm)
+        if kwargs.get("rmm_pool_size") is not None or kwargs.get("rmm_async") or kwargs.get("rmm_managed_memory"):
+            if importlib.util.find_spec("rmm") is None:
+                used = ", ".join(f"{k}={v!r}" for k, v in rmm.items() if v is not None and v is not False)
+                raise RuntimeError(f"local_cluster({used}) needs the rmm package on this machine (dask-cuda "
+                                   f"starts the workers here): {_rmm_install_hint()}")
+            kwargs["rmm_allocator_external_lib_list"] = _with_cupy(kwargs.get("rmm_allocator_external_lib_list"))
         from dask_cuda import LocalCUDACluster
 
         if n_workers is not None:

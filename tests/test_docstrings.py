@@ -46,7 +46,7 @@ def test_every_parameter_is_documented(name):
 def test_shared_parameters_read_the_same_everywhere():
     texts: dict[str, set[str]] = {}
     for name in EXPORTED:
-        if name in ("register_operator", "unregister_operator", "algorithms", "operators"):
+        if name in ("register_operator", "unregister_operator", "algorithms", "operators", "persist"):
             continue  # their parameters are their own
         for param, text in _documented(getattr(mr, name).__doc__ or "").items():
             texts.setdefault(text, set()).add(name)
