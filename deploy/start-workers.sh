@@ -19,7 +19,8 @@ whost=${MR_WORKER_HOST_OVERRIDE:-$("$MR_PYTHON" -m multireduce.deploy worker-hos
 listen=(--host "$whost" --dashboard-address "$MR_WORKER_DASHBOARD")
 if [ "$kind" = gpu ]; then
   extra=()
-  [ -n "$MR_RMM_POOL_SIZE" ] && extra+=(--rmm-pool-size "$MR_RMM_POOL_SIZE")
+  # CuPy allocates through the RMM pool too: beside it, CuPy's own pool would hold memory RMM cannot use
+  [ -n "$MR_RMM_POOL_SIZE" ] && extra+=(--rmm-pool-size "$MR_RMM_POOL_SIZE" --rmm-allocator-external-lib-list cupy)
   [ -n "$MR_DEVICE_MEMORY_LIMIT" ] && extra+=(--device-memory-limit "$MR_DEVICE_MEMORY_LIMIT")
   [ "$MR_ENABLE_SPILLING" = 0 ] && extra+=(--device-memory-limit 0)
   setsid "$MR_PYTHON" -m dask cuda worker --scheduler-file "$MR_SCHEDULER_FILE" --name "$node" \

@@ -86,6 +86,11 @@ def is_gpu_out_of_memory(exc: BaseException, cupy) -> bool:
     name, module = type(exc).__name__, type(exc).__module__ or ""
     if name in ("CUDADriverError", "CUDARuntimeError") or module.startswith("cupy_backends"):
         return any(marker in str(exc) for marker in _OOM_MARKERS)
+    # CuPy allocating through RMM (dask-cuda's rmm_allocator_external_lib_list): RMM raises its own
+    # out_of_memory, a MemoryError subclass, with "out_of_memory" or "bad_alloc" in its text
+    if isinstance(exc, MemoryError) and ("out_of_memory" in str(exc) or "bad_alloc" in str(exc)
+                                         or module.startswith("rmm")):
+        return True
     return False
 
 

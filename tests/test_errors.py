@@ -139,3 +139,22 @@ def test_error_crosses_dask_with_its_type_attributes_and_cause(monkeypatch):
     assert type(back) is errors.GPUOutOfMemoryError and str(back) == str(err)
     assert back.shape == (2**21,) and back.nbytes == 2**24 and back.gpu["pci"] == "0000:3B:00.0"
     assert type(back.__cause__) is oom and "16,777,216 bytes" in str(back.__cause__)
+
+
+def test_rmm_out_of_memory_is_recognised_as_gpu_out_of_memory():
+    """CuPy allocating through RMM raises RMM's MemoryError, not CuPy's OutOfMemoryError."""
+    import types
+
+    from multireduce.errors import is_gpu_out_of_memory
+
+    class OutOfMemoryError(Exception):
+        pass
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(
+        OutOfMemoryError=OutOfMemoryError)))
+    rmm_failure = MemoryError("std::bad_alloc: out_of_memory: RMM failure at: arena_memory_resource.hpp:140: "
+                              "Maximum pool size exceeded")
+    assert is_gpu_out_of_memory(rmm_failure, fake_cupy)
+    assert is_gpu_out_of_memory(OutOfMemoryError("out of memory allocating 1 GiB"), fake_cupy)
+    assert not is_gpu_out_of_memory(MemoryError("host memory"), fake_cupy)
+    assert not is_gpu_out_of_memory(ValueError("out_of_memory"), fake_cupy)

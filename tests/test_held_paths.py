@@ -1,0 +1,108 @@
+"""The held path beyond bare whole reductions, on a real CPU cluster: reductions over some axes of persisted
+arrays and expressions over persisted arrays run where the chunks are, in one call and no task, with the
+graph's bits; what cannot (chunks of one result on several workers, shared work) takes the graph."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import multireduce as mr  # noqa: E402
+
+from .helpers import persist_spread  # noqa: E402
+
+
+def _no_tasks(client, fn):
+    """``fn()`` and the tasks the cluster ran meanwhile."""
+    with distributed.get_task_stream(client) as stream:
+        result = fn()
+    return result, stream.data
+
+
+def _graph(fn, x):
+    with dask.config.set({"multireduce.placement": False}):
+        return fn(x).compute()
+
+
+@pytest.fixture(scope="module")
+def field(cpu_client):
+    a = np.random.default_rng(11).standard_normal((48, 7, 9)).astype(np.float32)
+    a[3, 2, 4] = np.nan
+    x = cpu_client.persist(da.from_array(a, chunks=(5, 7, 5)))
+    distributed.wait(x)
+    return a, x
+
+
+AXES = {
+    "mean0": lambda v: mr.mean(v, axis=0), "sum12": lambda v: mr.sum(v, axis=(1, 2)),
+    "max0k": lambda v: mr.max(v, axis=0, keepdims=True), "var0": lambda v: mr.var(v, axis=0),
+    "nanmean0": lambda v: mr.nanmean(v, axis=0), "exact0": lambda v: mr.sum(v, axis=0, exact=True),
+    "prod2": lambda v: mr.prod(v / 4 + 1, axis=2), "count1": lambda v: mr.count_nonzero(v > 0, axis=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AXES))
+def test_reductions_over_some_axes_of_held_arrays(cpu_client, field, name):
+    a, x = field
+    fn = AXES[name]
+    value, stream = _no_tasks(cpu_client, lambda: fn(x).compute())
+    assert stream == []  # one call to the workers, no task
+    ref = _graph(fn, x)
+    assert value.shape == ref.shape and value.dtype == ref.dtype
+    assert np.array_equal(value, ref, equal_nan=True)
+    assert np.array_equal(cpu_client.compute(fn(x)).result(), ref, equal_nan=True)  # the graph, same bits
+
+
+def test_axis_mean_against_numpy(cpu_client, field):
+    a, x = field
+    got = mr.mean(x, axis=0).compute()
+    np.testing.assert_allclose(got, a.astype(np.float64).mean(axis=0), rtol=1e-5, equal_nan=True)
+
+
+EXPRESSIONS = {
+    "sum": lambda v: mr.sum(v * 2), "var": lambda v: mr.var(v + 1), "argmax": lambda v: mr.argmax(abs(v)),
+    "nanmax": lambda v: mr.nanmax(v - 1), "exact": lambda v: mr.sum(v * 3, exact=True),
+    "astype": lambda v: mr.sum(v.astype(np.float64) ** 2), "where": lambda v: mr.max(da.where(v > 0, v, -v)),
+    "axis": lambda v: mr.mean(v * 2, axis=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPRESSIONS))
+def test_expressions_over_held_arrays_run_where_the_chunks_are(cpu_client, field, name):
+    a, x = field
+    fn = EXPRESSIONS[name]
+    value, stream = _no_tasks(cpu_client, lambda: fn(x).compute())
+    assert stream == []
+    assert np.array_equal(value, _graph(fn, x), equal_nan=True)
+
+
+def test_expression_against_numpy(cpu_client, field):
+    a, x = field
+    assert mr.sum(x * 2).compute() == pytest.approx(np.nansum(a.astype(np.float64) * 2), rel=1e-5) or np.isnan(
+        mr.sum(x * 2).compute())
+    b = np.nan_to_num(a)
+    y = cpu_client.persist(da.from_array(b, chunks=(5, 7, 5)))
+    assert float(mr.sum(y * 2 + 1).compute()) == pytest.approx(float((b.astype(np.float64) * 2 + 1).sum()), rel=1e-5)
+
+
+def test_scans_of_held_expressions_keep_outputs_where_inputs_are(cpu_client, field):
+    a, x = field
+    fn = lambda v: mr.cumsum(v * 2 - 1, axis=0)  # noqa: E731
+    out, stream = _no_tasks(cpu_client, lambda: fn(x).persist())
+    assert stream == []
+    assert np.array_equal(out.compute(), _graph(fn, x), equal_nan=True)
+
+
+def test_chunks_read_from_several_workers_take_the_graph(cpu_client):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(12 * 100), rng.standard_normal(12 * 100)
+    x, _ = persist_spread(cpu_client, a, 100, [0, 1, 2] * 4)
+    y, _ = persist_spread(cpu_client, b, 100, [1, 2, 0] * 4)
+    value, stream = _no_tasks(cpu_client, lambda: mr.sum(x * y).compute())
+    assert stream  # the graph ran: Dask moves one side of each product
+    assert value == _graph(mr.sum, x * y)
+    assert value == pytest.approx(float((a * b).sum()), rel=1e-12)
