@@ -18,7 +18,8 @@ is checked against a float64 reference computed by dask.array (sums and scans' l
 float32 bound of the data's mass, var within its condition number times 1e-5, argmax and max exactly,
 axis reductions element by element). Beside each row: one more repetition's task stream (tasks,
 transfers and their bytes, wall time outside any task), the placement's runs of consecutive chunks and
-the chunks each worker holds, and "x dask": the dask.array row of the same computation's time over its.
+the chunks each worker holds, and "x dask": the time of the dask.array row of the same computation
+over this row's.
 
 Paths (``--paths``, any of them; the new ones run on Dask's placement only):
 
@@ -28,7 +29,7 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
   ``mr.cumsum(x * 2).persist()`` vs dask.array's same expressions, the held bare call, and ``x * 2`` alone:
   CUDA-event time of ``b * 2`` on each held chunk, summed per worker, the slowest worker's.
 - axes: ``mr.mean(f, axis=0).compute()`` of a time x lat x lon field chunked along time (``--field-gib``
-  per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 165 steps a chunk, 53 chunks) and
+  per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks) and
   ``mr.sum(m, axis=1).persist()`` of a tall matrix (``--tall-cols`` columns, x's bytes and chunk bytes),
   vs ``dask.array``.
 - lazy: ``lz`` made in the graph, not persisted: ``mr.sum(lz).compute()``, ``mr.cumsum(lz).persist()`` vs
@@ -42,8 +43,9 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
 ``--scaling`` is a preset: worker counts 1, 2, 4, 8... up to every GPU (and every GPU itself), 8 / 24 /
 32 GiB per GPU, chunks of 2^26, Dask's placement and balanced, the held sum, ``compute=True``, the held
 cumsum and dask.array's rows; it writes bench_multigpu_scaling.{md,json}. ``--budget-s`` (``--quick``:
-170 s) starts no new configuration past that time; those left out are listed in the JSON. A row that
-passes ``--timeout-s`` is reported as timed out and its tasks are cancelled before the next row starts.
+170 s) starts no new configuration past that time; those left out, and configurations that failed, are
+listed in the JSON ("left_out"). A row that passes ``--timeout-s`` is reported as timed out and its tasks
+are cancelled before the next row starts.
 
 Writes bench_multigpu_latest.{md,json} (the full table, the memory table) to $OUT and, on GPUs, docs/;
 prints each row as JSON when measured and a short table last. ``--profile phases`` splits a lazy sum's
@@ -83,7 +85,7 @@ PRESETS = {
     "default": dict(gpus="all", per_gpu_gib="8", chunk_log2="24,26,28", repeats=5, timeout_s=60.0, budget_s=0.0,
                     placements="dask,contiguous", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
                     dask_cumsum_methods="sequential,blelloch", field_gib=8.4704, field_shape="721,1440",
-                    field_chunk_steps=165, tall_cols=32),
+                    field_chunk_steps=166, tall_cols=32),
     # 4 GPUs first: the targets are there, and the budget cuts what comes last. blelloch never finished in
     # 10 s on CuPy chunks in any GPU run, and its cancelled tasks kept the workers busy so that every row
     # after it timed out: asked for by name only.
@@ -120,7 +122,7 @@ def parse(argv=None):
     p.add_argument("--field-gib", type=float, help="axes path: the field's GiB per GPU (default 8.4704: 8760 steps "
                                                    "of 721 x 1440 on 4 GPUs)")
     p.add_argument("--field-shape", help="axes path: lat,lon of the field (default 721,1440)")
-    p.add_argument("--field-chunk-steps", type=int, help="axes path: time steps per chunk (default 165)")
+    p.add_argument("--field-chunk-steps", type=int, help="axes path: time steps per chunk (default 166: 53 chunks of the full field)")
     p.add_argument("--tall-cols", type=int, help="axes path: columns of the tall matrix (default 32)")
     p.add_argument("--no-task-stream", dest="task_stream", action="store_false",
                    help="skip each row's extra repetition under the task stream")
@@ -134,19 +136,27 @@ def parse(argv=None):
         for k, v in PRESETS.get(layer, {}).items():
             if k not in given:
                 setattr(args, k, v)
-    args.paths = PATHS if args.paths == "all" else tuple(filter(None, args.paths.split(",")))
-    args.placements = tuple(filter(None, args.placements.split(",")))
-    for option, names, known in (("--paths", args.paths, PATHS), ("--placements", args.placements, PLACEMENTS)):
-        unknown = [n for n in names if n not in known]
-        if unknown or not names:
-            p.error(f"{option}: expected a comma-separated list of {', '.join(known)}; got {','.join(names) or 'nothing'}")
-    if args.repeats < 1:
-        p.error(f"--repeats: expected at least 1; got {args.repeats}")
-    try:
-        args.field_shape = tuple(int(v) for v in args.field_shape.split(","))
-        assert len(args.field_shape) == 2 and min(args.field_shape) > 0
-    except (ValueError, AssertionError):
-        p.error(f"--field-shape: expected two positive whole numbers lat,lon; got {args.field_shape!r}")
+    lists = [("--paths", args.paths, lambda t: t in PATHS or t == "all", f"any of {', '.join(PATHS)} or all"),
+             ("--placements", args.placements, lambda t: t in PLACEMENTS, f"any of {', '.join(PLACEMENTS)}"),
+             ("--gpus", args.gpus, lambda t: t in ("all", "powers") or int(t) > 0, "worker counts > 0, all or powers"),
+             ("--per-gpu-gib", args.per_gpu_gib, lambda t: float(t) > 0, "sizes > 0"),
+             ("--chunk-log2", args.chunk_log2, lambda t: 0 <= int(t) <= 40, "whole numbers 0..40"),
+             ("--field-shape", args.field_shape, lambda t: int(t) > 0, "two whole numbers > 0, lat,lon")]
+    for option, text, good, expected in lists:
+        try:
+            right = all(good(t) for t in str(text).split(",")) and (option != "--field-shape" or text.count(",") == 1)
+        except ValueError:
+            right = False
+        if not right:
+            p.error(f"{option}: expected a comma-separated list of {expected}; got {text!r}")
+    for option, value, least in (("--repeats", args.repeats, 1), ("--field-chunk-steps", args.field_chunk_steps, 1),
+                                 ("--tall-cols", args.tall_cols, 1), ("--timeout-s", args.timeout_s, 1e-3),
+                                 ("--field-gib", args.field_gib, 1e-12), ("--budget-s", args.budget_s, 0)):
+        if value < least:
+            p.error(f"{option}: expected at least {least:g}; got {value:g}")
+    args.paths = PATHS if "all" in args.paths.split(",") else tuple(args.paths.split(","))
+    args.placements = tuple(args.placements.split(","))
+    args.field_shape = tuple(int(v) for v in args.field_shape.split(","))
     return args
 
 
@@ -553,17 +563,20 @@ class Run:
         self.rows.append(row)
         print(json.dumps(row, default=str), flush=True)
 
+    def attempt(self, what: str, fn, *args) -> None:
+        """``fn(self, *args)``; a failure (placing the data, its reference, out of memory) is reported and
+        listed with what the run left out, and the run goes on."""
+        try:
+            fn(self, *args)
+        except Exception as exc:  # noqa: BLE001 - one configuration's failure is not the run's
+            print(f"{what} failed: {exc!r}", flush=True)
+            self.skipped.append(f"{what}: {exc!r}"[:200])
+
 
 def configuration(run: Run, client, n: int, gib: float, log2: int, chunk: int, total: int, kind: str) -> None:
     """Every asked-for path of one worker count, size, chunk and placement."""
     args, setting = run.args, run.setting
-    what = f"{n} x {gib:g} GiB, 2^{log2}, {kind}"
-    try:
-        x, layout = place(client, setting, ((chunk,) * (total // chunk),), kind)
-    except Exception as exc:  # noqa: BLE001 - one configuration's failure is reported, not fatal
-        print(f"placing {what} failed: {exc!r}", flush=True)
-        run.skipped.append(f"{what}: {exc!r}"[:200])
-        return
+    x, layout = place(client, setting, ((chunk,) * (total // chunk),), kind)
     base = dict(gpus=n, gib_per_gpu=gib, chunk_log2=log2, chunk=f"2^{log2}", placement=layout.placement,
                 runs=layout.runs, chunks_per_worker=layout.per_worker)
     paths = args.paths if kind == "dask" else ("held",)
@@ -587,7 +600,7 @@ def configuration(run: Run, client, n: int, gib: float, log2: int, chunk: int, t
     h.wait_released(client, names)
     setting.free(client)
     if "axes" in paths:
-        tall(run, client, n, gib, chunk, total)
+        run.attempt(f"tall matrix of {n} x {gib:g} GiB, 2^{log2}", tall, client, n, gib, chunk, total)
 
 
 def tall(run: Run, client, n: int, gib: float, chunk: int, total: int) -> None:
@@ -646,12 +659,13 @@ def main(argv=None):
                 for kind in args.placements:
                     if kind != "dask" and n == 1:
                         continue  # one worker: the same as Dask's placement
-                    if not run.over_budget(f"{n} x {gib:g} GiB, 2^{log2}, {kind}"):
-                        configuration(run, client, n, gib, log2, chunk, total, kind)
+                    what = f"{n} x {gib:g} GiB, 2^{log2}, {kind}"
+                    if not run.over_budget(what):
+                        run.attempt(what, configuration, client, n, gib, log2, chunk, total, kind)
             if "axes" in args.paths and "dask" in args.placements and not run.over_budget(f"field on {n} workers"):
-                field(run, client, n)
+                run.attempt(f"field on {n} workers", field, client, n)
     env = {"date": time.strftime("%Y-%m-%d %H:%M"), "workers": setting.available, "device": setting.device,
-           "seconds": round(time.time() - run.started, 1), "args": vars(args), "skipped_for_budget": run.skipped}
+           "seconds": round(time.time() - run.started, 1), "args": vars(args), "left_out": run.skipped}
     # a CPU smoke run never replaces the GPU tables in docs/
     out_dirs = ([] if args.cpu else [ROOT / "docs"]) + [Path(os.environ.get("OUT") or "/tmp")]
     write(run.rows, env, out_dirs, "bench_multigpu_scaling" if args.scaling else "bench_multigpu_latest")

@@ -4,7 +4,7 @@
 # says what it measures) or pytest.
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it),
-# bench (reduce, scan, summary), sweep (sweep-scan), small (reduce --profile small), profile (ncu on
+# bench (reduce, scan, summary; BENCH_ARGS="--quick" narrows it), sweep (sweep-scan), small (reduce --profile small), profile (ncu on
 # scan --profile), segprofile (ncu on segments --profile kernels), segcall (segments --profile call),
 # statscall (stats --profile call), statskernels (stats --profile kernels), pending (the exact sum and
 # scan tests alone, Dask arrays of CuPy chunks included), stats (statistics GPU tests and the stats suite),
@@ -160,8 +160,10 @@ if has tests; then
   tail -n 3 "$OUT/gpu-tests.log"; tail -n 3 "$OUT/gpu-large.log"
 fi
 if has bench; then
-  python3 -m benchmarks reduce > "$OUT/bench-reduce.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-reduce.log"; }
-  python3 -m benchmarks scan > "$OUT/bench-scan.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-scan.log"; }
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of options (--quick: two sizes)
+  python3 -m benchmarks reduce ${BENCH_ARGS:-} > "$OUT/bench-reduce.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-reduce.log"; }
+  # shellcheck disable=SC2086
+  python3 -m benchmarks scan ${BENCH_ARGS:-} > "$OUT/bench-scan.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-scan.log"; }
   python3 -m benchmarks summary "$OUT" || rc=1
 fi
 # the device returns at most 8 files: more than that travel as one archive

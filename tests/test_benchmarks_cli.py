@@ -83,7 +83,7 @@ def test_multigpu_presets_and_explicit_options():
     full = multigpu.parse([])
     assert (full.gpus, full.per_gpu_gib, full.chunk_log2, full.placements) == ("all", "8", "24,26,28",
                                                                               ("dask", "contiguous"))
-    assert full.field_shape == (721, 1440) and full.field_chunk_steps == 165
+    assert full.field_shape == (721, 1440) and full.field_chunk_steps == 166
     assert 8760 * 721 * 1440 <= full.field_gib * 4 * 2**30 // 4 < 8761 * 721 * 1440  # 8760 steps on 4 GPUs
     quick = multigpu.parse(["--quick", "--gpus", "2"])
     assert (quick.gpus, quick.paths, quick.budget_s, quick.timeout_s) == ("2", ("held",), 170.0, 10.0)
@@ -97,7 +97,10 @@ def test_multigpu_presets_and_explicit_options():
 
 @pytest.mark.parametrize("argv, named", [(["--paths", "held,axis"], "--paths"), (["--paths", ""], "--paths"),
                                          (["--placements", "lazy"], "--placements"), (["--repeats", "0"], "--repeats"),
-                                         (["--field-shape", "721"], "--field-shape"), (["--profile", "x"], "--profile")])
+                                         (["--field-shape", "721"], "--field-shape"), (["--profile", "x"], "--profile"),
+                                         (["--gpus", "2,x"], "--gpus"), (["--gpus", "0"], "--gpus"),
+                                         (["--per-gpu-gib", "-1"], "--per-gpu-gib"), (["--chunk-log2", "2.5"], "--chunk-log2"),
+                                         (["--tall-cols", "0"], "--tall-cols"), (["--timeout-s", "0"], "--timeout-s")])
 def test_multigpu_bad_options_are_refused_before_any_work(argv, named, capsys):
     with pytest.raises(SystemExit):
         multigpu.parse(argv)
@@ -167,7 +170,7 @@ def test_multigpu_paths_on_a_cpu_cluster(tmp_path):
     memory = [r for r in rows if r["path"] == "memory"]
     assert all(r["peak_rss"] >= 0 and len(r["memory_above_baseline"]) == 2 for r in memory)
     field = next(r for r in rows if r["impl"] == "mr.mean(f, axis=0).compute()")
-    assert field["chunk"] == "165x9x16"  # 745 time steps: 4 chunks of 165 and one of 85
+    assert field["chunk"] == "166x9x16"  # 745 time steps: 4 chunks of 166 and one of 81
     # the short table printed last: one line per timed row, as wide as its header
     short = _tables(run.stdout)[-1]
     assert short[0] == ["workers", "GiB/worker", "chunk", "placement", "chunks/worker", "impl", "ms", "x dask", "ok"]
