@@ -84,18 +84,13 @@ SCALING_IMPLS = ("dask.array.sum", "mr.sum().compute()", "mr.sum(compute=True)",
 PRESETS = {
     "default": dict(gpus="all", per_gpu_gib="8", chunk_log2="24,26,28", repeats=5, timeout_s=60.0, budget_s=0.0,
                     placements="dask,contiguous", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
-                    dask_cumsum_methods="sequential,blelloch", field_gib=8.4704, field_shape="721,1440",
+                    dask_cumsum_methods="sequential", field_gib=8.4704, field_shape="721,1440",
                     field_chunk_steps=166, tall_cols=32),
-    # 4 GPUs first: the targets are there, and the budget cuts what comes last. blelloch never finished in
-    # 10 s on CuPy chunks in any GPU run, and its cancelled tasks kept the workers busy so that every row
-    # after it timed out: asked for by name only.
+    # 4 GPUs first: the targets are there, and the budget cuts what comes last
     "quick": dict(gpus="all,1", per_gpu_gib="8,32", chunk_log2="26,28", repeats=3, timeout_s=10.0, budget_s=170.0,
-                  paths="held", dask_cumsum_methods="sequential"),
-    "scaling": dict(gpus="powers", per_gpu_gib="8,24,32", chunk_log2="26", placements="dask,balanced",
-                    paths="held", dask_cumsum_methods="sequential"),
-    # blelloch timed out on the CPU too (60 s on 40 chunks of 1 MB): not in the smoke run
-    "cpu": dict(gpus="1,2", per_gpu_gib="0.01", chunk_log2="18", repeats=3, dask_cumsum_methods="sequential",
-                field_gib=0.0005, field_shape="9,16"),
+                  paths="held"),
+    "scaling": dict(gpus="powers", per_gpu_gib="8,24,32", chunk_log2="26", placements="dask,balanced", paths="held"),
+    "cpu": dict(gpus="1,2", per_gpu_gib="0.01", chunk_log2="18", repeats=3, field_gib=0.0005, field_shape="9,16"),
     "cpu-scaling": dict(per_gpu_gib="0.004,0.008"),
     "profile-phases": dict(gpus="4"),
     "cpu-profile-phases": dict(gpus="4", chunk_log2="10"),
@@ -118,7 +113,10 @@ def parse(argv=None):
     p.add_argument("--budget-s", type=float, help="start no new configuration after this many seconds (default: none)")
     p.add_argument("--placements", help=f"any of {', '.join(PLACEMENTS)} (default dask,contiguous)")
     p.add_argument("--dask-cumsum-max-gib", type=float, help="skip dask's cumsum above this per GPU (default 8)")
-    p.add_argument("--dask-cumsum-methods", help="da.cumsum methods (default sequential,blelloch)")
+    # blelloch never finished in 10 s on CuPy chunks in any GPU run (60 s on 40 chunks of 1 MB on the CPU),
+    # and its cancelled tasks kept the workers busy so that every row after it timed out: by name only
+    p.add_argument("--dask-cumsum-methods", help="da.cumsum methods of the held rows, comma-separated: sequential "
+                                                 "and/or blelloch (default sequential)")
     p.add_argument("--field-gib", type=float, help="axes path: the field's GiB per GPU (default 8.4704: 8760 steps "
                                                    "of 721 x 1440 on 4 GPUs)")
     p.add_argument("--field-shape", help="axes path: lat,lon of the field (default 721,1440)")
@@ -141,7 +139,9 @@ def parse(argv=None):
              ("--gpus", args.gpus, lambda t: t in ("all", "powers") or int(t) > 0, "worker counts > 0, all or powers"),
              ("--per-gpu-gib", args.per_gpu_gib, lambda t: float(t) > 0, "sizes > 0"),
              ("--chunk-log2", args.chunk_log2, lambda t: 0 <= int(t) <= 40, "whole numbers 0..40"),
-             ("--field-shape", args.field_shape, lambda t: int(t) > 0, "two whole numbers > 0, lat,lon")]
+             ("--field-shape", args.field_shape, lambda t: int(t) > 0, "two whole numbers > 0, lat,lon"),
+             ("--dask-cumsum-methods", args.dask_cumsum_methods, lambda t: t in ("sequential", "blelloch"),
+              "sequential and/or blelloch")]
     for option, text, good, expected in lists:
         try:
             right = all(good(t) for t in str(text).split(",")) and (option != "--field-shape" or text.count(",") == 1)
@@ -655,6 +655,9 @@ def main(argv=None):
         if run.over_budget(f"{n} workers"):
             continue
         with setting.cluster(n) as cluster, distributed.Client(cluster) as client:
+            # the field first: it is one configuration per worker count, and the budget cuts what comes last
+            if "axes" in args.paths and "dask" in args.placements and not run.over_budget(f"field on {n} workers"):
+                run.attempt(f"field on {n} workers", field, client, n)
             for gib, log2, chunk, total in float32_sizes(args, n):
                 for kind in args.placements:
                     if kind != "dask" and n == 1:
@@ -662,8 +665,6 @@ def main(argv=None):
                     what = f"{n} x {gib:g} GiB, 2^{log2}, {kind}"
                     if not run.over_budget(what):
                         run.attempt(what, configuration, client, n, gib, log2, chunk, total, kind)
-            if "axes" in args.paths and "dask" in args.placements and not run.over_budget(f"field on {n} workers"):
-                run.attempt(f"field on {n} workers", field, client, n)
     env = {"date": time.strftime("%Y-%m-%d %H:%M"), "workers": setting.available, "device": setting.device,
            "seconds": round(time.time() - run.started, 1), "args": vars(args), "left_out": run.skipped}
     # a CPU smoke run never replaces the GPU tables in docs/

@@ -75,8 +75,8 @@ fi
 if has paths; then
 # the new rows beside the held ones, Dask's placement, 8 GiB per GPU, chunks 2^24 / 2^26 / 2^28; the short
 # table printed last, the full one and the memory table in $OUT/bench_multigpu_latest.md
-timeout ${MR_PATHS_TIMEOUT:-480} python3 -m benchmarks multigpu --paths all --placements dask --repeats 3 --timeout-s 30 \
-  --budget-s ${MR_PATHS_BUDGET:-330} "$@" > "$OUT/bench-multigpu-paths.log" 2>&1 || rc=1
+timeout ${MR_PATHS_TIMEOUT:-500} python3 -m benchmarks multigpu --paths all --placements dask --repeats 3 --timeout-s 30 \
+  --budget-s ${MR_PATHS_BUDGET:-360} "$@" > "$OUT/bench-multigpu-paths.log" 2>&1 || rc=1
 cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
 sed -n '/^Peak memory/,$p' "$OUT/bench-multigpu-paths.log"
 fi

@@ -100,7 +100,8 @@ def test_multigpu_presets_and_explicit_options():
                                          (["--field-shape", "721"], "--field-shape"), (["--profile", "x"], "--profile"),
                                          (["--gpus", "2,x"], "--gpus"), (["--gpus", "0"], "--gpus"),
                                          (["--per-gpu-gib", "-1"], "--per-gpu-gib"), (["--chunk-log2", "2.5"], "--chunk-log2"),
-                                         (["--tall-cols", "0"], "--tall-cols"), (["--timeout-s", "0"], "--timeout-s")])
+                                         (["--tall-cols", "0"], "--tall-cols"), (["--timeout-s", "0"], "--timeout-s"),
+                                         (["--dask-cumsum-methods", "scan"], "--dask-cumsum-methods")])
 def test_multigpu_bad_options_are_refused_before_any_work(argv, named, capsys):
     with pytest.raises(SystemExit):
         multigpu.parse(argv)
