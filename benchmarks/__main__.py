@@ -1,9 +1,8 @@
 """python -m benchmarks <suite> [options]: one entry point for every benchmark suite.
 
-``python -m benchmarks --help`` lists the suites; ``python -m benchmarks <suite> --help`` their options
-(no GPU needed: a suite imports CuPy only once its arguments are read). Profiles are options of the suite
-they profile (``--profile [NAME]``). ``benchmarks/run_gpu.sh`` and ``benchmarks/run_multigpu.sh`` run them
-on a GPU machine.
+"python -m benchmarks --help" lists the suites; "python -m benchmarks <suite> --help" their options (no
+GPU needed: a suite imports CuPy only once its arguments are read). Profiles are options of the suite they
+profile (--profile [NAME]). benchmarks/run_gpu.sh and benchmarks/run_multigpu.sh run them on a GPU machine.
 """
 
 from __future__ import annotations
