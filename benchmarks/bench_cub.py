@@ -2,8 +2,8 @@
 (CUB is the reference for a GPU reduce, scan and segmented reduce; its determinism modes are the
 reference for what repeatable sums cost).
 
-    python benchmarks/bench_cub.py [--sizes 26,28] [--dtypes float32,float64] [--repeats 20] [--quick]
-                                   [--json PATH]
+    python -m benchmarks cub [--sizes 26,28] [--dtypes float32,float64] [--repeats 20] [--quick]
+                             [--json PATH]
 
 Families, each at every size and dtype (float32 and float64, random data in [-0.5, 0.5), 2^26 and
 2^28 elements: larger than L2):
@@ -66,13 +66,10 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-import harness as h  # noqa: E402
+from benchmarks import harness as h
 
 INSTALL = "pip install --no-index --find-links .whl-cccl cuda-cccl cuda-core cuda-bindings cuda-pathfinder"
 MODES = ("NOT_GUARANTEED", "RUN_TO_RUN", "GPU_TO_GPU")
@@ -104,13 +101,12 @@ def parse_dtype(text: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="CUB (cuda.compute) baselines side by side with multireduce")
+    parser = h.parser("cub", __doc__, quick="2^26 only, 5 repeats")
     parser.add_argument("--sizes", type=lambda s: [parse_size(p) for p in s.split(",") if p.strip()],
                         default=None, help="element counts: exponents or 2^k, comma separated (default 26,28)")
     parser.add_argument("--dtypes", type=lambda s: [parse_dtype(p) for p in s.split(",") if p.strip()],
                         default=None, help="float32,float64 (default both)")
     parser.add_argument("--repeats", type=int, default=None, help="timed samples per row (default 20)")
-    parser.add_argument("--quick", action="store_true", help="2^26 only, 5 repeats")
     parser.add_argument("--json", default=None, help="where the rows go (default $OUT/bench_cub.json)")
     args = parser.parse_args(argv)
     # explicit options win over --quick, so a quick run can still name its sizes
@@ -449,7 +445,7 @@ def _size_rows(cc, cupy, torch, dtype: np.dtype, n: int, repeats: int, refused: 
 def _segment_rows(cc, cupy, torch, xs, n: int, roof: float, repeats: int) -> list:
     import multireduce as mr
     # the segment counts and random lengths of the bench_segments table, so the two tables line up
-    from bench_segments import SEGMENTS, segment_case
+    from benchmarks.bench_segments import SEGMENTS, segment_case
 
     rows = []
     nbytes = 4 * n
@@ -486,6 +482,3 @@ def _segment_rows(cc, cupy, torch, xs, n: int, roof: float, repeats: int) -> lis
     cupy.get_default_memory_pool().free_all_blocks()
     return rows
 
-
-if __name__ == "__main__":
-    main()

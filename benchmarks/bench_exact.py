@@ -1,8 +1,9 @@
 """Exact sum/cumsum against the plain kernels (NumPy on the CPU; CuPy/torch and multireduce on a GPU).
 
-    python benchmarks/bench_exact.py [--quick] [--gpu]
-    python benchmarks/bench_exact.py --gpu-exact [--quick | --logs 26,28]
-    python benchmarks/bench_exact.py --gpu-exact-cumsum [--logs 24,26,28]
+    python -m benchmarks exact [--quick] [--gpu]
+    python -m benchmarks exact --gpu-exact [--quick | --logs 26,28]
+    python -m benchmarks exact --gpu-exact-cumsum [--logs 24,26,28]
+    python -m benchmarks exact --profile shapes [--quick] | terms | ncu | call | scan
 
 --gpu-exact: the exact GPU sum (kernels/exact.cuh) against our plain sum, cupy.sum and torch.sum on the
 same device array, float32/float64, 2^20..2^30 elements, uniform / normal / ill-conditioned (condition
@@ -17,16 +18,32 @@ medians; bandwidth counts the input read and the output written once; the goal: 
 Data: uniform, normal, and ill-conditioned (condition number ~1e16: large terms that cancel, leaving
 small ones). Prints one line per (device, dtype, data, n, function): best-of-3 seconds and the ratio
 to the plain sum/cumsum of the same input.
+
+Profiles (one GPU):
+
+- ``shapes``: where the exact sum kernel (kernels/exact.cuh) spends its time: its bandwidth at 2^26 and
+  2^28 against the plain sum for expansion lengths (TERMS), unrolls and blocks per SM (device_words'
+  blocks_per_sm knob, capped by the kernel's resident blocks per SM), on uniform, normal and range90 data
+  (``--quick``: 2^26 only, terms 4, unroll 2/4/8, blocks per SM 2/4/8).
+- ``terms``: 2^26, expansion lengths 4/6/8 on all four data kinds, each dtype's shipped unroll and the
+  next lower, 2/4 blocks per SM.
+- ``ncu``: one exact-sum launch pair per dtype at 2^26, for Nsight Compute.
+- ``call``: where the host time of one exact=True sum of CuPy data goes (the whole call minus the kernel is
+  what the "exact" row pays on top of "exact kernel"): cProfile of repeated calls at 2^20 float32, the
+  heaviest functions by own and by cumulative time.
+- ``scan``: where the exact GPU cumsum spends its time: each of device_cumsum's five steps (tile words,
+  the words' cumsum, seeds, pass 2, fallback walk) timed with CUDA events at 2^26 and 2^28 elements,
+  float32 and float64 uniform data, beside the plain mr.cumsum; median of 5.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
 import multireduce as mr
+from benchmarks import harness as h
 from multireduce import exact
 
 
@@ -189,16 +206,176 @@ def gpu_exact_cumsum(logs=None):
               f"| {r['cupy'][0]:.0f} | {r['exact'][1]:.2f} |")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="2^20..2^24 elements, cumsum at 2^18 (<= 90 s)")
+def _reshape_kernel(terms: int, unroll: dict) -> None:
+    from multireduce.backends import cupy_exact
+
+    cupy_exact.TERMS, cupy_exact.UNROLL = terms, unroll
+    cupy_exact._loaded.clear()
+
+
+def profile_shapes(quick: bool, terms_only: bool) -> list:
+    """``--profile shapes`` / ``terms``: the exact sum kernel's bandwidth against the plain sum for each
+    expansion length, unroll and blocks per SM; the best per case against the shipped shape last."""
+    import cupy
+
+    from multireduce.backends import cupy_backend, cupy_exact
+
+    shipped, shipped_unroll = (cupy_exact.TERMS, cupy_exact.BLOCKS_PER_SM), dict(cupy_exact.UNROLL)
+    sizes, terms_swept, unroll_swept, per_sm_swept = (
+        ((26,), (4,), (2, 4, 8), (2, 4, 8)) if quick else ((26, 28), (4, 6), (1, 2, 4, 8), (2, 3, 4, 8)))
+    kinds = ("uniform", "normal", "range90")
+    if terms_only:
+        sizes, terms_swept, per_sm_swept, kinds = (26,), (4, 6, 8), (2, 4), ("uniform", "normal", "ill", "range90")
+    for dtype in (np.float32, np.float64):
+        kernel = cupy_exact._kernel(dtype)
+        regs = getattr(kernel.fn, "attributes", {}).get("num_regs")
+        print(f"{np.dtype(dtype).name}: {regs} registers, resident blocks per SM "
+              f"{cupy_backend.scan_occupancy(kernel, cupy_exact.BLOCK)}", flush=True)
+    rows = []
+    for lg in sizes:
+        for dtype in (np.float32, np.float64):
+            for kind in kinds:
+                g = make_gpu(kind, 1 << lg, dtype)
+                flat = g.reshape(1, -1)
+                plain = median_ms(lambda: mr.sum(g), 15)
+                name = np.dtype(dtype).name
+                unrolls = ((shipped_unroll[name], max(1, shipped_unroll[name] // 2)) if terms_only
+                           else unroll_swept)
+                for terms in terms_swept:
+                    for unroll in unrolls:
+                        _reshape_kernel(terms, {**shipped_unroll, name: unroll})
+                        for per_sm in per_sm_swept:
+                            ms = median_ms(lambda: cupy_exact.device_words(flat, blocks_per_sm=per_sm), 15)
+                            rows.append((lg, name, kind, (terms, unroll, per_sm), ms, plain / ms))
+                            print(f"2^{lg} {name} {kind:8s} terms={terms} unroll={unroll} per_sm={per_sm:2d}: "
+                                  f"{ms:8.3f} ms {g.nbytes / ms / 1e6:7.0f} GB/s {plain / ms:5.2f} x plain", flush=True)
+                _reshape_kernel(shipped[0], shipped_unroll)
+                del g, flat
+                cupy.get_default_memory_pool().free_all_blocks()
+    by = {}
+    for lg, dt, kind, shape, ms, ratio in rows:
+        by.setdefault((lg, dt, kind), []).append((ratio, shape))
+    lines = []
+    for (lg, dt, kind), r in by.items():
+        best = max(r)
+        ship = (shipped[0], shipped_unroll[dt], shipped[1])
+        lines.append((f"2^{lg}", dt, kind, ", ".join(map(str, best[1])), f"{best[0]:.2f}",
+                      f"{next((x[0] for x in r if x[1] == ship), float('nan')):.2f}"))
+    print()
+    print(h.md_table(("n", "dtype", "data", "best terms, unroll, blocks/SM", "best x plain", "shipped x plain"), lines))
+    return rows
+
+
+def profile_ncu() -> None:
+    """``--profile ncu``: two exact-sum kernel launches per dtype at 2^26."""
+    import cupy
+
+    from multireduce.backends import cupy_exact
+
+    for dtype in (np.float32, np.float64):
+        g = make_gpu("normal", 1 << 26, dtype)
+        for _ in range(2):
+            cupy_exact.device_words(g.reshape(1, -1))
+    cupy.cuda.Device().synchronize()
+
+
+def profile_call() -> None:
+    """``--profile call``: host microseconds of the exact sum and its pieces, then cProfile of the call."""
+    import cupy
+
+    from multireduce.backends import cupy_exact
+
+    g = make_gpu("normal", 1 << 20, cupy.float32)
+    flat = g.reshape(1, -1)
+    for _ in range(5):
+        mr.sum(g, exact=True)
+    cupy.cuda.Device().synchronize()
+    calls = 300
+    for label, f in (("mr.sum(exact=True)", lambda: mr.sum(g, exact=True)),
+                     ("device_words + get", lambda: cupy_exact.device_words(flat).get()),
+                     ("cupy_exact.state_of", lambda: cupy_exact.state_of(g, (0,))),
+                     ("mr.sum", lambda: float(mr.sum(g)))):
+        start = time.perf_counter()
+        for _ in range(calls):
+            f()
+        cupy.cuda.Device().synchronize()
+        print(f"{label:22s} {1e6 * (time.perf_counter() - start) / calls:8.1f} us per call (host wall)")
+    for sort, lines in (("tottime", 18), ("cumulative", 25)):
+        print(h.cprofiled(lambda: mr.sum(g, exact=True), calls, sort, lines))
+
+
+def profile_scan() -> list:
+    """``--profile scan``: device_cumsum's five steps replayed and timed one by one, beside mr.cumsum."""
+    import cupy
+
+    from multireduce.backends import cupy_exact as ce
+
+    def steps(x, dt):
+        rows, n = x.shape
+        k = ce._scan_kernels(x.dtype, dt)
+        tile = ce.scan_tile(x.dtype, dt)
+        tiles = -(-n // tile)
+        count = rows * tiles
+        i64 = np.int64
+        words = cupy.zeros((rows, tiles + 1, ce.KTILEOUT), dtype=np.int64)  # slot 0 of a row: a zero carry
+        seeds = cupy.empty(count * 4, dtype=np.int64)
+        out = cupy.empty((rows, n), dtype=dt)
+        marked = cupy.empty(count, dtype=np.int32)
+        state = {}
+        yield "tile words", lambda: k["words"](int(min(-(-count // ce.SCAN_WARPS), 1 << 20)), ce.SCAN_WARPS * 32,
+                                               (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
+        yield "words cumsum (cupy)", lambda: state.__setitem__("cum", cupy.cumsum(words, axis=1))
+        yield "seeds", lambda: k["seeds"](int(min(-(-count // ce.SEED_BLOCK), 1 << 16)), ce.SEED_BLOCK,
+                                          (state["cum"], i64(count), i64(tiles), np.int32(0), seeds))
+        yield "pass 2", lambda: k["tiles"](int(min(count, (1 << 31) - 1)), ce.SCAN_BLOCK,
+                                           (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(0), out, marked))
+        yield "fallback walk", lambda: k["fallback"](int(min(count, ce._FALLBACK_GRID)), 32,
+                                                     (x, i64(rows), i64(n), i64(tile), i64(tiles), state["cum"],
+                                                      marked, out))
+
+    rows = []
+    header = ("dtype", "n", "step", "ms")
+    print(h.md_table(header, []), end="")
+    for dtype in (np.float32, np.float64):
+        for log in (26, 28):
+            x = cupy.random.random((1, 1 << log), dtype=np.float64).astype(dtype)
+            mr.cumsum(x[0], exact=True)  # load the kernels
+            total = 0.0
+            found = []
+            for name, fn in steps(x, np.dtype(dtype)):
+                ms = median_ms(fn, 5)  # its first call makes what the next step reads
+                total += ms
+                found.append((name, ms))
+            found += [("sum of steps", total), ("plain mr.cumsum", median_ms(lambda: mr.cumsum(x[0]), 5))]
+            for name, ms in found:
+                rows.append((np.dtype(dtype).name, f"2^{log}", name, f"{ms:.3f}"))
+                print(h.md_table(header, rows[-1:]).splitlines()[-1], flush=True)
+            del x
+            cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+PROFILES = {"shapes": "the exact sum kernel's terms, unroll and blocks per SM against the plain sum",
+            "terms": "expansion lengths 4/6/8 at 2^26 on four data kinds",
+            "ncu": "exact-sum launches for Nsight Compute",
+            "call": "host time of one exact sum, and cProfile",
+            "scan": "the exact cumsum's five steps, each timed"}
+
+
+def main(argv=None):
+    ap = h.parser("exact", __doc__, quick="2^20..2^24 elements, cumsum at 2^18 (<= 90 s); with --profile shapes: "
+                                          "2^26 only, fewer shapes", profiles=PROFILES)
     ap.add_argument("--gpu", action="store_true", help="also time CuPy input (cupy.sum, torch.sum, mr.sum)")
     ap.add_argument("--gpu-exact", action="store_true",
                     help="exact GPU sum vs plain/cupy/torch sums, CUDA-event medians, table last")
     ap.add_argument("--gpu-exact-cumsum", action="store_true",
                     help="exact GPU cumsum vs mr.cumsum/cupy.cumsum, CUDA-event medians, table last")
     ap.add_argument("--logs", default=None, help="with --gpu-exact(-cumsum): sizes as powers of two, e.g. 26,28")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.profile in ("shapes", "terms"):
+        return profile_shapes(args.quick, args.profile == "terms")
+    if args.profile:
+        return {"ncu": profile_ncu, "call": profile_call, "scan": profile_scan}[args.profile]()
     if args.gpu_exact_cumsum:
         gpu_exact_cumsum([int(v) for v in args.logs.split(',')] if args.logs else None)
         return
@@ -250,6 +427,3 @@ def main():
                 line += f" cumsum(accumulate='wide') {t_wide:.4f}s ({t_wide / t_plain:.2f}x)"
             print(line)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,24 +1,26 @@
 """Reductions side by side: multireduce (auto and every catalogue rung), cupy, torch, the copy roof; and
 float32 sums accumulated in float32 vs float64 (one launch each, the production kernel), 2^20 .. 2^30.
 
-    python benchmarks/bench_reduce.py [--quick] [--accumulate-only]
+    python -m benchmarks reduce [--quick] [--accumulate-only]
+    python -m benchmarks reduce --profile small
 
 ``--accumulate-only`` runs the accumulator comparison alone: what decides dtypes.WIDE_FLOAT32_ON_GPU.
+
+``--profile small``: where a small reduce spends its time, host microseconds per call for each piece of
+the path. For float32 inputs of 2^10 and 2^20 elements: the whole call (multireduce.sum, cupy.sum,
+torch.sum), then the pieces it is made of: allocating the 0-d result, one launch of our reduce kernel with
+its arguments ready, one launch of an empty kernel, and synchronizing an idle stream. "pipelined" is the
+host time per call of 2000 back-to-back calls; "latency" the median of single calls each followed by a
+stream synchronize (what the suite reports as sum-latency).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-import harness as h  # noqa: E402
-
-import multireduce as mr  # noqa: E402
-from multireduce.catalogue import REDUCE_ALGORITHMS  # noqa: E402
+import multireduce as mr
+from benchmarks import harness as h
+from multireduce.catalogue import REDUCE_ALGORITHMS
 
 
 def accumulators(cupy, quick: bool, roof: dict[int, float]) -> list:
@@ -55,8 +57,58 @@ def accumulators(cupy, quick: bool, roof: dict[int, float]) -> list:
     return rows
 
 
+def profile_small() -> list:
+    """``--profile small``: host microseconds per call of a small sum and of each piece of its path."""
+    import cupy
+
+    from multireduce.backends import cupy_backend as cb
+    from multireduce.operators import get_operator
+
+    rows = []
+    _, torch = h.gpu_modules()
+    noop = cupy.RawKernel('extern "C" __global__ void noop() {}', "noop")
+    op = get_operator("sum")
+    for log2n in (10, 20):
+        n = 1 << log2n
+        x = cupy.random.random(n, dtype=cupy.float32) - 0.5
+        ref = float(x.astype(cupy.float64).sum())
+        got = float(mr.sum(x))
+        assert abs(got - ref) <= 1e-5 * n, (got, ref)
+        whole = cb.bind(op, x.dtype, np.dtype(np.float32), np.dtype(np.float32))
+        kernel, (per_block, max_grid, block), _ = whole._bind(cupy.cuda.runtime.getDevice())
+        fn, grid, block = kernel.fn, min(-(-n // per_block), max_grid), (block,)
+        out = cupy.empty((), np.float32)
+        partials, counter = cb._workspace(grid, np.dtype(np.float32))
+        args = (x, np.int64(n), np.float32(0), partials if grid > 1 else out, out, counter)
+        pieces = {
+            "multireduce.sum(x)": lambda: mr.sum(x),
+            "cupy.sum(x)": lambda: cupy.sum(x),
+            "bound launcher(x) (no API layer)": lambda: whole(x),
+            "cupy.empty((), float32)": lambda: cupy.empty((), np.float32),
+            "our reduce kernel, args ready": lambda: fn((grid,), block, args),
+            "empty kernel launch": lambda: noop((1,), (32,), ()),
+            "get_current_stream + getDevice": lambda: (cupy.cuda.get_current_stream().ptr,
+                                                      cupy.cuda.runtime.getDevice()),
+            "stream.synchronize (idle)": lambda: None,
+        }
+        if torch is not None:
+            t = torch.as_tensor(x, device="cuda")
+            pieces["torch.sum(t)"] = lambda: torch.sum(t)
+        for name, f in pieces.items():
+            pipelined, latency = h.per_call_us(f)
+            rows.append((f"2^{log2n}", name, pipelined, latency))
+            print(f"2^{log2n:<3} {name:34} pipelined {pipelined:6.2f} us   latency {latency:6.2f} us", flush=True)
+    print()
+    print(h.host_table(("n", "what"), rows))
+    return rows
+
+
 def main(argv=None) -> list:
-    cupy, torch, args, env = h.setup("reductions side by side", argv, only="accumulate")
+    return h.run_suite("reduce", __doc__, argv, run, quick="two sizes only", only="accumulate",
+                       profiles={"small": ("host microseconds of a small sum, piece by piece", profile_small)})
+
+
+def run(args, cupy, torch, env) -> list:
     roof: dict[int, float] = {}
     rows: list[h.Row] = accumulators(cupy, args.quick, roof)
     for r in rows:
@@ -130,6 +182,3 @@ def main(argv=None) -> list:
            {k // 4: v for k, v in roof.items()}, f"sum, {env.get('device')}")
     return rows
 
-
-if __name__ == "__main__":
-    main()

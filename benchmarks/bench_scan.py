@@ -2,25 +2,23 @@
 the look-back's variants in one run: free vs fixed (deterministic) for float32, float64 and int32 -> int64,
 and float32 accumulated in float32 vs float64, 2^24 .. 2^30 elements, each as a ratio to the copy roof.
 
-    python benchmarks/bench_scan.py [--quick] [--lookback-only]
+    python -m benchmarks scan [--quick] [--lookback-only]
+    python -m benchmarks scan --profile       # one look-back scan and one reduce at 2^28 float32, for ncu
 
 ``--lookback-only`` runs the variants section alone (what picks the defaults: the fixed
 look-back must reach >= 0.97 x the free one's throughput; dtypes.WIDE_FLOAT32_ON_GPU waits for "wide"
 to cost nothing measurable).
+
+``--profile`` (``ncu``) launches mr.cumsum and mr.sum of the same 2^28 float32 array three times each and
+nothing else timed: the launches ``benchmarks/run_gpu.sh profile`` hands to Nsight Compute.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-import harness as h  # noqa: E402
-
-import multireduce as mr  # noqa: E402
+import multireduce as mr
+from benchmarks import harness as h
 
 
 def lookback_variants(cupy, quick: bool, roof: dict[int, float]) -> list:
@@ -100,8 +98,23 @@ def summary(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def profile_ncu() -> None:
+    """``--profile``: one look-back scan and one vectorized reduce at 2^28 float32, three times each."""
+    import cupy
+
+    x = cupy.random.random(1 << 28, dtype=cupy.float32)
+    for _ in range(3):
+        mr.cumsum(x)
+        mr.sum(x)
+    cupy.cuda.Device().synchronize()
+
+
 def main(argv=None) -> list:
-    cupy, torch, args, env = h.setup("scans side by side", argv, only="lookback")
+    return h.run_suite("scan", __doc__, argv, run, quick="two sizes only", only="lookback",
+                       profiles={"ncu": ("launches of one scan and one reduce for Nsight Compute", profile_ncu)})
+
+
+def run(args, cupy, torch, env) -> list:
     roof: dict[int, float] = {}
     rows: list[h.Row] = lookback_variants(cupy, args.quick, roof)
     print(summary(rows))
@@ -151,6 +164,3 @@ def main(argv=None) -> list:
     h.plot([r for r in rows if r.family == "cumsum"], "bench_scan", {}, f"cumsum, {env.get('device')}")
     return rows
 
-
-if __name__ == "__main__":
-    main()

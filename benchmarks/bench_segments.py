@@ -15,30 +15,93 @@ copy roof, as the other reduction tables do, and the note adds offsets and resul
 the data read and written (2 * n * 4 bytes), as the scan tables do. "cupy cumsum (no segments)" is
 CuPy's plain float32 scan of the same data, for scale.
 
-    python benchmarks/bench_segments.py [--quick]
+    python -m benchmarks segments [--quick]
+    python -m benchmarks segments --profile kernels | call
+
+``--profile kernels`` (for ncu, ``benchmarks/run_gpu.sh segprofile``): segment_reduce and segment_scan at
+2^28 float32 with 10^3, 10^5 and 10^7 random segments, where the segmented kernels lose against the copy
+roof. Each kernel runs once per configuration, so the ncu report has one entry per kernel and
+configuration: the modules are compiled beforehand without launching anything, and the backend is
+called directly (no offset check). Launches matching "segment_", in order, per segment count:
+segment_tile_starts, segment_reduce_tiles, segment_carry_totals, segment_carry_apply (the reduction),
+segment_tile_starts, segment_scan_tiles (the one-pass scan); at 10^5 segments also the deterministic
+scan: segment_tile_starts, segment_scan_tiles (totals), segment_carry_totals, segment_carry_apply,
+segment_scan_tiles (rescan). 23 launches in all (run_gpu.sh profiles 24).
+
+``--profile call`` (``benchmarks/run_gpu.sh segcall``): where mr.segment_reduce / mr.segment_scan spend
+host time: the public call against the backend's kernels alone, at a size where the host dominates (2^16
+float32, 10^3 segments), single-call latency (time_host) and pipelined device time (time_gpu), then a
+cProfile of the public call.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import itertools
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-import harness as h  # noqa: E402
-
-import multireduce as mr  # noqa: E402
-from multireduce.backends import cupy_segment  # noqa: E402
-from multireduce.operators import get_operator  # noqa: E402
+import multireduce as mr
+from benchmarks import harness as h
+from multireduce.backends import cupy_segment
+from multireduce.operators import get_operator
 
 SEGMENTS = (10**3, 10**5, 10**7)
 TARGET = {10**3: 0.8, 10**5: 0.8, 10**7: 0.5}  # the goal per segment count: fraction of copy bandwidth
 
 
+def profile_kernels() -> None:
+    """``--profile kernels``: each segment kernel launched once per segment count, for ncu."""
+    import cupy
+
+    n = 1 << 28
+    f32 = np.dtype(np.float32)
+    op = get_operator("sum")
+    for names in (cupy_segment.segment_names(f32, f32, op), cupy_segment.scan_names(f32, f32, f32, op),
+                  cupy_segment.scan_names(f32, f32, f32, op, deterministic=True)):
+        cupy_segment._kernels_for(op, names)  # compile now: no launch before the measured ones
+    x = cupy.random.random(n, dtype=cupy.float32)
+    rng = np.random.default_rng(0)
+    for m in SEGMENTS:
+        offsets = cupy.asarray(np.sort(rng.choice(n, size=m, replace=False)).astype(np.int64))
+        cupy_segment.segment_reduce(x, offsets, op, f32)
+        cupy_segment.segment_scan(x, offsets, op, f32, f32, deterministic=False)
+        if m == 10**5:
+            cupy_segment.segment_scan(x, offsets, op, f32, f32, deterministic=True)
+        cupy.cuda.Device().synchronize()
+
+
+def profile_call() -> None:
+    """``--profile call``: host latency and pipelined device time of the public segment calls against the
+    kernels alone, then cProfile of 500 public calls."""
+    import cupy
+
+    n, m = 1 << 16, 1000
+    rng = np.random.default_rng(0)
+    xs = [cupy.asarray(rng.random(n, dtype=np.float32)) for _ in range(4)]
+    starts = cupy.asarray(np.sort(rng.choice(n, m, replace=False)).astype(np.int64))
+    op, f32 = get_operator("sum"), np.dtype(np.float32)
+    impls = {"mr.segment_reduce": lambda v: mr.segment_reduce(v, starts),
+             "kernels (segment_reduce)": lambda v: cupy_segment.segment_reduce(v, starts, op, f32),
+             "mr.segment_scan": lambda v: mr.segment_scan(v, starts),
+             "kernels (segment_scan)": lambda v: cupy_segment.segment_scan(v, starts, op, f32, f32),
+             "cupy.sum (reference launch)": lambda v: cupy.sum(v)}
+    print(h.md_table(("call", "host latency us", "pipelined device us"),
+                     ((name, f"{h.time_host(fn, xs, repeats=200) * 1e3:.1f}", f"{h.time_gpu(fn, xs, repeats=20) * 1e3:.1f}")
+                      for name, fn in impls.items())))
+    for name in ("mr.segment_reduce", "mr.segment_scan"):
+        inputs = itertools.cycle(xs)
+        text = h.cprofiled(lambda: impls[name](next(inputs)), 500)
+        cupy.cuda.Device().synchronize()
+        print(f"\n### {name}: cProfile of 500 calls (tottime)\n" + "\n".join(text.splitlines()[6:30]))
+
+
 def main(argv=None) -> list:
-    cupy, torch, args, env = h.setup("segmented sums and scans side by side", argv)
+    return h.run_suite("segments", __doc__, argv, run, quick="2^24 elements",
+                       profiles={"kernels": ("each segment kernel once per segment count, for ncu", profile_kernels),
+                                 "call": ("host time of one segment call, and cProfile", profile_call)})
+
+
+def run(args, cupy, torch, env) -> list:
     rows: list[h.Row] = []
     n = 1 << (28 if not args.quick else 24)
     nbytes = 4 * n
@@ -168,6 +231,3 @@ def _scan_rows(cupy, xs, n: int, copy: float) -> list:
         cupy.get_default_memory_pool().free_all_blocks()
     return rows
 
-
-if __name__ == "__main__":
-    main()

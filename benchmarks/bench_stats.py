@@ -5,26 +5,36 @@ float64 at 2^26 and 2^28 elements (far above L2), with the copy roof (bytes read
 beside each row. Every timed result is checked against a reference first. Segmented reductions are
 benchmarks/bench_segments.py.
 
-    python benchmarks/bench_stats.py [--quick]     # --quick: 2^24 and 2^26 only
+    python -m benchmarks stats [--quick]     # --quick: 2^24 and 2^26 only
+    python -m benchmarks stats --profile call | kernels
 
 The table printed last is one line per (statistic, dtype, n): our ratio to the copy roof and to the
 fastest of CuPy and torch (> 1: faster).
+
+``--profile call``: the host cost of one statistics call on CuPy input (is a statistic at 2^26 elements
+host-bound?). For each statistic on a float32 CuPy array of 2^10 elements (the GPU time is then
+negligible): "pipelined" is the host time per call of 2000 back-to-back calls (a call whose GPU time is
+shorter than this is host-bound in this suite's pipelined timing), "latency" the median of single calls
+each followed by a stream synchronize; then cProfile of 2000 calls of argmax, var and nanmax, the 18
+functions with the most own time.
+
+``--profile kernels``: where a whole-array statistic's GPU time goes at 2^26 and 2^28 elements: the rows
+kernel alone (at several grid sizes), rows + fold (what a call launches), the whole call, and our sum
+beside them, each timed as a pipeline of launches with CUDA events, with the copy roof.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-import harness as h  # noqa: E402
+import multireduce as mr
+from benchmarks import harness as h
 
-import multireduce as mr  # noqa: E402
+#: the statistics whose host cost ``--profile call`` measures
+CALL_STATS = ("sum", "mean", "argmax", "argmin", "var", "std", "nansum", "nanmax", "nanmean", "any", "count_nonzero")
 
 
 def _families(cupy, torch):
@@ -117,8 +127,86 @@ def _data(cupy, kind, n, dtype, seed):
     return x
 
 
+def profile_call() -> list:
+    """``--profile call``: host microseconds of each statistic at 2^10 elements, then cProfile of three."""
+    import cupy
+
+    x = cupy.random.random(1 << 10, dtype=cupy.float32) - 0.25
+    rows = []
+    for name in CALL_STATS:
+        fn = getattr(mr, name)
+        pipelined, latency = h.per_call_us(lambda: fn(x))
+        rows.append((f"multireduce.{name}", pipelined, latency))
+        print(f"{name:16} pipelined {pipelined:7.2f} us   latency {latency:7.2f} us", flush=True)
+    for name in ("argmax", "var", "nanmax", "sum"):
+        peer = getattr(cupy, name)
+        rows.append((f"cupy.{name}", *h.per_call_us(lambda: peer(x))))
+    for name in ("argmax", "var", "nanmax"):
+        fn = getattr(mr, name)
+        text = h.cprofiled(lambda: fn(x), 2000)
+        print(f"\n=== cProfile, 2000 x multireduce.{name}\n" + "\n".join(text.splitlines()[4:]))
+    print()
+    print(h.host_table(("call (float32, 2^10)",), rows))
+    return rows
+
+
+def profile_kernels() -> list:
+    """``--profile kernels``: the statistics kernels' GPU time, piece by piece, against the copy roof."""
+    import cupy
+
+    from multireduce.backends import cupy_stats as cs
+
+    device = cupy.cuda.runtime.getDevice()
+    sms = cs._sm_count(device)
+    rows = []
+    header = ("stat", "dtype", "n", "what", "ms", "x copy")
+    print(h.md_table(header, []), end="")
+
+    def row(stat, dtype, log2n, what, ms, roof):  # each line as it is measured
+        rows.append((stat, np.dtype(dtype).name, f"2^{log2n}", what, f"{ms:.4f}", f"{roof / ms:.3f}"))
+        print(h.md_table(header, rows[-1:]).splitlines()[-1], flush=True)
+
+    for log2n in (26, 28):
+        n = 1 << log2n
+        for dtype in (np.float32, np.float64):
+            xs = h.buffers(lambda i: cupy.random.random(n, dtype=dtype), n * np.dtype(dtype).itemsize)
+            roof = n * np.dtype(dtype).itemsize / (h.copy_roof(n * np.dtype(dtype).itemsize) * 1e6)
+            row("copy", dtype, log2n, "read at copy speed", roof, roof)
+            row("sum", dtype, log2n, "call", h.time_gpu(mr.sum, xs), roof)
+            for stat in ("argmax", "var", "any"):
+                ks = cs._kernels_for(stat, np.dtype(dtype), device)
+                sdt = cs.state_dtype(stat, dtype)
+                per_block = cs.BLOCK * (16 // np.dtype(dtype).itemsize) * cs.ROW_UNROLL
+                parts = cupy.empty(16 * sms * sdt.itemsize, dtype=np.uint8)
+                out = cupy.empty((), cs.result_dtype(stat, dtype))
+
+                def rows_kernel(x, splits):
+                    ks["rows"](splits, cs.BLOCK, (x, np.int64(n), np.int64(0), np.int64(n), np.int32(splits), parts))
+
+                for per_sm in (2, 3, 4, 5, 6, 8):
+                    splits = min(per_sm * sms, -(-n // per_block))
+                    row(stat, dtype, log2n, f"rows kernel, {per_sm} blocks/SM",
+                        h.time_gpu(lambda x, s=splits: rows_kernel(x, s), xs), roof)
+                splits = min(cs.BLOCKS_PER_SM * sms, -(-n // per_block))
+
+                def both(x):
+                    rows_kernel(x, splits)
+                    ks["fold"](1, cs.BLOCK, (parts, np.int64(1), np.int64(splits), np.int64(1), np.int64(0), np.uint64(0),
+                                             out, np.float64(0), np.int32(cs._MOMENTS.get(stat, 0))))
+
+                row(stat, dtype, log2n, "rows + fold", h.time_gpu(both, xs), roof)
+                row(stat, dtype, log2n, "call", h.time_gpu(getattr(mr, stat), xs), roof)
+            del xs
+    return rows
+
+
 def main(argv=None) -> list:
-    cupy, torch, args, env = h.setup("statistics side by side", argv)
+    return h.run_suite("stats", __doc__, argv, run, quick="2^24 and 2^26 only",
+                       profiles={"call": ("host microseconds of one statistics call, and cProfile", profile_call),
+                                 "kernels": ("the statistics kernels' GPU time, piece by piece", profile_kernels)})
+
+
+def run(args, cupy, torch, env) -> list:
     sizes = [1 << 24, 1 << 26] if args.quick else [1 << 26, 1 << 28]
     rows: list[h.Row] = []
     summary = []
@@ -152,13 +240,10 @@ def main(argv=None) -> list:
     h.save(rows, "bench_stats", env)
     print(h.markdown(rows, columns=("family", "impl", "dtype", "n", "ms", "gbps", "ratio_copy", "ok", "note")))
     print("\nSummary (target: >= 0.9 x copy roof, and >= 1 x the fastest of CuPy/torch)\n")
-    print("| statistic | dtype | n | ms | x copy roof | fastest other | x fastest other |\n|---|---|---|---|---|---|---|")
-    for family, dt, n, ours, roof, other in summary:
-        speed = other[1] / ours if ours and other else math.nan
-        print(f"| {family} | {dt} | 2^{int(math.log2(n))} | {ours or math.nan:.4g} | {roof:.3f} | "
-              f"{other[0] if other else '-'} {other[1] if other else math.nan:.4g} | {speed:.3f} |")
+    print(h.md_table(("statistic", "dtype", "n", "ms", "x copy roof", "fastest other", "x fastest other"),
+                     ((family, dt, h.log2_text(n), f"{ours or math.nan:.4g}", f"{roof:.3f}",
+                       f"{other[0] if other else '-'} {other[1] if other else math.nan:.4g}",
+                       f"{other[1] / ours if ours and other else math.nan:.3f}")
+                      for family, dt, n, ours, roof, other in summary)))
     return rows
 
-
-if __name__ == "__main__":
-    main()

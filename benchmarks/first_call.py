@@ -1,7 +1,7 @@
 """First-call cost: each built-in reduction and scan in a fresh process with empty kernel caches, against
 CuPy's own function in the same conditions, and what ``import multireduce`` adds to ``import cupy``.
 
-    python benchmarks/first_call.py [--dtype float32] [--n 1048576] [--no-prebuilt]
+    python -m benchmarks first-call [--dtype float32] [--n 1048576] [--no-prebuilt]
 
 Every measurement runs in its own subprocess whose CUPY_CACHE_DIR (and MULTIREDUCE_KERNEL_CACHE) is a new
 empty directory, so nothing compiled by an earlier run is reused. "first call" is the wall time of the
@@ -12,13 +12,14 @@ MULTIREDUCE_NO_PREBUILT=1, to see what the run-time compiler costs without the s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks import harness as h
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,33 +71,28 @@ def run(which: str, name: str, dtype: str, n: int, prebuilt: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = h.parser("first-call", __doc__)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--n", type=int, default=1 << 20)
     parser.add_argument("--no-prebuilt", action="store_true")
     parser.add_argument("--functions", default=",".join(FUNCTIONS), help="comma-separated subset of: " + ", ".join(FUNCTIONS))
     args = parser.parse_args(argv)
-    print(f"| function ({args.dtype}, n={args.n}) | multireduce first ms | CuPy first ms | ratio | "
-          f"multireduce second ms | prebuilt modules loaded | NVRTC runs (ours / CuPy's) |")
-    print("|---|---|---|---|---|---|---|")
+    header = (f"function ({args.dtype}, n={args.n})", "multireduce first ms", "CuPy first ms", "ratio",
+              "multireduce second ms", "prebuilt modules loaded", "NVRTC runs (ours / CuPy's)")
+    print(h.md_table(header, []), end="")
     imports = []
     for name in args.functions.split(","):
         ours = run("multireduce", name, args.dtype, args.n, not args.no_prebuilt)
         imports.append(ours["import_multireduce"])
-        if name in NO_CUPY:
-            print(f"| {name} | {ours['first'] * 1e3:.1f} | - | - | {ours['second'] * 1e3:.2f} | "
-                  f"{ours['prebuilt_modules']} | {ours['nvrtc']} / - |", flush=True)
-            continue
-        theirs = run("cupy", name, args.dtype, args.n, True)
-        ratio = ours["first"] / theirs["first"] if theirs["first"] > 0 else float("inf")
-        print(f"| {name} | {ours['first'] * 1e3:.1f} | {theirs['first'] * 1e3:.1f} | {ratio:.2f} | "
-              f"{ours['second'] * 1e3:.2f} | {ours['prebuilt_modules']} | {ours['nvrtc']} / {theirs['nvrtc']} |",
-              flush=True)
+        theirs = None if name in NO_CUPY else run("cupy", name, args.dtype, args.n, True)
+        cells = (name, f"{ours['first'] * 1e3:.1f}",
+                 f"{theirs['first'] * 1e3:.1f}" if theirs else "-",
+                 (f"{ours['first'] / theirs['first']:.2f}" if theirs["first"] > 0 else "inf") if theirs else "-",
+                 f"{ours['second'] * 1e3:.2f}", ours["prebuilt_modules"],
+                 f"{ours['nvrtc']} / {theirs['nvrtc'] if theirs else '-'}")
+        print(h.md_table(header, [cells]).splitlines()[-1], flush=True)
     imports.sort()
     print(f"\nimport multireduce after import cupy: median {imports[len(imports) // 2]:.3f} s "
           f"(min {imports[0]:.3f}, max {imports[-1]:.3f})")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,128 +1,203 @@
-"""multireduce vs dask.array on a LocalCUDACluster (or, with ``--cpu``, a CPU LocalCluster with NumPy
-chunks, tiny sizes, to check the script anywhere), side by side in one run, for 1, 2, 4 workers.
+"""multireduce vs dask.array across GPUs on a LocalCUDACluster, one worker per GPU (or, with ``--cpu``, a CPU
+LocalCluster with NumPy chunks at tiny sizes, to check the suite anywhere), side by side in one run.
 
-    python benchmarks/multigpu.py --quick          # every GPU present, then one: <= 240 s on 4 x H200 (budget 170 s)
-    python benchmarks/multigpu.py [--gpus 1,2,4] [--per-gpu-gib 8,32] [--chunk-log2 26,28] [--repeats 5]
-    python benchmarks/multigpu.py --cpu            # a smoke run on the CPU
-    python benchmarks/multigpu.py --profile [--cpu] # where a lazy sum's time goes, vs dask.array.sum
+    python -m benchmarks multigpu                     # every path on every GPU, 8 GiB per GPU, chunks 2^24/2^26/2^28
+    python -m benchmarks multigpu --paths expr,lazy --gpus 4 --repeats 3
+    python -m benchmarks multigpu --quick             # the held rows, every GPU then one: <= 240 s on 4 x H200
+    python -m benchmarks multigpu --scaling           # 1, 2, 4 (8...) GPUs x 8/24/32 GiB, Dask's and balanced placement
+    python -m benchmarks multigpu --cpu [--paths ...] # a smoke run on the CPU
+    python -m benchmarks multigpu --profile [phases]  # where a lazy sum's time goes, vs dask.array.sum
+    python -m benchmarks multigpu --profile held [--cprofile]   # the held paths phase by phase
 
-Data: float32, generated on the workers (random, never zeros) and persisted twice: with Dask's own
-placement and contiguous (worker w holds the w-th run of chunks). Times are wall-clock from the client
-call until the result (sum: a scalar on the client; cumsum: the output persisted on the workers),
-median of repeats after one warm-up; a repetition starts only after the scheduler has released the
-previous result's keys. Beside each row, one extra repetition's task stream: tasks, transfers (count,
-bytes, from the workers' transfer logs) and the wall time outside any task. ``--budget-s`` (``--quick``:
-170 s) starts no new configuration past that time; those left out are listed in the JSON. Writes
-docs/bench_multigpu_latest.{md,json} (and $OUT). ``--profile`` splits a lazy sum's time into phases
-next to dask.array.sum's and weighs the eager path's ``client.run`` against ``client.submit``.
+Data: float32 uniform in [-0.5, 0.5), generated on the workers and persisted (held): with Dask's own
+placement, contiguous (worker w holds the w-th run of chunks) or balanced (``multireduce.persist(x,
+balanced=True)`` where multireduce has it, else contiguous). Times are wall-clock from the client call
+until the result (a value on the client, or a persisted result waited on), median of repeats after one
+warm-up; a repetition starts only after the scheduler released the previous result's keys. Every value
+is checked against a float64 reference computed by dask.array (sums and scans' last elements within the
+float32 bound of the data's mass, var within its condition number times 1e-5, argmax and max exactly,
+axis reductions element by element). Beside each row: one more repetition's task stream (tasks,
+transfers and their bytes, wall time outside any task), the placement's runs of consecutive chunks and
+the chunks each worker holds, and "x dask": the time of the dask.array row of the same computation
+over this row's.
+
+Paths (``--paths``, any of them; the new ones run on Dask's placement only):
+
+- held: ``mr.sum(x).compute()``, ``client.compute(mr.sum(x))``, ``mr.sum(x, compute=True)``,
+  ``mr.cumsum(x).persist()``, ``client.persist(mr.cumsum(x))`` vs ``dask.array.sum`` and ``da.cumsum``.
+- expr: ``mr.sum(x * 2)``, ``mr.var(x + 1)``, ``mr.argmax(abs(x))`` (``.compute()``) and
+  ``mr.cumsum(x * 2).persist()`` vs dask.array's same expressions, the held bare call, and ``x * 2`` alone:
+  CUDA-event time of ``b * 2`` on each held chunk, summed per worker, the slowest worker's.
+- axes: ``mr.mean(f, axis=0).compute()`` of a time x lat x lon field chunked along time (``--field-gib``
+  per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks) and
+  ``mr.sum(m, axis=1).persist()`` of a tall matrix (``--tall-cols`` columns, x's bytes and chunk bytes),
+  vs ``dask.array``.
+- lazy: ``lz`` made in the graph, not persisted: ``mr.sum(lz).compute()``, ``mr.cumsum(lz).persist()`` vs
+  dask.array's, and the floor: one task per worker (``client.submit`` restricted to it) that makes and sums
+  that worker's share of the chunks in a loop, the best any graph could do.
+- graph: ``client.compute(mr.sum(x)).result()`` and ``dask.compute(mr.sum(x), mr.max(x))`` vs dask.array's.
+- memory: peak memory per worker during ``mr.sum(lz).compute()`` and ``da.sum(lz).compute()``: CuPy's pool
+  (used, sampled every 5 ms; total, the pool's high-water mark) and the driver's bytes (NVML), above the
+  worker's baseline (RSS on CPU workers).
+
+``--scaling`` is a preset: worker counts 1, 2, 4, 8... up to every GPU (and every GPU itself), 8 / 24 /
+32 GiB per GPU, chunks of 2^26, Dask's placement and balanced, the held sum, ``compute=True``, the held
+cumsum and dask.array's rows; it writes bench_multigpu_scaling.{md,json}. ``--budget-s`` (``--quick``:
+170 s) starts no new configuration past that time; those left out, and configurations that failed, are
+listed in the JSON ("left_out"). A row that passes ``--timeout-s`` is reported as timed out and its tasks
+are cancelled before the next row starts.
+
+Writes bench_multigpu_latest.{md,json} (the full table, the memory table) to $OUT and, on GPUs, docs/;
+prints each row as JSON when measured and a short table last. ``--profile phases`` splits a lazy sum's
+time into phases next to dask.array.sum's and weighs the eager path's ``client.run`` against
+``client.submit``; ``--profile held`` times the held paths piece by piece (benchmarks/multigpu_profile.py).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness as h
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+SEED = 7
+F32_EPS = float(np.finfo(np.float32).eps)
+
+PATHS = ("held", "expr", "axes", "lazy", "graph", "memory")
+PLACEMENTS = ("dask", "contiguous", "balanced")
+#: the rows of --scaling
+SCALING_IMPLS = ("dask.array.sum", "mr.sum().compute()", "mr.sum(compute=True)", "mr.cumsum().persist()",
+                 "da.cumsum[sequential]")
+
+#: option -> value, layered: the defaults, then --quick, --scaling or --profile's, then --cpu's and --cpu's of
+#: each of those; options given on the command line win
+PRESETS = {
+    "default": dict(gpus="all", per_gpu_gib="8", chunk_log2="24,26,28", repeats=5, timeout_s=60.0, budget_s=0.0,
+                    placements="dask,contiguous", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
+                    dask_cumsum_methods="sequential", field_gib=8.4704, field_shape="721,1440",
+                    field_chunk_steps=166, tall_cols=32),
+    # 4 GPUs first: the targets are there, and the budget cuts what comes last
+    "quick": dict(gpus="all,1", per_gpu_gib="8,32", chunk_log2="26,28", repeats=3, timeout_s=10.0, budget_s=170.0,
+                  paths="held"),
+    "scaling": dict(gpus="powers", per_gpu_gib="8,24,32", chunk_log2="26", placements="dask,balanced", paths="held"),
+    "cpu": dict(gpus="1,2", per_gpu_gib="0.01", chunk_log2="18", repeats=3, field_gib=0.0005, field_shape="9,16"),
+    "cpu-scaling": dict(per_gpu_gib="0.004,0.008"),
+    "profile-phases": dict(gpus="4"),
+    "cpu-profile-phases": dict(gpus="4", chunk_log2="10"),
+    "profile-held": dict(per_gpu_gib="8", chunk_log2="26"),
+}
 
 
-def _make_block(seed, block_info=None):
-    loc = block_info[None]["chunk-location"][0]
-    shape = block_info[None]["chunk-shape"]
-    try:
-        import cupy
+def parse(argv=None):
+    p = h.parser("multigpu", __doc__, quick="the held rows on every GPU, then one; <= 240 s on 4 x H200",
+                 profiles={"phases": "a lazy sum's phases next to dask.array.sum's (4 workers)",
+                           "held": "the held paths piece by piece, beside Dask's per-task floor"})
+    p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster with NumPy chunks, tiny sizes")
+    p.add_argument("--scaling", action="store_true", help="the scaling table: worker counts x sizes x placements")
+    p.add_argument("--paths", help=f"comma-separated, any of {', '.join(PATHS)} or all (default all)")
+    p.add_argument("--gpus", help="worker counts, e.g. 1,2,4; all = every GPU (default all; --cpu 1,2)")
+    p.add_argument("--per-gpu-gib", help="GiB of x per GPU, comma-separated (default 8)")
+    p.add_argument("--chunk-log2", help="chunk elements as powers of two (default 24,26,28)")
+    p.add_argument("--repeats", type=int, help="timed repetitions per row after a warm-up (default 5)")
+    p.add_argument("--timeout-s", type=float, help="a row that takes longer is reported as timed out (default 60)")
+    p.add_argument("--budget-s", type=float, help="start no new configuration after this many seconds (default: none)")
+    p.add_argument("--placements", help=f"any of {', '.join(PLACEMENTS)} (default dask,contiguous)")
+    p.add_argument("--dask-cumsum-max-gib", type=float, help="skip dask's cumsum above this per GPU (default 8)")
+    # blelloch never finished in 10 s on CuPy chunks in any GPU run (60 s on 40 chunks of 1 MB on the CPU),
+    # and its cancelled tasks kept the workers busy so that every row after it timed out: by name only
+    p.add_argument("--dask-cumsum-methods", help="da.cumsum methods of the held rows, comma-separated: sequential "
+                                                 "and/or blelloch (default sequential)")
+    p.add_argument("--field-gib", type=float, help="axes path: the field's GiB per GPU (default 8.4704: 8760 steps "
+                                                   "of 721 x 1440 on 4 GPUs)")
+    p.add_argument("--field-shape", help="axes path: lat,lon of the field (default 721,1440)")
+    p.add_argument("--field-chunk-steps", type=int, help="axes path: time steps per chunk (default 166: 53 chunks of the full field)")
+    p.add_argument("--tall-cols", type=int, help="axes path: columns of the tall matrix (default 32)")
+    p.add_argument("--no-task-stream", dest="task_stream", action="store_false",
+                   help="skip each row's extra repetition under the task stream")
+    p.add_argument("--cprofile", action="store_true",
+                   help="with --profile held: cProfile of the eager sum on the client and on the busiest worker")
+    args = p.parse_args(argv)
+    given = {k for k, v in vars(args).items() if v is not None}
+    modes = [k for k in ("quick", "scaling") if getattr(args, k)] + ([f"profile-{args.profile}"] if args.profile else [])
+    layers = ["default", *modes] + (["cpu", *(f"cpu-{m}" for m in modes)] if args.cpu else [])
+    for layer in layers:
+        for k, v in PRESETS.get(layer, {}).items():
+            if k not in given:
+                setattr(args, k, v)
+    lists = [("--paths", args.paths, lambda t: t in PATHS or t == "all", f"any of {', '.join(PATHS)} or all"),
+             ("--placements", args.placements, lambda t: t in PLACEMENTS, f"any of {', '.join(PLACEMENTS)}"),
+             ("--gpus", args.gpus, lambda t: t in ("all", "powers") or int(t) > 0, "worker counts > 0, all or powers"),
+             ("--per-gpu-gib", args.per_gpu_gib, lambda t: float(t) > 0, "sizes > 0"),
+             ("--chunk-log2", args.chunk_log2, lambda t: 0 <= int(t) <= 40, "whole numbers 0..40"),
+             ("--field-shape", args.field_shape, lambda t: int(t) > 0, "two whole numbers > 0, lat,lon"),
+             ("--dask-cumsum-methods", args.dask_cumsum_methods, lambda t: t in ("sequential", "blelloch"),
+              "sequential and/or blelloch")]
+    for option, text, good, expected in lists:
+        try:
+            right = all(good(t) for t in str(text).split(",")) and (option != "--field-shape" or text.count(",") == 1)
+        except ValueError:
+            right = False
+        if not right:
+            p.error(f"{option}: expected a comma-separated list of {expected}; got {text!r}")
+    for option, value, least in (("--repeats", args.repeats, 1), ("--field-chunk-steps", args.field_chunk_steps, 1),
+                                 ("--tall-cols", args.tall_cols, 1), ("--timeout-s", args.timeout_s, 1e-3),
+                                 ("--field-gib", args.field_gib, 1e-12), ("--budget-s", args.budget_s, 0)):
+        if value < least:
+            p.error(f"{option}: expected at least {least:g}; got {value:g}")
+    args.paths = PATHS if "all" in args.paths.split(",") else tuple(args.paths.split(","))
+    args.placements = tuple(args.placements.split(","))
+    args.field_shape = tuple(int(v) for v in args.field_shape.split(","))
+    return args
 
-        return cupy.random.default_rng(seed + loc).random(shape, dtype=cupy.float32) - 0.5
-    except ImportError:
-        return np.random.default_rng(seed + loc).random(shape, dtype=np.float32) - 0.5
 
-
-def _make_host_block(seed, block_info=None):
-    loc = block_info[None]["chunk-location"][0]
-    return np.random.default_rng(seed + loc).random(block_info[None]["chunk-shape"], dtype=np.float32) - 0.5
-
-
-def wait_released(client, names, timeout=30.0):
-    """Until the scheduler holds no key of ``names`` (so a repetition is not served from memory)."""
-    names = [str(n) for n in names]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        held = client.run_on_scheduler(
-            lambda dask_scheduler, names=names: any(any(n in str(k) for n in names) for k in dask_scheduler.tasks))
-        if not held:
-            return
-        time.sleep(0.01)
-
-
-def wait_idle(client, futures, timeout: float) -> bool:
-    """Cancel ``futures`` (a timed-out row's) and wait until the scheduler has no task left to run
-    (queued tasks count: ``client.processing()`` shows only those already sent to a worker); False past
-    ``timeout``."""
-    if futures:
-        client.cancel(list(futures), force=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        pending = client.run_on_scheduler(lambda dask_scheduler: sum(
-            ts.state in ("processing", "queued", "waiting", "no-worker") for ts in dask_scheduler.tasks.values()))
-        if not pending:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _clear_transfer_log(dask_worker):
-    dask_worker.transfer_incoming_log.clear()
-
-
-def _transferred(dask_worker):
-    return [(str(k), n) for entry in dask_worker.transfer_incoming_log for k, n in entry["keys"].items()]
-
-
-def breakdown(stream, wall: float, moved) -> dict:
-    """Tasks, transfers (count and bytes, from the workers' incoming-transfer logs; the largest key
-    moved) and the time outside any task, from a task stream."""
-    computes = []
-    for t in stream:
-        for ss in t.get("startstops", ()):
-            if ss["action"] == "compute":
-                computes.append((ss["start"], ss["stop"]))
-    covered, end = 0.0, None
-    for start, stop in sorted(computes):
-        if end is None or start > end:
-            covered += stop - start
-            end = stop
-        elif stop > end:
-            covered += stop - end
-            end = stop
-    largest = max(moved, key=lambda kn: kn[1], default=("", 0))
-    return dict(tasks=len(stream), transfers=len(moved), transfer_bytes=int(sum(n for _, n in moved)),
-                largest_transfer=f"{largest[0][:40]} ({largest[1]} B)" if moved else "",
-                outside_tasks_ms=max(wall - covered, 0.0) * 1e3)
+def worker_counts(gpus: str, available: int) -> list[int]:
+    """The worker counts asked for, those past ``available`` left out, each once: "all" is every GPU,
+    "powers" 1, 2, 4, ... below it and every GPU itself."""
+    counts = []
+    for g in gpus.split(","):
+        if g == "powers":
+            counts += [1 << k for k in range(available.bit_length()) if 1 << k < available] + [available]
+        else:
+            counts.append(available if g == "all" else int(g))
+    return [c for i, c in enumerate(counts) if 0 < c <= available and c not in counts[:i]]
 
 
 def float32_sizes(args, n_workers: int):
     """(GiB per worker, log2 of the chunk, chunk, n) for each --per-gpu-gib x --chunk-log2 pair: n float32
     elements, a whole number of chunks, skipped where not one chunk fits."""
-    for gib in [float(g) for g in args.per_gpu_gib.split(",")]:
-        for log2 in [int(c) for c in args.chunk_log2.split(",")]:
+    for gib in [float(g) for g in str(args.per_gpu_gib).split(",")]:
+        for log2 in [int(c) for c in str(args.chunk_log2).split(",")]:
             chunk = 2**log2
             n = int(gib * n_workers * 2**30 // 4) // chunk * chunk
             if n:
                 yield gib, log2, chunk, n
 
 
-def persist_placed(client, make, n_chunks: int, chunk: int, meta, kind: str):
-    """The benchmark's data, generated where it will stay: with ``kind == "dask"``, Dask's own placement
-    of ``map_blocks(...).persist()``; with ``"contiguous"``, worker w generates the w-th run of chunks.
-    Returns (array, the number of runs of consecutive chunks on one worker).
+@dataclass
+class Layout:
+    """Where a held array's chunks are: the placement as run, the runs of consecutive chunks on one
+    worker, and the chunks each worker holds (in the order of the workers' addresses)."""
+
+    placement: str
+    runs: int
+    per_worker: str
+
+
+def place(client, setting: h.Setting, chunks: tuple, kind: str, seed: int = SEED):
+    """Random float32 chunks (``chunks``: dask.array's chunks, split along the first axis only) made where
+    they stay: with ``kind == "dask"``, Dask's own placement of ``map_blocks(...).persist()``; with
+    ``"contiguous"``, worker w makes the w-th run of chunks; ``"balanced"``, ``multireduce.persist(x,
+    balanced=True)`` where multireduce has it, else contiguous. Returns (array, Layout).
 
     Contiguous placement used to persist ``x.blocks[lo:hi]`` on each worker and then persist their
     concatenation: that made a second set of keys (aliases of the first, placed by the scheduler),
@@ -133,22 +208,32 @@ def persist_placed(client, make, n_chunks: int, chunk: int, meta, kind: str):
     import dask.array as da
     import distributed
 
+    import multireduce
     from multireduce import placement
 
     workers = sorted(client.scheduler_info()["workers"])
-    name = f"bench-{kind}-{n_chunks}x{chunk}"
-    chunks = ((chunk,) * n_chunks,)
-    if kind == "lazy":  # not persisted: every computation generates the chunks again
-        return da.map_blocks(make, 7, chunks=chunks, dtype=np.float32, meta=meta, name=name), 0
-    if kind == "contiguous":
+    n_chunks = len(chunks[0])
+    shape = "x".join(str(sum(c)) for c in chunks)
+    name = f"bench-{kind}-{shape}-{n_chunks}"
+
+    def lazy():
+        return da.map_blocks(setting.make, seed, chunks=chunks, dtype=np.float32, meta=setting.meta(len(chunks)),
+                             name=name)
+
+    label = kind
+    if kind == "balanced" and hasattr(multireduce, "persist"):
+        x = multireduce.persist(lazy(), balanced=True)
+        label = "balanced (multireduce.persist)"
+    elif kind in ("contiguous", "balanced"):
         def where(key):
             return [workers[key[1] * len(workers) // n_chunks]] if isinstance(key, tuple) else None
 
         with dask.annotate(workers=where, allow_other_workers=True):
-            lazy = da.map_blocks(make, 7, chunks=chunks, dtype=np.float32, meta=meta, name=name)
-        x = client.persist(lazy, optimize_graph=False)
+            made = lazy()
+        x = client.persist(made, optimize_graph=False)
+        label = "contiguous" if kind == "contiguous" else "balanced (contiguous)"
     else:
-        x = client.persist(da.map_blocks(make, 7, chunks=chunks, dtype=np.float32, meta=meta, name=name))
+        x = client.persist(lazy())
     distributed.wait(x)
     holder = placement.holders(x, client)
     if holder is None:
@@ -157,349 +242,497 @@ def persist_placed(client, make, n_chunks: int, chunk: int, meta, kind: str):
                            + (f": {erred[0].exception()!r}" if erred and erred[0].status == "error" else ""))
     keys = placement.chunk_keys(x)
     runs = sum(1 for i, k in enumerate(keys) if i == 0 or holder[k] != holder[keys[i - 1]])
-    return x, runs
+    counts = [sum(1 for k in keys if holder[k] == w) for w in workers]
+    return x, Layout(label, runs, "/".join(map(str, counts)))
 
 
-def submit_sum(client, x, split_every: int = 16):
-    """The eager sum through ``client.submit`` (one task per worker, restricted to it, taking its chunk
-    futures) and a gather, folded on the client: the alternative to ``client.run`` that the direct paths were weighed against."""
-    from multireduce import graph, placement
-    from multireduce.api import _resolve_reduction
-    from multireduce.operators import get_operator
-
-    plan = _resolve_reduction("dask", get_operator("sum"), x.dtype, x.ndim, None, None, False, split_every, "auto",
-                              False, None, "bench")[0][0]
-    holder = placement.holders(x, client)
-    keys = placement.chunk_keys(x)
-    futures_of = x.__dask_graph__()
-    groups = placement.by_worker(holder, True)(keys)
-    futures = [client.submit(graph._chunk_partials, plan, *(futures_of[k] for k in group),
-                             workers=[holder[group[0]]], allow_other_workers=True, pure=False) for group in groups]
-    position = {k: i for i, k in enumerate(keys)}
-    ordered = [None] * len(keys)
-    for group, partials in zip(groups, client.gather(futures)):
-        for k, p in zip(group, partials):
-            ordered[position[k]] = p
-    return graph.fold_in_order(plan, split_every, ordered)
-
-
-def profile_phases(client, make, repeats: int = 15) -> dict:
-    """Median ms of each phase from ``make()`` (building the lazy sum) to its value on the client:
-    build, optimize (Dask's optimisation of the graph, timed apart), submit (``client.compute`` until it
-    returns: conversion, optimisation, sending the graph), to first task (the scheduler takes the graph
-    and starts a task), tasks (summed compute time), transfers (count, summed time), the window from
-    the first task's start to the last one's end, and gather (last task's end to the value on the
-    client). Workers share this machine's clock (LocalCluster)."""
-    import distributed
-    from dask.core import flatten
-
-    for _ in range(3):
-        client.compute(make()).result()
-    rows = []
-    for _ in range(repeats):
-        t0 = time.time()
-        lazy = make()
-        t1 = time.time()
-        with distributed.get_task_stream(client) as ts:
-            fut = client.compute(lazy)
-            t2 = time.time()
-            fut.result()
-            t3 = time.time()
-        del fut
-        spans = [(ss["start"], ss["stop"], ss["action"]) for t in ts.data for ss in t["startstops"]]
-        comp = [s for s in spans if s[2] == "compute"]
-        xfer = [s for s in spans if s[2] == "transfer"]
-        first, last = min(s[0] for s in comp), max(s[1] for s in comp)
-        o0 = time.perf_counter()
-        lazy.__dask_optimize__(lazy.__dask_graph__(), list(flatten(lazy.__dask_keys__())))
-        rows.append(dict(total=t3 - t0, build=t1 - t0, optimize=time.perf_counter() - o0, submit=t2 - t1,
-                         to_first_task=first - t2, tasks=sum(s[1] - s[0] for s in comp), n_tasks=len(ts.data),
-                         transfers=sum(s[1] - s[0] for s in xfer), n_transfers=len(xfer), window=last - first,
-                         gather=t3 - last))
-        wait_released(client, [lazy.name])
-    return {k: statistics.median(r[k] for r in rows) * (1 if k.startswith("n_") else 1e3) for k in rows[0]}
-
-
-def profile_main(args, cluster_for, make_block, meta):
-    """``--profile``: the lazy sum's phases next to dask.array.sum's on one cluster, printed as a table."""
+def lazy_array(setting: h.Setting, n_chunks: int, chunk: int, seed: int = SEED):
+    """The same chunks as ``place``'s (same seed), made by the graph every time it is computed."""
     import dask.array as da
-    import distributed
+
+    return da.map_blocks(setting.make, seed, chunks=((chunk,) * n_chunks,), dtype=np.float32, meta=setting.meta(),
+                         name=f"bench-lazy-{n_chunks}x{chunk}")
+
+
+# ------------------------------------------------------------------------------------------------
+# References and checks
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Reference:
+    """float64 facts of x (computed by dask.array on float64 chunks) and the bound of a float32 sum."""
+
+    n: int
+    sum: float
+    mass: float  # sum of |x|
+    var: float
+    max: float
+    argmax_abs: int
+
+    @property
+    def sum_tol(self) -> float:
+        return F32_EPS * (self.n / 1024 + 64) * self.mass
+
+    def close(self, got, want: float, tol: float) -> bool:
+        return abs(h.to_float(got) - want) <= tol
+
+
+def reference(x) -> Reference:
+    import dask
+    import dask.array as da
+
+    x64 = x.astype(np.float64)
+    s, mass, var, mx, am = dask.compute(x64.sum(), abs(x64).sum(), x64.var(), x64.max(), da.argmax(abs(x64)))
+    return Reference(x.size, h.to_float(s), h.to_float(mass), h.to_float(var), h.to_float(mx), int(h.host(am)))
+
+
+def _scan_total_close(ref: Reference, scale: float):
+    """A check of a persisted scan: its last element is ``scale`` times the sum."""
+    return lambda y: ref.close(h.last_element(y), scale * ref.sum, scale * ref.sum_tol)
+
+
+def _var_close(ref: Reference, shift: float):
+    """A check of var(x + shift): within 1e-5 times its condition number, 1 + mean^2 / var."""
+    mean = ref.sum / ref.n + shift
+    return lambda got: ref.close(got, ref.var, 1e-5 * (1 + mean * mean / ref.var) * ref.var)
+
+
+# ------------------------------------------------------------------------------------------------
+# The rows of each path
+# ------------------------------------------------------------------------------------------------
+def held_cases(client, x, ref: Reference, args, gib: float) -> list[h.Case]:
+    import dask.array as da
 
     import multireduce as mr
 
-    n_workers = int(args.gpus.split(",")[-1])
-    chunk = 2 ** int(args.chunk_log2.split(",")[0])
-    with cluster_for(n_workers) as cluster, distributed.Client(cluster) as client:
-        for n_chunks in (16 * n_workers, 32 * n_workers):
-            x, _ = persist_placed(client, make_block, n_chunks, chunk, meta, "dask")
-            for name, make in [("dask.array.sum", lambda: da.sum(x)), ("mr.sum", lambda: mr.sum(x))]:
-                p = profile_phases(client, make, args.repeats)
-                cells = " | ".join(f"{v:.0f}" if k.startswith("n_") else f"{v:.2f}" for k, v in p.items())
-                print(f"| {n_workers} | {n_chunks} | {name} | {cells} |", flush=True)
-            for name, fn in [("mr.sum(compute=True) [client.run]", lambda: mr.sum(x, compute=True)),
-                             ("eager via client.submit", lambda: submit_sum(client, x))]:
-                assert np.asarray(fn()).tobytes() == np.asarray(mr.sum(x, compute=True)).tobytes()
-                times = []
-                for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
-                print(f"| {n_workers} | {n_chunks} | {name} | {statistics.median(times) * 1e3:.2f} "
-                      f"(best {min(times) * 1e3:.2f}) |" + " |" * 13, flush=True)
-            del x
-
-
-def main(argv=None):
-    import dask.array as da
-    import distributed
-
-    import multireduce as mr
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster with NumPy chunks, tiny sizes")
-    p.add_argument("--quick", action="store_true", help="the preset: every GPU present, then one; <= 240 s on 4 x H200")
-    p.add_argument("--gpus", default="1,2,4")
-    p.add_argument("--per-gpu-gib", default="8,32")
-    p.add_argument("--chunk-log2", default="26,28", help="chunk elements, as powers of two")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--dask-cumsum-max-gib", type=float, default=8, help="skip dask's cumsum above this per GPU")
-    p.add_argument("--dask-cumsum-methods", default="sequential,blelloch")
-    p.add_argument("--timeout-s", type=float, default=60, help="a row that takes longer is reported as timed out")
-    p.add_argument("--placements", default="dask,contiguous", help="dask, contiguous and/or lazy (not persisted)")
-    p.add_argument("--budget-s", type=float, default=0, help="start no new configuration after this many seconds")
-    p.add_argument("--profile", action="store_true", help="the lazy sum's phases vs dask.array.sum (4 workers)")
-    args = p.parse_args(argv)
-    if args.profile:
-        args.gpus = "4"
-        args.chunk_log2 = "10" if args.cpu else args.chunk_log2
-    if args.quick:
-        # 4 GPUs first: the targets are there, and the budget cuts what comes last
-        args.gpus, args.per_gpu_gib, args.chunk_log2, args.repeats = "all,1", "8,32", "26,28", 3
-        args.timeout_s, args.budget_s = 10, args.budget_s or 170
-        # blelloch never finished in 10 s on CuPy chunks in any GPU run, and its cancelled tasks kept the
-        # workers busy so that every row after it timed out. Asked for by name only.
-        args.dask_cumsum_methods = "sequential"
-    if args.cpu and not args.profile:  # blelloch timed out here too (60 s on 40 chunks of 1 MB): not in the smoke run
-        args.gpus, args.per_gpu_gib, args.chunk_log2 = "1,2", "0.01", "18"
-        args.repeats, args.dask_cumsum_methods = min(args.repeats, 3), "sequential"
-    # a CPU smoke run never replaces the GPU table in docs/
-    out_dirs = ([] if args.cpu else [ROOT / "docs"]) + [Path(os.environ.get("OUT", "/tmp"))]
-    if args.cpu:
-        n_avail = 2
-        make = _make_host_block
-
-        def cluster_for(n):
-            return distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, scheduler_port=0,
-                                            dashboard_address="127.0.0.1:0", host="127.0.0.1")
-        meta = np.empty(0, dtype=np.float32)
-        device = "CPU (NumPy chunks)"
-    else:
-        import cupy
-
-        from multireduce.cluster import gpu_count, local_cluster
-
-        n_avail = gpu_count()
-        make = _make_block
-
-        def cluster_for(n):
-            return local_cluster(n_workers=n, gpu=True)
-        meta = cupy.empty(0, dtype=cupy.float32)
-        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    if args.profile:
-        print("| workers | chunks | impl | total | build | optimize | submit | to first task | tasks | task count | "
-              "transfers | transfer count | window | gather |\n|" + "---|" * 14)
-        return profile_main(args, cluster_for, make, meta)
-    rows, skipped = [], []
-    started = time.time()
-    counts = [n_avail if g == "all" else int(g) for g in args.gpus.split(",")]
-    for n_gpus in [g for i, g in enumerate(counts) if g <= n_avail and g not in counts[:i]]:
-        if args.budget_s and time.time() - started > args.budget_s:
-            skipped.append(f"{n_gpus} workers")
-            continue
-        with cluster_for(n_gpus) as cluster, distributed.Client(cluster) as client:
-            for gib, log2, chunk, n in float32_sizes(args, n_gpus):
-                for placement_kind in args.placements.split(","):
-                    if placement_kind == "contiguous" and n_gpus == 1:
-                        continue  # one worker: the same as Dask's placement
-                    if args.budget_s and time.time() - started > args.budget_s:
-                        skipped.append(f"{n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind}")
-                        continue
-                    try:
-                        x, runs = persist_placed(client, make, n // chunk, chunk, meta, placement_kind)
-                    except Exception as exc:  # noqa: BLE001 - one configuration's failure is reported, not fatal
-                        print(f"placing {n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind} failed: {exc!r}", flush=True)
-                        skipped.append(f"{n_gpus} x {gib:g} GiB, 2^{log2}, {placement_kind}: {exc!r}"[:200])
-                        continue
-                    rows.extend(_measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args))
-                    wait_released(client, [x.name])
-                    del x
-                    if not args.cpu:
-                        client.run(lambda: __import__("cupy").get_default_memory_pool().free_all_blocks())
-    env = {"date": time.strftime("%Y-%m-%d %H:%M"), "workers": n_avail, "device": device,
-           "seconds": round(time.time() - started, 1), "args": vars(args), "skipped_for_budget": skipped}
-    _write(rows, env, out_dirs)
-
-
-def _measure(client, x, n, n_gpus, gib, log2, placement_kind, runs, args):
-    import dask.array as da
-    import distributed
-
-    import multireduce as mr
-
-    nbytes = n * 4
-    lazy_input = placement_kind == "lazy"
-    ref = float(client.compute(mr.sum(x, dtype=np.float64)).result())
-    mass = n * 0.25  # E|U(-0.5, 0.5)| * n
-    tol = np.finfo(np.float32).eps * (n / 1024 + 64) * mass
-
-    def computed(make):
-        def run():
-            lazy = make()
-            run.names = [lazy.name]
-            future = client.compute(lazy)
-            run.futures = [future]  # before it runs: a timed-out run's tasks are cancelled
-            value = future.result()
-            # a future kept past its run holds the result's key: the next repetition of the same graph
-            # would be served from memory (no task ran) and the key never released
-            run.futures = []
-            return value
-        return run
-
-    def persisted(make):
-        def run():
-            lazy = make()
-            run.names = [lazy.name]
-            y = client.persist(lazy)
-            run.futures = distributed.futures_of(y)
-            distributed.wait(y)
-            run.futures = []
-            return _last_element(y) if getattr(run, "check", False) else None
-        return run
-
-    def eager():
-        eager.names = []
-        return mr.sum(x, compute=True)
-
-    def method_compute():  # what a notebook writes: the result's own .compute()
-        lazy = mr.sum(x)
-        method_compute.names = [lazy.name]
-        return lazy.compute()
-
-    def method_persist():  # the result's own .persist()
-        y = mr.cumsum(x).persist()
-        method_persist.names = [y.name]
-        method_persist.futures = distributed.futures_of(y)
-        distributed.wait(y)
-        method_persist.futures = []
-        return _last_element(y) if getattr(method_persist, "check", False) else None
-
-    impls = [("dask.array.sum", "sum", computed(lambda: da.sum(x)), nbytes),
-             ("mr.sum().compute()", "sum", method_compute, nbytes),
-             ("client.compute(mr.sum())", "sum", computed(lambda: mr.sum(x)), nbytes),
-             ("mr.sum(compute=True)", "sum", eager, nbytes),
-             ("mr.cumsum().persist()", "cumsum", method_persist, 2 * nbytes),
-             ("client.persist(mr.cumsum())", "cumsum", persisted(lambda: mr.cumsum(x)), 2 * nbytes)]
-    if lazy_input:  # the same graph feeds both sides: what each adds on top of generating the data
-        impls = [i for i in impls if i[0] in ("dask.array.sum", "mr.sum().compute()", "mr.cumsum().persist()")]
+    nbytes = x.nbytes
+    sums = [("dask.array.sum", "client.compute", lambda: da.sum(x)),
+            ("mr.sum().compute()", "compute", lambda: mr.sum(x)),  # what a notebook writes
+            ("client.compute(mr.sum())", "client.compute", lambda: mr.sum(x)),
+            ("mr.sum(compute=True)", "now", lambda: mr.sum(x, compute=True))]
+    scans = [("mr.cumsum().persist()", "persist", lambda: mr.cumsum(x)),
+             ("client.persist(mr.cumsum())", "client.persist", lambda: mr.cumsum(x))]
     if gib <= args.dask_cumsum_max_gib:
-        for method in filter(None, args.dask_cumsum_methods.split(",")):
-            impls.append((f"da.cumsum[{method}]", "cumsum", persisted(lambda m=method: da.cumsum(x, method=m)),
-                          2 * nbytes))
+        scans += [(f"da.cumsum[{m}]", "client.persist", lambda m=m: da.cumsum(x, method=m))
+                  for m in filter(None, args.dask_cumsum_methods.split(","))]
+    cases = [h.Case("held", impl, "sum(x)", h.Step(client, how, make), nbytes,
+                    lambda got: ref.close(got, ref.sum, ref.sum_tol), "dask.array.sum") for impl, how, make in sums]
+    cases += [h.Case("held", impl, "cumsum(x)", h.Step(client, how, make), 2 * nbytes, _scan_total_close(ref, 1),
+                     "da.cumsum[sequential]") for impl, how, make in scans]
+    return cases
+
+
+def _held_rows(path: str, client, x, ref: Reference, args, gib: float, impls: tuple) -> list[h.Case]:
+    """Rows of the held path another path compares with, under that path's name (measured once: where the
+    held path runs too, under its name)."""
+    return [dataclasses.replace(c, path=path) for c in held_cases(client, x, ref, args, gib) if c.impl in impls]
+
+
+def expr_cases(client, x, ref: Reference, args, gib: float) -> list[h.Case]:
+    import dask.array as da
+
+    import multireduce as mr
+
+    nbytes = x.nbytes
+    pairs = [("sum(x * 2)", "compute", lambda lib: lib.sum(x * 2), lambda got: ref.close(got, 2 * ref.sum, 2 * ref.sum_tol)),
+             ("var(x + 1)", "compute", lambda lib: lib.var(x + 1), _var_close(ref, 1.0)),
+             ("argmax(abs(x))", "compute", lambda lib: lib.argmax(abs(x)), lambda got: int(h.host(got)) == ref.argmax_abs)]
+    cases = []
+    for op, how, make, check in pairs:
+        ours, theirs = f"mr.{op}.{how}()", f"da.{op}.{how}()"
+        cases += [h.Case("expr", ours, op, h.Step(client, how, lambda make=make: make(mr)), nbytes, check, theirs),
+                  h.Case("expr", theirs, op, h.Step(client, how, lambda make=make: make(da)), nbytes, check, theirs)]
+    scan = ("mr.cumsum(x * 2).persist()", "da.cumsum(x * 2).persist()")
+    cases.append(h.Case("expr", scan[0], "cumsum(x * 2)", h.Step(client, "persist", lambda: mr.cumsum(x * 2)),
+                        2 * nbytes, _scan_total_close(ref, 2), scan[1]))
+    if gib <= args.dask_cumsum_max_gib:
+        cases.append(h.Case("expr", scan[1], "cumsum(x * 2)", h.Step(client, "persist", lambda: da.cumsum(x * 2)),
+                            2 * nbytes, _scan_total_close(ref, 2), scan[1]))
+    # the held bare call and its dask.array row beside the expressions
+    return cases + _held_rows("expr", client, x, ref, args, gib, ("dask.array.sum", "mr.sum().compute()"))
+
+
+def graph_cases(client, x, ref: Reference, args, gib: float) -> list[h.Case]:
+    import dask.array as da
+
+    import multireduce as mr
+
+    def sum_and_max(got):
+        return ref.close(got[0], ref.sum, ref.sum_tol) and h.to_float(got[1]) == ref.max
+
+    theirs = "dask.compute(da.sum(x), da.max(x))"
+    return _held_rows("graph", client, x, ref, args, gib, ("dask.array.sum", "client.compute(mr.sum())")) + [
+        h.Case("graph", "dask.compute(mr.sum(x), mr.max(x))", "sum(x), max(x)",
+               h.Step(client, "dask.compute", lambda: (mr.sum(x), mr.max(x))), x.nbytes, sum_and_max, theirs),
+        h.Case("graph", theirs, "sum(x), max(x)", h.Step(client, "dask.compute", lambda: (da.sum(x), da.max(x))),
+               x.nbytes, sum_and_max, theirs)]
+
+
+def _make_and_sum(seed: int, locations: list, chunk: int, host: bool) -> float:
+    """One worker's share of the lazy array: each chunk made and summed in turn (no chunk kept), the
+    partial sums added in float64 on the host."""
+    import multireduce as mr
+
+    parts = [mr.sum(h.random_chunk(seed + loc, (chunk,), host)) for loc in locations]
+    return math.fsum(h.to_float(p) for p in parts)
+
+
+def floor_sum(client, n_chunks: int, chunk: int, host: bool) -> float:
+    """The lazy sum's floor: one task per worker, restricted to it, making and summing its run of chunks."""
+    workers = sorted(client.scheduler_info()["workers"])
+    shares = [list(range(w * n_chunks // len(workers), (w + 1) * n_chunks // len(workers))) for w in range(len(workers))]
+    futures = [client.submit(_make_and_sum, SEED, share, chunk, host, workers=[addr], allow_other_workers=False,
+                             pure=False) for addr, share in zip(workers, shares) if share]
+    return math.fsum(client.gather(futures))
+
+
+def lazy_cases(client, setting: h.Setting, lz, ref: Reference, args, gib: float, chunk: int) -> list[h.Case]:
+    import dask.array as da
+
+    import multireduce as mr
+
+    nbytes = lz.nbytes
+
+    def total(got):
+        return ref.close(got, ref.sum, ref.sum_tol)
+
+    cases = [h.Case("lazy", "mr.sum(lz).compute()", "sum(lz)", h.Step(client, "compute", lambda: mr.sum(lz)), nbytes,
+                    total, "da.sum(lz).compute()"),
+             h.Case("lazy", "da.sum(lz).compute()", "sum(lz)", h.Step(client, "compute", lambda: da.sum(lz)), nbytes,
+                    total, "da.sum(lz).compute()"),
+             h.Case("lazy", "floor: one task per worker makes and sums its chunks", "sum(lz)",
+                    h.Step(client, "now", lambda: floor_sum(client, lz.numblocks[0], chunk, setting.cpu)), nbytes,
+                    total, "da.sum(lz).compute()"),
+             h.Case("lazy", "mr.cumsum(lz).persist()", "cumsum(lz)", h.Step(client, "persist", lambda: mr.cumsum(lz)),
+                    2 * nbytes, _scan_total_close(ref, 1), "da.cumsum(lz).persist()")]
+    if gib <= args.dask_cumsum_max_gib:
+        cases.append(h.Case("lazy", "da.cumsum(lz).persist()", "cumsum(lz)",
+                            h.Step(client, "persist", lambda: da.cumsum(lz)), 2 * nbytes, _scan_total_close(ref, 1),
+                            "da.cumsum(lz).persist()"))
+    return cases
+
+
+def _time_times_two(keys: list, repeats: int, dask_worker=None) -> tuple[float, int]:
+    """On a worker, over the chunks of ``keys`` it holds: the median over ``repeats`` of the summed time of
+    ``b * 2`` on each (CUDA events on CuPy chunks, the host clock on NumPy ones), and how many chunks."""
+    blocks = [dask_worker.data[k] for k in keys if k in dask_worker.data]
+    cupy = sys.modules.get("cupy")
+    on_gpu = bool(blocks) and cupy is not None and isinstance(blocks[0], cupy.ndarray)
+    totals = []
+    for _ in range(repeats + 1):  # the first: a warm-up
+        total = 0.0
+        for b in blocks:
+            if on_gpu:
+                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                b * 2
+                stop.record()
+                stop.synchronize()
+                total += cupy.cuda.get_elapsed_time(start, stop)
+            else:
+                t0 = time.perf_counter()
+                b * 2
+                total += (time.perf_counter() - t0) * 1e3
+        totals.append(total)
+    return statistics.median(totals[1:]), len(blocks)
+
+
+def expression_time_row(client, x, repeats: int) -> dict:
+    """``x * 2`` alone on the workers: the kernel time the expression rows pay on top of the sum."""
+    from multireduce import placement
+
+    keys = placement.chunk_keys(x)
+    found = client.run(_time_times_two, keys, repeats)
+    ms = max(t for t, _ in found.values())
+    return dict(path="expr", impl="x * 2 alone: b * 2 on each held chunk, summed per worker (slowest)", op="x * 2",
+                peer=None, ms=ms, gbps=2 * x.nbytes / ms / 1e6, ok=sum(c for _, c in found.values()) == len(keys),
+                note="", per_worker_ms={w: t for w, (t, _) in found.items()})
+
+
+def memory_rows(client, lz, ref: Reference, timeout_s: float) -> list[dict]:
+    """Peak memory per worker above its baseline while a lazy sum runs (after a warm-up run), ours and
+    dask.array's."""
+    import dask.array as da
+
+    import multireduce as mr
+
     rows = []
-    for name, op, fn, moved in impls:
-        row = dict(gpus=n_gpus, gib_per_gpu=gib, chunk_log2=log2, placement=placement_kind, runs=runs, impl=name, op=op)
+    theirs = "peak memory: da.sum(lz).compute()"
+    for impl, make in [("peak memory: mr.sum(lz).compute()", lambda: mr.sum(lz)), (theirs, lambda: da.sum(lz))]:
+        row = dict(path="memory", impl=impl, op="sum(lz)", peer=theirs)
+        step, sampling = h.Step(client, "compute", make), False
         try:
-            times, value = [], None
-            for i in range(args.repeats + 1):
-                t0 = time.perf_counter()
-                value = _bounded(fn, args.timeout_s)
-                if i:
-                    times.append(time.perf_counter() - t0)
-                wait_released(client, fn.names)
-            client.run(_clear_transfer_log)
-            with distributed.get_task_stream(client) as stream:
-                t0 = time.perf_counter()
-                _bounded(fn, args.timeout_s)
-                wall = time.perf_counter() - t0
-            incoming = [kn for per_worker in client.run(_transferred).values() for kn in per_worker]
-            wait_released(client, fn.names)
-            if op == "cumsum":  # one more run, untimed, whose last element is read: the scan's total
-                fn.check = True
-                value = _bounded(fn, args.timeout_s)
-                fn.check = False
-                wait_released(client, fn.names)
-            seconds = statistics.median(times)
-            ok = bool(abs(float(value) - ref) <= tol)
-            row.update(ms=seconds * 1e3, gbps=moved / seconds / 1e9, ok=ok, note="",
-                       **breakdown(stream.data, wall, incoming))
+            h.bounded(step, timeout_s)
+            h.wait_released(client, step.names)
+            client.run(h.start_sampling)
+            sampling = True
+            t0 = time.perf_counter()
+            value = h.bounded(step, timeout_s)
+            seconds = time.perf_counter() - t0
+            samples, sampling = client.run(h.stop_sampling), False
+            h.wait_released(client, step.names)
+            above = {w: {k: s["peak"][k] - s["baseline"][k] for k in s["peak"]} for w, s in samples.items()}
+            metrics = sorted({k for a in above.values() for k in a})
+            row.update(ms=seconds * 1e3, gbps=lz.nbytes / seconds / 1e9, ok=ref.close(value, ref.sum, ref.sum_tol),
+                       note="", memory_above_baseline=above,
+                       **{f"peak_{k}": max(a.get(k, 0) for a in above.values()) for k in metrics})
         except TimeoutError:
-            row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=f"timed out after {args.timeout_s:g} s")
-            # its tasks still run or wait on the workers: cancelled, and the next rows start once none is left
-            if not wait_idle(client, getattr(fn, "futures", []), timeout=max(120.0, 10 * args.timeout_s)):
-                row["note"] += "; the workers stayed busy"
-            if name.startswith("da.cumsum["):  # its tasks still run: not tried again in this run
-                method = name[len("da.cumsum["):-1]
-                args.dask_cumsum_methods = ",".join(m for m in args.dask_cumsum_methods.split(",") if m != method)
-        except Exception as exc:  # out of memory etc.: reported, not fatal
+            row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=f"timed out after {timeout_s:g} s")
+            h.wait_idle(client, [], timeout=max(120.0, 10 * timeout_s))
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal
             row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=repr(exc)[:200])
+        if sampling:
+            client.run(h.stop_sampling)
         rows.append(row)
-        print(json.dumps(row), flush=True)
     return rows
 
 
-def _last_element(y) -> float:
-    """The last element of a persisted 1-d result, on the client as a float."""
-    value = y[-1].compute()
-    return float(value.get() if hasattr(value, "get") else value)
+def tall_cases(client, m, ref64, cols: int) -> list[h.Case]:
+    """``sum(m, axis=1)`` of a tall matrix, persisted, checked element by element on the workers."""
+    import dask.array as da
+
+    import multireduce as mr
+
+    tol = F32_EPS * (cols / 1024 + 64) * cols * 0.5
+
+    def check(y):
+        return h.to_float(da.max(abs(y.astype(np.float64) - ref64)).compute()) <= tol
+
+    theirs = "da.sum(m, axis=1).persist()"
+    return [h.Case("axes", "mr.sum(m, axis=1).persist()", "sum(m, axis=1)",
+                   h.Step(client, "persist", lambda: mr.sum(m, axis=1)), m.nbytes, check, theirs),
+            h.Case("axes", theirs, "sum(m, axis=1)", h.Step(client, "persist", lambda: da.sum(m, axis=1)), m.nbytes,
+                   check, theirs)]
 
 
-def _bounded(fn, timeout_s):
-    """``fn()`` in a thread; TimeoutError after ``timeout_s`` (the thread is left to finish)."""
-    box = {}
+def field_cases(client, f, ref64: np.ndarray) -> list[h.Case]:
+    """``mean(f, axis=0)`` of a time x lat x lon field, on the client, checked element by element."""
+    import dask.array as da
 
-    def target():
+    import multireduce as mr
+
+    steps = f.shape[0]
+    tol = F32_EPS * (steps / 1024 + 65) * 0.5  # a mean of |values| <= 0.5, then the division
+
+    def check(got):
+        got = h.host(got)
+        return got.shape == ref64.shape and float(np.max(np.abs(got.astype(np.float64) - ref64))) <= tol
+
+    theirs = "da.mean(f, axis=0).compute()"
+    return [h.Case("axes", "mr.mean(f, axis=0).compute()", "mean(f, axis=0)",
+                   h.Step(client, "compute", lambda: mr.mean(f, axis=0)), f.nbytes, check, theirs),
+            h.Case("axes", theirs, "mean(f, axis=0)", h.Step(client, "compute", lambda: da.mean(f, axis=0)),
+                   f.nbytes, check, theirs)]
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------
+class Run:
+    """The rows measured so far, what the budget left out, and the clock."""
+
+    def __init__(self, args, setting: h.Setting):
+        self.args, self.setting = args, setting
+        self.rows: list[dict] = []
+        self.skipped: list[str] = []
+        self.started = time.time()
+
+    def over_budget(self, what: str) -> bool:
+        if self.args.budget_s and time.time() - self.started > self.args.budget_s:
+            self.skipped.append(what)
+            return True
+        return False
+
+    def measure(self, client, cases: list[h.Case], base: dict) -> None:
+        """Each case once (the first of a name), as a row with ``base``'s configuration."""
+        seen = {r["impl"] for r in self.rows if all(r.get(k) == v for k, v in base.items())}
+        for case in cases:
+            if case.impl in seen:
+                continue
+            seen.add(case.impl)
+            if self.args.scaling and case.impl not in SCALING_IMPLS:
+                continue
+            self.add(base, h.time_case(client, case, self.args.repeats, self.args.timeout_s, self.args.task_stream))
+            if self.rows[-1]["note"].startswith("timed out") and case.impl.startswith("da.cumsum["):
+                # its tasks still ran on: not tried again in this run
+                method = case.impl[len("da.cumsum["):-1]
+                self.args.dask_cumsum_methods = ",".join(
+                    m for m in self.args.dask_cumsum_methods.split(",") if m != method)
+
+    def add(self, base: dict, row: dict) -> None:
+        row = {**base, **row}
+        self.rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+
+    def attempt(self, what: str, fn, *args) -> None:
+        """``fn(self, *args)``; a failure (placing the data, its reference, out of memory) is reported and
+        listed with what the run left out, and the run goes on."""
         try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        raise TimeoutError
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+            fn(self, *args)
+        except Exception as exc:  # noqa: BLE001 - one configuration's failure is not the run's
+            print(f"{what} failed: {exc!r}", flush=True)
+            self.skipped.append(f"{what}: {exc!r}"[:200])
 
 
-def _write(rows, env, out_dirs):
-    """The table: each row's speed against dask's row of the same configuration (sums: dask.array.sum;
-    scans: da.cumsum sequential and blelloch, where they ran), and its task-stream breakdown."""
-    lines = ["| workers | GiB/worker | chunk | placement (runs) | impl | ms | GB/s | x dask | x blelloch | tasks | "
-             "transfers (bytes) | outside tasks ms | ok | note |", "|" + "---|" * 14]
+def configuration(run: Run, client, n: int, gib: float, log2: int, chunk: int, total: int, kind: str) -> None:
+    """Every asked-for path of one worker count, size, chunk and placement."""
+    args, setting = run.args, run.setting
+    x, layout = place(client, setting, ((chunk,) * (total // chunk),), kind)
+    base = dict(gpus=n, gib_per_gpu=gib, chunk_log2=log2, chunk=f"2^{log2}", placement=layout.placement,
+                runs=layout.runs, chunks_per_worker=layout.per_worker)
+    paths = args.paths if kind == "dask" else ("held",)
+    ref = reference(x)
+    if "held" in paths:
+        run.measure(client, held_cases(client, x, ref, args, gib), base)
+    if "expr" in paths:
+        run.measure(client, expr_cases(client, x, ref, args, gib), base)
+        run.add(base, expression_time_row(client, x, args.repeats))
+    if "graph" in paths:
+        run.measure(client, graph_cases(client, x, ref, args, gib), base)
+    if "lazy" in paths or "memory" in paths:
+        lz = lazy_array(setting, total // chunk, chunk)
+        if "lazy" in paths:
+            run.measure(client, lazy_cases(client, setting, lz, ref, args, gib, chunk), base)
+        if "memory" in paths:
+            for row in memory_rows(client, lz, ref, args.timeout_s):
+                run.add(base, row)
+    names = [x.name]
+    del x
+    h.wait_released(client, names)
+    setting.free(client)
+    if "axes" in paths:
+        run.attempt(f"tall matrix of {n} x {gib:g} GiB, 2^{log2}", tall, client, n, gib, chunk, total)
 
-    def speed(r, impl):
-        same = [q for q in rows if q["impl"] == impl
-                and all(q[k] == r[k] for k in ("gpus", "gib_per_gpu", "chunk_log2", "placement"))]
-        return same[0]["ms"] / r["ms"] if same and r["ms"] == r["ms"] else float("nan")
 
-    for r in rows:
-        base = speed(r, "dask.array.sum" if r["op"] == "sum" else "da.cumsum[sequential]")
-        blelloch = speed(r, "da.cumsum[blelloch]") if r["op"] == "cumsum" else float("nan")
-        lines.append(f"| {r['gpus']} | {r['gib_per_gpu']:g} | 2^{r['chunk_log2']} | "
-                     f"{r['placement']} ({r.get('runs', '?')}) "
-                     f"| {r['impl']} | {r['ms']:.2f} | {r['gbps']:.1f} | {base:.2f} | {blelloch:.2f} | "
-                     f"{r.get('tasks', '')} | {r.get('transfers', '')} ({r.get('transfer_bytes', '')}) | "
-                     f"{r.get('outside_tasks_ms', float('nan')):.1f} | "
-                     f"{r['ok']} | {r['note']} |")
-    table = "\n".join(lines)
+def tall(run: Run, client, n: int, gib: float, chunk: int, total: int) -> None:
+    """The tall matrix of x's bytes, chunks of x's chunk bytes, Dask's placement."""
+    cols = run.args.tall_cols
+    rows_per_chunk = max(chunk // cols, 1)
+    n_chunks = max(total // cols // rows_per_chunk, 1)
+    m, layout = place(client, run.setting, ((rows_per_chunk,) * n_chunks, (cols,)), "dask", seed=SEED + 1)
+    ref64 = client.persist(m.astype(np.float64).sum(axis=1))
+    base = dict(gpus=n, gib_per_gpu=gib, chunk_log2=None, chunk=f"{rows_per_chunk}x{cols}", placement=layout.placement,
+                runs=layout.runs, chunks_per_worker=layout.per_worker)
+    run.measure(client, tall_cases(client, m, ref64, cols), base)
+    names = [m.name, ref64.name]
+    del m, ref64
+    h.wait_released(client, names)
+    run.setting.free(client)
+
+
+def field(run: Run, client, n: int) -> None:
+    """The time x lat x lon field, its time axis scaled to the workers and --field-gib, Dask's placement."""
+    args = run.args
+    lat, lon = args.field_shape
+    steps = int(args.field_gib * n * 2**30 // (lat * lon * 4))
+    if steps < 1:
+        run.skipped.append(f"field on {n} workers: --field-gib {args.field_gib:g} holds no time step")
+        return
+    per = min(args.field_chunk_steps, steps)
+    chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
+    f, layout = place(client, run.setting, chunks, "dask", seed=SEED + 2)
+    ref64 = h.host(f.astype(np.float64).mean(axis=0).compute()).astype(np.float64)
+    base = dict(gpus=n, gib_per_gpu=f.nbytes / n / 2**30, chunk_log2=None, chunk=f"{per}x{lat}x{lon}",
+                placement=layout.placement, runs=layout.runs, chunks_per_worker=layout.per_worker)
+    print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks", flush=True)
+    run.measure(client, field_cases(client, f, ref64), base)
+    names = [f.name]
+    del f
+    h.wait_released(client, names)
+    run.setting.free(client)
+
+
+def main(argv=None):
+    import distributed
+
+    args = parse(argv)
+    setting = h.setting(args.cpu)
+    if args.profile:
+        from benchmarks import multigpu_profile
+
+        return multigpu_profile.main(args, setting)
+    run = Run(args, setting)
+    for n in worker_counts(args.gpus, setting.available):
+        if run.over_budget(f"{n} workers"):
+            continue
+        with setting.cluster(n) as cluster, distributed.Client(cluster) as client:
+            # the field first: it is one configuration per worker count, and the budget cuts what comes last
+            if "axes" in args.paths and "dask" in args.placements and not run.over_budget(f"field on {n} workers"):
+                run.attempt(f"field on {n} workers", field, client, n)
+            for gib, log2, chunk, total in float32_sizes(args, n):
+                for kind in args.placements:
+                    if kind != "dask" and n == 1:
+                        continue  # one worker: the same as Dask's placement
+                    what = f"{n} x {gib:g} GiB, 2^{log2}, {kind}"
+                    if not run.over_budget(what):
+                        run.attempt(what, configuration, client, n, gib, log2, chunk, total, kind)
+    env = {"date": time.strftime("%Y-%m-%d %H:%M"), "workers": setting.available, "device": setting.device,
+           "seconds": round(time.time() - run.started, 1), "args": vars(args), "left_out": run.skipped}
+    # a CPU smoke run never replaces the GPU tables in docs/
+    out_dirs = ([] if args.cpu else [ROOT / "docs"]) + [Path(os.environ.get("OUT") or "/tmp")]
+    write(run.rows, env, out_dirs, "bench_multigpu_scaling" if args.scaling else "bench_multigpu_latest")
+    return run.rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables
+# ------------------------------------------------------------------------------------------------
+CONFIG = ("gpus", "gib_per_gpu", "chunk", "placement")
+
+
+def x_dask(rows: list[dict], r: dict, key: str = "ms") -> float:
+    """The peer row's ``key`` over this row's (same configuration); NaN where there is none."""
+    same = [q for q in rows if q["impl"] == r.get("peer") and all(q.get(k) == r.get(k) for k in CONFIG)]
+    mine = r.get(key, float("nan"))
+    if not same or not mine or mine != mine:
+        return float("nan")
+    return same[0].get(key, float("nan")) / mine
+
+
+def _f(v, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and v is not None else "-"
+
+
+def full_table(rows: list[dict]) -> str:
+    timed = [r for r in rows if r["path"] != "memory"]
+    return h.md_table(
+        ("workers", "GiB/worker", "chunk", "placement (runs)", "chunks/worker", "path", "impl", "ms", "GB/s", "x dask",
+         "tasks", "transfers (bytes)", "outside tasks ms", "ok", "note"),
+        ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], f"{r['placement']} ({r['runs']})", r["chunks_per_worker"],
+          r["path"], r["impl"], _f(r["ms"], ".2f"), _f(r["gbps"], ".1f"), _f(x_dask(rows, r), ".2f"),
+          r.get("tasks", ""), f"{r.get('transfers', '')} ({r.get('transfer_bytes', '')})" if "transfers" in r else "",
+          _f(r.get("outside_tasks_ms"), ".1f"), r["ok"], r["note"]) for r in timed))
+
+
+def memory_table(rows: list[dict]) -> str:
+    mem = [r for r in rows if r["path"] == "memory"]
+    metrics = ("peak_pool_used", "peak_pool_total", "peak_device_used", "peak_rss")
+    return h.md_table(
+        ("workers", "GiB/worker", "chunk", "impl", "ms", "pool used MiB", "pool high-water MiB", "device (NVML) MiB",
+         "RSS MiB", "dask's peak / ours (device or RSS)", "ok"),
+        ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], r["impl"], _f(r["ms"], ".2f"),
+          *(_f(r[k] / 2**20, ".0f") if k in r else "-" for k in metrics),
+          _f(x_dask(rows, r, "peak_device_used" if "peak_device_used" in r else "peak_rss"), ".2f")
+          if r["impl"] != r["peer"] else "", r["ok"]) for r in mem))
+
+
+def short_table(rows: list[dict]) -> str:
+    return h.md_table(("workers", "GiB/worker", "chunk", "placement", "chunks/worker", "impl", "ms", "x dask", "ok"),
+                      ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], r["placement"], r["chunks_per_worker"],
+                        r["impl"], _f(r["ms"], ".2f"), _f(x_dask(rows, r), ".2f"), r["ok"] if r["ok"] else
+                        f"{r['ok']} ({r['note'][:60]})") for r in rows if r["path"] != "memory"))
+
+
+def write(rows: list[dict], env: dict, out_dirs: list[Path], name: str) -> None:
+    """The full and memory tables and the JSON to each of ``out_dirs``; a short table printed last."""
+    memory = f"Peak memory per worker above its baseline (the largest worker's):\n\n{memory_table(rows)}"
+    text = f"{json.dumps(env, default=str)}\n\n{full_table(rows)}\n{memory}"
     for d in out_dirs:
         d.mkdir(parents=True, exist_ok=True)
-        (d / "bench_multigpu_latest.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
-        (d / "bench_multigpu_latest.md").write_text(f"{json.dumps(env)}\n\n{table}\n")
-    print(table)
-
-
-if __name__ == "__main__":
-    main()
+        (d / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1, default=str))
+        (d / f"{name}.md").write_text(text)
+    bad = [r for r in rows if not r["ok"]]
+    if any(r["path"] == "memory" for r in rows):
+        print("\n" + memory)
+    print(f"\n{env['device']}: {len(rows)} rows, {len(bad)} not ok, {env['seconds']} s; full table in "
+          f"{', '.join(str(d / (name + '.md')) for d in out_dirs)}\n")
+    print(short_table(rows), end="")

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # One device call: install the carried wheels, run the GPU test suite and the benchmarks, print a
-# short table last. Full logs go to $OUT.
+# short table last. Full logs go to $OUT. Each step is a suite of `python -m benchmarks` (its --help
+# says what it measures) or pytest.
 #   bash benchmarks/run_gpu.sh [STEPS] [extra pytest args...]
-# STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it), bench, sweep (look-back tile shapes),
-# small (where a small reduce spends its time), profile (ncu on one look-back scan and one reduce),
-# segprofile (ncu on the segmented kernels at 10^3/10^5/10^7 segments), segcall (host time of the segment calls, cProfile), statscall (host time of one statistics call, cProfile), pending (the exact sum and scan tests alone, Dask arrays of CuPy chunks included), stats (statistics GPU tests and bench_stats), statsbench (bench_stats alone), seg (bench_segments), exact (bench_exact --gpu-exact --quick; EXACT_ARGS="--logs 26,28" replaces --quick),
-# exactfull (bench_exact --gpu-exact, 2^20..2^30), exactsweep (sweep_exact_scan.py: the exact cumsum's pass 2 over Block x Items x
-# blocks per SM, bitwise-checked against mr.cumsum(exact=True); EXACTSWEEP_ARGS="--quick" narrows it; table and JSON in $OUT), exactterms (profile_exact --terms: expansion lengths 4/6/8), exactcall (cProfile of the exact call's host time), exactprofile (the exact kernel's expansion length and blocks per SM, and ncu on it),
-# lookback (fixed vs free look-back and float32 accumulators: what picks the defaults), first (first-call cost in fresh processes with empty caches, vs CuPy; and without the prebuilt kernels).
-# cub (CUB reduce / scan / segmented reduce through cuda.compute beside ours, CuPy, torch and the copy roof;
-# installs .whl-cccl/ first if it is there; CUB_ARGS="--quick" or "--sizes 26 --dtypes float32" narrow it).
+# STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it),
+# bench (reduce, scan, summary; BENCH_ARGS="--quick" narrows it), sweep (sweep-scan), small (reduce --profile small), profile (ncu on
+# scan --profile), segprofile (ncu on segments --profile kernels), segcall (segments --profile call),
+# statscall (stats --profile call), statskernels (stats --profile kernels), pending (the exact sum and
+# scan tests alone, Dask arrays of CuPy chunks included), stats (statistics GPU tests and the stats suite),
+# statsbench (the stats suite alone), seg (segments), exact (exact --gpu-exact --quick; EXACT_ARGS="--logs
+# 26,28" replaces --quick), exactfull (exact --gpu-exact, 2^20..2^30), exactsweep (sweep-exact-scan;
+# EXACTSWEEP_ARGS="--quick" narrows it; table and JSON in $OUT), exactterms (exact --profile terms),
+# exactcall (exact --profile call), exactscan (exact --profile scan), exactprofile (exact --profile shapes,
+# and ncu on exact --profile ncu), lookback (scan --lookback-only, reduce --accumulate-only), first
+# (first-call, with and without the prebuilt kernels), cub (installs .whl-cccl/ first if it is there;
+# CUB_ARGS="--quick" or "--sizes 26 --dtypes float32" narrow it).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests bench"
@@ -26,36 +31,36 @@ export MULTIREDUCE_KERNEL_CACHE=${MULTIREDUCE_KERNEL_CACHE:-/tmp/multireduce-ker
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; \
   python3 -c "import cupy, numpy, dask; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'dask', dask.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 rc=0
-# ncu over the kernels matching REGEX in `python3 SCRIPT [ARGS]`, all to $OUT/LOG; the profile steps read
-# the same six sections, and MORE_SECTIONS adds to them.
-#   ncu_run LIMIT_S REGEX LAUNCH_SKIP LAUNCH_COUNT LOG SCRIPT [ARGS...]
+# ncu over the kernels matching REGEX in `python3 -m benchmarks SUITE [ARGS]`, all to $OUT/LOG; the profile
+# steps read the same six sections, and MORE_SECTIONS adds to them.
+#   ncu_run LIMIT_S REGEX LAUNCH_SKIP LAUNCH_COUNT LOG SUITE [ARGS...]
 ncu_run() {
   local limit=$1 regex=$2 skip=$3 count=$4 log=$5; shift 5
   # shellcheck disable=SC2086  # MORE_SECTIONS is a list of flags
   timeout "$limit" ncu --kernel-name regex:"$regex" --launch-skip "$skip" --launch-count "$count" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats ${MORE_SECTIONS:-} \
-    python3 "$@" > "$OUT/$log" 2>&1 || rc=1
+    python3 -m benchmarks "$@" > "$OUT/$log" 2>&1 || rc=1
 }
 if has sweep; then
-  timeout 300 python3 benchmarks/sweep_scan.py > "$OUT/sweep-scan.log" 2>&1 || rc=1
+  timeout 300 python3 -m benchmarks sweep-scan > "$OUT/sweep-scan.log" 2>&1 || rc=1
   grep -E "x copy" "$OUT/sweep-scan.log"; tail -n 2 "$OUT/sweep-scan.log" | grep -v "x copy"
 fi
 if has small; then
-  timeout 120 python3 benchmarks/profile_small.py > "$OUT/profile-small.log" 2>&1 || rc=1
+  timeout 120 python3 -m benchmarks reduce --profile small > "$OUT/profile-small.log" 2>&1 || rc=1
   grep -E "^\|" "$OUT/profile-small.log" || tail -n 20 "$OUT/profile-small.log"
 fi
 if has first; then
-  { timeout 400 python3 benchmarks/first_call.py; timeout 400 python3 benchmarks/first_call.py --no-prebuilt; } \
+  { timeout 400 python3 -m benchmarks first-call; timeout 400 python3 -m benchmarks first-call --no-prebuilt; } \
     > "$OUT/first-call.log" 2>&1 || rc=1
   cat "$OUT/first-call.log"
 fi
 if has profile; then
-  ncu_run 240 "scan_lookback|reduce_vectorized" 2 2 ncu.txt benchmarks/profile_scan.py
+  ncu_run 240 "scan_lookback|reduce_vectorized" 2 2 ncu.txt scan --profile
   grep -E "scan_lookback|reduce_vectorized|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|stall|Eligible Warps|No Eligible" "$OUT/ncu.txt" | head -60
 fi
 if has segprofile; then
-  ncu_run 300 "segment_" 0 24 ncu-segments.txt benchmarks/profile_segments.py
+  ncu_run 300 "segment_" 0 24 ncu-segments.txt segments --profile kernels
   grep -E "segment_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|No Eligible" "$OUT/ncu-segments.txt" | head -150
 fi
 if has stats; then
@@ -63,7 +68,7 @@ if has stats; then
   grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu-stats.log" | head -20; tail -n 3 "$OUT/gpu-stats.log"
 fi
 if has stats || has statsbench; then
-  timeout 200 python3 benchmarks/bench_stats.py > "$OUT/bench-stats.log" 2>&1 || rc=1
+  timeout 200 python3 -m benchmarks stats > "$OUT/bench-stats.log" 2>&1 || rc=1
   tail -n 30 "$OUT/bench-stats.log"
 fi
 if has pending; then
@@ -74,30 +79,34 @@ if has pending; then
   grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/pending.log" | head -30
 fi
 if has statscall; then
-  timeout 120 python3 benchmarks/profile_stats_call.py > "$OUT/profile-stats-call.log" 2>&1 || rc=1
+  timeout 120 python3 -m benchmarks stats --profile call > "$OUT/profile-stats-call.log" 2>&1 || rc=1
   grep -E "^\|" "$OUT/profile-stats-call.log"
 fi
+if has statskernels; then
+  timeout 300 python3 -m benchmarks stats --profile kernels > "$OUT/profile-stats-kernels.log" 2>&1 || rc=1
+  grep -E "^\|" "$OUT/profile-stats-kernels.log" | head -80
+fi
 if has segcall; then
-  timeout 120 python3 benchmarks/profile_segment_call.py > "$OUT/profile-segment-call.log" 2>&1 || rc=1
+  timeout 120 python3 -m benchmarks segments --profile call > "$OUT/profile-segment-call.log" 2>&1 || rc=1
   head -n 60 "$OUT/profile-segment-call.log"
 fi
 if has seg; then
   timeout 180 python3 tools/compile_kernels.py --arch sm_90 --only segment > "$OUT/segment-compile.log" 2>&1 || { rc=1; tail -n 20 "$OUT/segment-compile.log"; }
-  OUT=$OUT timeout 300 python3 benchmarks/bench_segments.py > "$OUT/bench-segments.log" 2>&1 || rc=1
+  OUT=$OUT timeout 300 python3 -m benchmarks segments > "$OUT/bench-segments.log" 2>&1 || rc=1
   tail -n 45 "$OUT/bench-segments.log"
 fi
 if has exact; then
-  timeout 300 python3 benchmarks/bench_exact.py --gpu-exact ${EXACT_ARGS:---quick} > "$OUT/bench-exact.log" 2>&1 || rc=1
+  timeout 300 python3 -m benchmarks exact --gpu-exact ${EXACT_ARGS:---quick} > "$OUT/bench-exact.log" 2>&1 || rc=1
   tail -n 25 "$OUT/bench-exact.log"
 fi
 if has exactfull; then
-  timeout 420 python3 benchmarks/bench_exact.py --gpu-exact > "$OUT/bench-exact-full.log" 2>&1 || rc=1
+  timeout 420 python3 -m benchmarks exact --gpu-exact > "$OUT/bench-exact-full.log" 2>&1 || rc=1
   tail -n 52 "$OUT/bench-exact-full.log"
 fi
 if has exactsweep; then
   # the whole table (one row per variant, dtype, data and size) and the JSON stay in $OUT; the best per dtype
   # and size, any mismatch or failure, and the shipped shape's rows print here
-  timeout 540 python3 benchmarks/sweep_exact_scan.py --out "$OUT/sweep-exact-scan.json" ${EXACTSWEEP_ARGS:-} \
+  timeout 540 python3 -m benchmarks sweep-exact-scan --out "$OUT/sweep-exact-scan.json" ${EXACTSWEEP_ARGS:-} \
     > "$OUT/sweep-exact-scan.log" 2>&1 || rc=1
   sed -n '/^Best bitwise/,$p' "$OUT/sweep-exact-scan.log" > "$OUT/sweep-exact-scan.md"
   grep -E "^(compiled [0-9]+ modules|!!)" "$OUT/sweep-exact-scan.log" | head -20
@@ -107,22 +116,26 @@ if has exactsweep; then
   tail -n 3 "$OUT/sweep-exact-scan.log"
 fi
 if has exactcall; then
-  timeout 120 python3 benchmarks/profile_exact_call.py > "$OUT/profile-exact-call.log" 2>&1 || rc=1
+  timeout 120 python3 -m benchmarks exact --profile call > "$OUT/profile-exact-call.log" 2>&1 || rc=1
   head -n 70 "$OUT/profile-exact-call.log"
 fi
+if has exactscan; then
+  timeout 200 python3 -m benchmarks exact --profile scan > "$OUT/profile-exact-scan.log" 2>&1 || rc=1
+  grep -E "^\|" "$OUT/profile-exact-scan.log"
+fi
 if has exactterms; then
-  timeout 400 python3 benchmarks/profile_exact.py --terms > "$OUT/profile-exact-terms.log" 2>&1 || rc=1
+  timeout 400 python3 -m benchmarks exact --profile terms > "$OUT/profile-exact-terms.log" 2>&1 || rc=1
   tail -n 12 "$OUT/profile-exact-terms.log"
 fi
 if has exactprofile; then
-  timeout 300 python3 benchmarks/profile_exact.py > "$OUT/profile-exact.log" 2>&1 || rc=1
+  timeout 300 python3 -m benchmarks exact --profile shapes > "$OUT/profile-exact.log" 2>&1 || rc=1
   tail -n 16 "$OUT/profile-exact.log"
   MORE_SECTIONS="--section ComputeWorkloadAnalysis --section InstructionStats" \
-    ncu_run 200 "exact_sum_rows" 1 3 ncu-exact.txt benchmarks/profile_exact.py --ncu
+    ncu_run 200 "exact_sum_rows" 1 3 ncu-exact.txt exact --profile ncu
   grep -E "exact_sum_rows|Memory Throughput|DRAM Throughput|Compute \(SM\)|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|FP64|Executed Ipc" "$OUT/ncu-exact.txt" | head -60
 fi
 if has lookback; then
-  { timeout 200 python3 benchmarks/bench_scan.py --lookback-only; timeout 200 python3 benchmarks/bench_reduce.py --accumulate-only; } \
+  { timeout 200 python3 -m benchmarks scan --lookback-only; timeout 200 python3 -m benchmarks reduce --accumulate-only; } \
     > "$OUT/bench-lookback.log" 2>&1 || rc=1
   tail -n 40 "$OUT/bench-lookback.log"
 fi
@@ -135,7 +148,7 @@ if has cub; then
       || { rc=1; tail -n 5 "$OUT/cub-install.log"; }
     export PYTHONPATH=/tmp/site-cccl:$PYTHONPATH
   fi
-  timeout 500 python3 benchmarks/bench_cub.py ${CUB_ARGS:-} --json "$OUT/bench_cub.json" > "$OUT/bench-cub.log" 2>&1 || rc=1
+  timeout 500 python3 -m benchmarks cub ${CUB_ARGS:-} --json "$OUT/bench_cub.json" > "$OUT/bench-cub.log" 2>&1 || rc=1
   tail -n 60 "$OUT/bench-cub.log"
 fi
 if has tests; then
@@ -147,9 +160,11 @@ if has tests; then
   tail -n 3 "$OUT/gpu-tests.log"; tail -n 3 "$OUT/gpu-large.log"
 fi
 if has bench; then
-  python3 benchmarks/bench_reduce.py > "$OUT/bench-reduce.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-reduce.log"; }
-  python3 benchmarks/bench_scan.py > "$OUT/bench-scan.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-scan.log"; }
-  python3 benchmarks/summary.py "$OUT" || rc=1
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of options (--quick: two sizes)
+  python3 -m benchmarks reduce ${BENCH_ARGS:-} > "$OUT/bench-reduce.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-reduce.log"; }
+  # shellcheck disable=SC2086
+  python3 -m benchmarks scan ${BENCH_ARGS:-} > "$OUT/bench-scan.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-scan.log"; }
+  python3 -m benchmarks summary "$OUT" || rc=1
 fi
 # the device returns at most 8 files: more than that travel as one archive
 if [ "$(ls -A "$OUT" | wc -l)" -gt 8 ]; then

@@ -2,12 +2,14 @@
 # One device call on a machine with several GPUs: install the carried wheels (the Dask stack and
 # dask-cuda), run the multi-GPU tests, start a TLS cluster with GPU workers through deploy/ and use it,
 # then the multi-GPU benchmarks. Short table last; logs in $OUT.
-#   bash benchmarks/run_multigpu.sh [PHASES] [multigpu.py args...]
+#   bash benchmarks/run_multigpu.sh [PHASES] [multigpu suite args...]
 # PHASES: "all" (= "tests soak bench") or a quoted list of tests (multi-GPU, spill, fault and OOM tests, the
 # deploy/ TLS cluster), soak (a short soak: 4 clients x MR_SOAK_REQUESTS), soakfull (the full soak: 4 clients x 500,
-# 1 KB - 1 GB, in 10 rounds; no new round past MR_SOAK_TIMEOUT - 60 s), bench (benchmarks/multigpu.py --quick,
-# multigpu_stats.py --exact), profile (multigpu.py --profile, profile_held.py). Each phase fits one device call
-# (<= 10 minutes); soakfull and bench take one each.
+# 1 KB - 1 GB, in 10 rounds; no new round past MR_SOAK_TIMEOUT - 60 s), bench (multigpu --quick, multigpu-stats
+# --exact), paths (multigpu --paths all on every GPU: expressions, some axes, lazy sources, the graph, peak
+# memory, beside the held rows), scaling (multigpu --scaling), profile (multigpu --profile phases, --profile held).
+# Each phase fits one device call (<= 10 minutes); soakfull, bench, paths and scaling take one each. Every
+# benchmark is `python -m benchmarks SUITE` (--help lists the options).
 set -uo pipefail
 what=${1:-all}; shift || true
 [ "$what" = all ] && what="tests soak bench"
@@ -50,7 +52,7 @@ if has soak || has soakfull; then
 # every round; no new round starts 60 s before the timeout, so a long soak still reports the rounds it finished
 if has soakfull; then soak_s=${MR_SOAK_TIMEOUT:-560} requests=500 rounds=10; else
   soak_s=${MR_SOAK_TIMEOUT:-150} requests=${MR_SOAK_REQUESTS:-100} rounds=${MR_SOAK_ROUNDS:-5}; fi
-timeout $soak_s python3 benchmarks/soak.py --clients 4 --requests $requests --max-bytes ${MR_SOAK_MAX_BYTES:-1e9} \
+timeout $soak_s python3 -m benchmarks soak --clients 4 --requests $requests --max-bytes ${MR_SOAK_MAX_BYTES:-1e9} \
   --rounds $rounds --deadline $((soak_s > 120 ? soak_s - 60 : soak_s / 2)) --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1 || rc=1
 grep -E "^soak:" "$OUT/soak.log" | tail -n 12
 python3 - "$OUT/soak.json" <<'PY' || tail -n 25 "$OUT/soak.log"
@@ -63,19 +65,33 @@ print("growth MB:", json.dumps({w: {m: round(v / 2**20, 1) for m, v in g.items()
 PY
 fi
 if has bench; then
-timeout ${MR_BENCH_TIMEOUT:-300} python3 benchmarks/multigpu.py --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
+timeout ${MR_BENCH_TIMEOUT:-300} python3 -m benchmarks multigpu --quick "$@" > "$OUT/bench-multigpu.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu.log"; }
 cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
-timeout ${MR_STATS_TIMEOUT:-200} python3 benchmarks/multigpu_stats.py --exact --gpus 1,$(nvidia-smi -L | wc -l) --per-gpu-gib 8 --chunk-log2 26,28 \
+timeout ${MR_STATS_TIMEOUT:-200} python3 -m benchmarks multigpu-stats --exact --gpus 1,$(nvidia-smi -L | wc -l) --per-gpu-gib 8 --chunk-log2 26,28 \
   > "$OUT/bench-multigpu-stats.log" 2>&1 || { rc=1; tail -20 "$OUT/bench-multigpu-stats.log"; }
 cp docs/bench_multigpu_stats.* "$OUT/" 2>/dev/null
 cat "$OUT/bench_multigpu_latest.md" "$OUT/bench_multigpu_stats.md" 2>/dev/null | tail -n 60
 fi
+if has paths; then
+# the new rows beside the held ones, Dask's placement, 8 GiB per GPU, chunks 2^24 / 2^26 / 2^28; the short
+# table printed last, the full one and the memory table in $OUT/bench_multigpu_latest.md
+timeout ${MR_PATHS_TIMEOUT:-500} python3 -m benchmarks multigpu --paths all --placements dask --repeats 3 --timeout-s 30 \
+  --budget-s ${MR_PATHS_BUDGET:-360} "$@" > "$OUT/bench-multigpu-paths.log" 2>&1 || rc=1
+cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
+sed -n '/^Peak memory/,$p' "$OUT/bench-multigpu-paths.log"
+fi
+if has scaling; then
+timeout ${MR_SCALING_TIMEOUT:-540} python3 -m benchmarks multigpu --scaling --repeats 3 --timeout-s 30 \
+  --budget-s ${MR_SCALING_BUDGET:-400} "$@" > "$OUT/bench-multigpu-scaling.log" 2>&1 || rc=1
+cp docs/bench_multigpu_scaling.* "$OUT/" 2>/dev/null
+sed -n '/rows, .* not ok/,$p' "$OUT/bench-multigpu-scaling.log"
+fi
 if has profile; then
-timeout 200 python3 benchmarks/multigpu.py --profile > "$OUT/profile-multigpu.log" 2>&1 || rc=1
+timeout 200 python3 -m benchmarks multigpu --profile phases > "$OUT/profile-multigpu.log" 2>&1 || rc=1
 tail -n 40 "$OUT/profile-multigpu.log"
 # the direct paths (held .compute() / .persist()) phase by phase, beside Dask's per-task floor
-for c in 26 28; do timeout 90 python3 benchmarks/profile_held.py --chunk-log2 $c > "$OUT/profile-held-$c.log" 2>&1 || rc=1; done
-grep -h "^|\|^worker\|workers," "$OUT"/profile-held-*.log
+for c in 26 28; do timeout 90 python3 -m benchmarks multigpu --profile held --chunk-log2 $c > "$OUT/profile-held-$c.log" 2>&1 || rc=1; done
+grep -h "^|\|workers," "$OUT"/profile-held-*.log
 fi
 # the device returns at most 8 files: more than that travel as one archive
 if [ "$(ls -A "$OUT" | wc -l)" -gt 8 ]; then

@@ -2,9 +2,10 @@
 checked against NumPy, worker memory is sampled after a warm-up and after every round, and small-request
 throughput is reported next to dask.array.sum on the same requests.
 
-    python benchmarks/soak.py                     # default: 4 clients x 80 requests, 1 KB .. 1 GB (~2 min)
-    python benchmarks/soak.py --full              # the full size: 4 clients x 500 requests, 1 KB .. 1 GB
-    python benchmarks/soak.py --cpu --clients 2 --requests 20 --max-bytes 1e6
+    python -m benchmarks soak                     # default: 4 clients x 80 requests, 1 KB .. 1 GB (~2 min)
+    python -m benchmarks soak --full              # the full size: 4 clients x 500 requests, 1 KB .. 1 GB
+    python -m benchmarks soak --cpu --clients 2 --requests 20 --max-bytes 1e6
+    python -m benchmarks soak --memory-probe [--sizes-mb 1,64,1024] [--report-mb 16]
 
 Memory is judged after a warm-up, not from a cold start: the first use of each dtype, operation and size
 class loads kernel modules, sizes workspaces and fills Dask's and our caches, and that is a one-off cost,
@@ -16,11 +17,18 @@ pool has returned its unused blocks (the driver then counts live arrays, the con
 blocks cached for the largest request so far). Reported per worker: the growth from the baseline to the
 last round and the per-round slope (least squares); the run fails where the growth passes the tolerances,
 or where a cache of ours without a size bound grew after the warm-up.
+
+``--memory-probe`` asks which operation leaves driver-level GPU memory behind outside CuPy's pool, in one
+process on one GPU, no cluster: each soak operation (OPS) on every GPU dtype at several sizes
+(``--sizes-mb``), eagerly on a CuPy array; after each, a synchronize and the pool's free blocks returned,
+then this process's NVML reading against the baseline (taken after one small run of everything). A
+reading above it that a later trivial launch or a second sample brings back is a transient reservation
+(local memory resized for a kernel, for one), not a leak. Prints the operations whose reading passed
+``--report-mb``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -30,7 +38,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import harness as h
 
 DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
           "float64", "complex64", "complex128", "bool"]
@@ -93,27 +101,6 @@ def cache_sizes() -> dict[str, tuple[int, int | None]]:
     return out
 
 
-def _gpu_used_by_this_process(cupy) -> tuple[int, str]:
-    """Driver-level bytes of this process on its GPU (NVML, where it lists our pid), else the whole GPU's."""
-    dev = cupy.cuda.Device().id
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        bus = cupy.cuda.runtime.getDeviceProperties(dev)["pciBusID"]
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            if pynvml.nvmlDeviceGetPciInfo(handle).bus != bus:
-                continue
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
-                    return int(proc.usedGpuMemory), "process"
-    except Exception:  # no NVML, or a container whose pids NVML does not show: the device total
-        pass
-    free, total = cupy.cuda.runtime.memGetInfo()
-    return total - free, "device"
-
-
 def _sample(dask_worker=None):
     """On a worker, between rounds: RSS, and where CuPy is in use the pool and driver-level GPU bytes."""
     import ctypes
@@ -146,7 +133,7 @@ def _sample(dask_worker=None):
         pool = cupy.get_default_memory_pool()
         out["pool_used"], out["pool_held"] = pool.used_bytes(), pool.total_bytes()
         pool.free_all_blocks()
-        out["gpu_used"], out["gpu_scope"] = _gpu_used_by_this_process(cupy)
+        out["gpu_used"], out["gpu_scope"] = h.device_memory_reader(cupy)()
     out["caches"] = cache_sizes()
     return out
 
@@ -516,8 +503,48 @@ def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0
             "ok": not errors and not summary["leaks"] and not summary["unbounded_cache_growth"]}
 
 
+def memory_probe(sizes_mb: str, report_mb: float) -> list:
+    """``--memory-probe``: each operation on every GPU dtype at each size, eagerly; those after which this
+    process's driver-level memory stayed more than ``report_mb`` above the baseline."""
+    import cupy
+
+    import multireduce as mr
+
+    pool = cupy.get_default_memory_pool()
+    reader = h.device_memory_reader(cupy)
+
+    def used():
+        cupy.cuda.Device().synchronize()
+        pool.free_all_blocks()
+        return reader()[0]
+
+    rng = np.random.default_rng(0)
+    cases = [(d, op) for d in dtypes_for(True) for op in ops_for(d)]
+    for d, op in cases:  # warm-up: modules loaded, workspaces sized
+        getattr(mr, op)(cupy.asarray(_data(rng, d, 4096, op)))
+    base = used()
+    print(f"baseline {base / 2**20:.0f} MB (scope {reader()[1]})", flush=True)
+    flagged = []
+    sizes = [float(s) for s in sizes_mb.split(",")]
+    for mb in sizes:
+        for d, op in cases:
+            n = max(int(mb * 2**20) // np.dtype(d).itemsize, 1)
+            x = cupy.asarray(_data(rng, d, n, op))
+            r = getattr(mr, op)(x)
+            del x, r
+            after = used() - base
+            if after > report_mb * 2**20:
+                cupy.zeros(1).sum()  # a trivial launch: does a resized reservation come back?
+                later = used() - base
+                flagged.append((mb, d, op, after, later))
+                print(f"{mb:g} MB {d} {op}: +{after / 2**20:.0f} MB, after a trivial launch +{later / 2**20:.0f} MB",
+                      flush=True)
+    print(f"flagged {len(flagged)} of {len(cases) * len(sizes)}; final +{(used() - base) / 2**20:.0f} MB")
+    return flagged
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = h.parser("soak", __doc__)
     p.add_argument("--full", action="store_true",
                    help="the full size: 4 clients x 500 requests, 1 KB .. 1 GB (tens of minutes on 4 x H200)")
     p.add_argument("--clients", type=int, default=4)
@@ -532,7 +559,14 @@ def main(argv=None):
     p.add_argument("--no-warmup", action="store_true", help="baseline from a cold cluster (diagnosis)")
     p.add_argument("--out", help="also write the report (JSON) here")
     p.add_argument("--deadline", type=float, help="seconds after which no new round starts (a partial report)")
+    p.add_argument("--memory-probe", action="store_true",
+                   help="instead of the soak: which operation leaves GPU memory behind (one process, one GPU)")
+    p.add_argument("--sizes-mb", default="1,64,1024", help="with --memory-probe: input sizes")
+    p.add_argument("--report-mb", type=float, default=16, help="with --memory-probe: what growth is reported")
     a = p.parse_args(argv)
+    if a.memory_probe:
+        memory_probe(a.sizes_mb, a.report_mb)
+        return 0
     if a.full:
         for k, v in FULL.items():
             setattr(a, k, v)
@@ -549,6 +583,3 @@ def main(argv=None):
             f.write(text + "\n")
     return 0 if out["ok"] else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

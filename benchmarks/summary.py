@@ -1,13 +1,14 @@
 """The short table printed last by benchmarks/run_gpu.sh: each single-GPU target and what was measured.
 
-    python benchmarks/summary.py DIR   (DIR holds bench_reduce.json and bench_scan.json)
+    python -m benchmarks summary [DIR]   (DIR, default $OUT or ".", holds bench_reduce.json and bench_scan.json)
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
+
+from benchmarks import harness as h
 
 
 def load(path):
@@ -21,13 +22,17 @@ def pick(rows, **kw):
     return [r for r in rows if all(r[k] == v for k, v in kw.items())]
 
 
-def main(out: str) -> int:
+def main(argv=None) -> int:
+    p = h.parser("summary", __doc__)
+    p.add_argument("dir", nargs="?", default=os.environ.get("OUT") or ".",
+                   help="the folder with bench_reduce.json and bench_scan.json")
+    out = p.parse_args(argv).dir
     env, red = load(os.path.join(out, "bench_reduce.json"))
     _, scan = load(os.path.join(out, "bench_scan.json"))
     lines = []
 
     def add(target, value, ok):
-        lines.append(f"| {target} | {value} | {'met' if ok else 'NOT met'} |")
+        lines.append((target, value, "met" if ok else "NOT met"))
 
     for dtype in ["float32", "float64", "int32", "int64"]:
         big = [r for r in pick(red, family="sum", impl="multireduce", dtype=dtype) if r["n"] >= 1 << 26]
@@ -69,10 +74,5 @@ def main(out: str) -> int:
     print(f"\nDevice: {env.get('device') if env else '?'}; {len(red) + len(scan)} timed rows, {len(bad)} failed their check")
     for r in bad[:10]:
         print(f"  CHECK FAILED: {r['family']} {r['impl']} {r['dtype']} n={r['n']}")
-    print("| target | measured | |\n|---|---|---|")
-    print("\n".join(lines))
+    print(h.md_table(("target", "measured", ""), lines), end="")
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))

@@ -2,9 +2,9 @@
 MinBlocks>): threads per tile (Block), elements per thread (Items) and the blocks per SM asked of ptxas
 (MinBlocks, __launch_bounds__' second argument), checked bit for bit and timed.
 
-    python benchmarks/sweep_exact_scan.py [--quick] [--out FILE] [--logs 26,28]
+    python -m benchmarks sweep-exact-scan [--quick] [--out FILE] [--logs 26,28]
                                           [--blocks 128,256,512] [--items 4,8,16,32] [--min-blocks 2,3,4,5,6]
-    python benchmarks/sweep_exact_scan.py --list     (the combinations and their shared memory; no GPU)
+    python -m benchmarks sweep-exact-scan --list     (the combinations and their shared memory; no GPU)
 
 Each (Block, Items, MinBlocks) is compiled once by NVRTC (kernels._compiled over cupy_exact.module_text(),
 the library's own options and disk cache; several compiles at a time, --jobs), float32->float32 and
@@ -23,18 +23,15 @@ every row as JSON.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_exact
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # multireduce of this checkout
+from benchmarks import harness as h
 
 BLOCKS = (128, 256, 512)
 ITEMS = (4, 8, 16, 32)
@@ -95,9 +92,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="2^26 only; Block 128/256, Items 8/16/32, MinBlocks 2/3/4 (the explicit lists below win)")
+    ap = h.parser("sweep-exact-scan", __doc__,
+                  quick="2^26 only; Block 256/512, Items 8/16/32, MinBlocks 2/3/4 (the explicit lists below win)")
     ap.add_argument("--out", metavar="FILE", help="write every row (and the compile failures) as JSON")
     ap.add_argument("--logs", type=_ints, help="log2 of the sizes (default 26,28)")
     ap.add_argument("--blocks", type=_ints, help="threads per tile (default 128,256,512)")
@@ -181,7 +177,7 @@ def pipeline(cupy, lib, tiles_kernel, x, block: int, items: int, out=None, timed
 def run(args) -> int:
     import cupy
 
-    from bench_exact import make_gpu, median_ms
+    from benchmarks.bench_exact import make_gpu, median_ms
 
     import multireduce as mr
     from multireduce.backends import cupy_backend, cupy_exact as ce
@@ -321,6 +317,3 @@ def main(argv=None) -> int:
         return 0
     return run(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

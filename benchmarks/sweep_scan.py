@@ -1,7 +1,7 @@
 """Sweep the look-back scan's tile shapes (threads x items in shared memory + layers held in registers)
 at 2^26, 2^28 and 2^30 elements, checked and timed.
 
-    python benchmarks/sweep_scan.py [--quick]
+    python -m benchmarks sweep-scan [--quick]
 
 Runs the production launch (``cupy_backend.lookback_scan``) with each candidate of
 ``tuning.SCAN_SHAPE_CANDIDATES`` in place of the one the policy picks; prints GB/s (bytes read +
@@ -10,17 +10,11 @@ written) and the ratio to the copy roof.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-import harness as h  # noqa: E402
-
-from multireduce.operators import get_operator  # noqa: E402
-from multireduce.tuning import SCAN_SHAPE_CANDIDATES  # noqa: E402
+from benchmarks import harness as h
+from multireduce.operators import get_operator
+from multireduce.tuning import SCAN_SHAPE_CANDIDATES
 
 # the candidates live beside the policy, so a default can change after a sweep without new code; the kernel
 # variants that led to them (held layers, tile index from blockIdx) are measured in docs/sweep_scan_4.md
@@ -29,7 +23,10 @@ SHAPES = {"float32": SCAN_SHAPE_CANDIDATES["4byte"], "float64": SCAN_SHAPE_CANDI
 
 
 def main(argv=None):
-    cupy, _, args, env = h.setup("look-back scan tile shapes", argv)
+    return h.run_suite("sweep-scan", __doc__, argv, run, quick="2^26 and 2^28 only")
+
+
+def run(args, cupy, torch, env):
     from multireduce.backends import cupy_backend as cb
 
     op = get_operator("sum")
@@ -66,6 +63,3 @@ def main(argv=None):
                       f"ok={ok}", flush=True)
     h.save(rows, "sweep_scan", env)
 
-
-if __name__ == "__main__":
-    main()

@@ -9,15 +9,13 @@ import json
 import os
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import bench_cub as bc  # noqa: E402
-import bench_segments  # noqa: E402
-import harness as h  # noqa: E402
+from benchmarks import bench_cub as bc
+from benchmarks import bench_segments
+from benchmarks import harness as h
 
 
 # ---------------------------------------------------------------------------------------------- args

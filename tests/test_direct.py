@@ -254,19 +254,15 @@ def test_held_argmax_of_a_2d_array_knows_each_chunks_place(client):
         assert tasks == 0 and got == getattr(np, fn)(x) == client.compute(lazy).result(), fn
 
 
-def test_profile_held_runs_on_the_cpu(capsys, monkeypatch):
-    """benchmarks/profile_held.py --cpu: a real LocalCluster (loopback); the direct scan shows no task."""
-    import sys
-    from pathlib import Path
+def test_profile_held_runs_on_the_cpu(capsys):
+    """python -m benchmarks multigpu --profile held --cpu: a real LocalCluster (loopback); the direct scan
+    shows no task."""
+    from benchmarks import multigpu
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "profile_held", raising=False)
-    import profile_held
-
-    profile_held.main(["--cpu", "--repeats", "1"])
-    out = capsys.readouterr().out
-    direct_scan = next(line for line in out.splitlines() if line.startswith("| mr.cumsum(x).persist() |"))
-    assert "| tasks 0 |" in direct_scan and "| client.persist(mr.cumsum(x)) |" in out
+    tables = multigpu.main(["--cpu", "--profile", "held", "--repeats", "1"])
+    results = {row[0]: row for row in tables["results"]}
+    assert results["mr.cumsum(x).persist()"][3] == "0" and results["client.persist(mr.cumsum(x))"][3] != "0"
+    assert "| mr.cumsum(x).persist() |" in capsys.readouterr().out
 
 
 def test_persisting_the_same_scan_again_never_loses_chunks(client):

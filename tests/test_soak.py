@@ -1,4 +1,4 @@
-"""benchmarks/soak.py on a CPU LocalCluster with tiny settings (every result checked, memory after the
+"""python -m benchmarks soak on a CPU LocalCluster with tiny settings (every result checked, memory after the
 warm-up flat, throughput reported), its checker, its memory summary and argument checks; and our caches stay
 bounded under a stream of distinct inputs."""
 
@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,9 +18,9 @@ import dask.array as da  # noqa: E402
 
 import multireduce as mr  # noqa: E402
 
-# by name from sys.path, not from a file spec: the spawned client processes unpickle soak._client_main
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-soak = importlib.import_module("soak")
+# as a module of the benchmarks package, not from a file spec: the spawned client processes unpickle
+# benchmarks.soak._client_main
+soak = importlib.import_module("benchmarks.soak")
 api = importlib.import_module("multireduce.api")
 operators = importlib.import_module("multireduce.operators")
 

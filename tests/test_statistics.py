@@ -447,15 +447,10 @@ def test_kernel_names_come_from_the_dtype_table():
 
 
 def test_multigpu_stats_benchmark_cpu_smoke(tmp_path, monkeypatch):
-    """benchmarks/multigpu_stats.py --cpu: a real LocalCluster (loopback, ports 0), every row correct."""
-    import sys
-    from pathlib import Path
+    """python -m benchmarks multigpu-stats --cpu: a real LocalCluster (loopback, ports 0), every row correct."""
+    from benchmarks import multigpu_stats
 
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    monkeypatch.syspath_prepend(str(bench))
     monkeypatch.setenv("OUT", str(tmp_path))
-    monkeypatch.delitem(sys.modules, "multigpu_stats", raising=False)
-    import multigpu_stats
 
     rows = multigpu_stats.main(["--cpu", "--gpus", "2", "--repeats", "1"])
     assert {(r["op"], r["impl"]) for r in rows} == {("argmax", "dask.array.argmax"), ("argmax", "mr.argmax().compute()"),

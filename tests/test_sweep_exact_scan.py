@@ -1,22 +1,19 @@
-"""benchmarks/sweep_exact_scan.py without a GPU: which pass-2 shapes it compiles for which dtype, and that it
+"""python -m benchmarks sweep-exact-scan without a GPU: which pass-2 shapes it compiles for which dtype, and that it
 lists them and parses its arguments with CuPy absent."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "sweep_exact_scan.py"
 
 
 def _sweep():
-    spec = importlib.util.spec_from_file_location("sweep_exact_scan", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import sweep_exact_scan
+
+    return sweep_exact_scan
 
 
 def test_shared_memory_and_combinations():
@@ -33,8 +30,8 @@ def test_shared_memory_and_combinations():
 
 
 def test_lists_and_parses_without_cupy():
-    code = ("import runpy, sys; sys.modules['cupy'] = None; sys.argv = ['sweep', '--list', '--quick']; "
-            f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    code = ("import sys; sys.modules['cupy'] = None; from benchmarks.__main__ import main; "
+            "sys.exit(main(['sweep-exact-scan', '--list', '--quick']))")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
     assert run.returncode == 0, run.stderr
@@ -44,4 +41,5 @@ def test_lists_and_parses_without_cupy():
     assert any(l.startswith("Block 512 Items  8 MinBlocks 3: tile  4096") and "(the library's for float32" not in l
                and "float64)" in l for l in lines)
     assert "Block 128" not in run.stdout  # --quick: Block 256/512, around the library's shapes
-    assert subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=ROOT, capture_output=True).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "benchmarks", "sweep-exact-scan", "--help"], cwd=ROOT,
+                          capture_output=True).returncode == 0

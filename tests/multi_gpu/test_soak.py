@@ -2,14 +2,12 @@
 statistics in rounds, every result checked against NumPy; after a warm-up of every (dtype, operation, size
 class), worker RSS, CuPy's pool and driver-level GPU memory stay within soak.RSS_TOL / soak.GPU_TOL (64 MiB
 per worker; the reasoning is beside them in benchmarks/soak.py) and no cache of ours without a size bound
-grows. Small settings here (~1 min on 4 x H200); the issue's size is `python benchmarks/soak.py --full`."""
+grows. Small settings here (~1 min on 4 x H200); the full size is `python -m benchmarks soak --full`."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +15,9 @@ cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
 pytest.importorskip("dask_cuda", reason="dask-cuda is not installed")
 pytestmark = pytest.mark.multi_gpu
 
-# by name from sys.path, not from a file spec: the spawned client processes unpickle soak._client_main
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))
-soak = importlib.import_module("soak")
+# as a module of the benchmarks package, not from a file spec: the spawned client processes unpickle
+# benchmarks.soak._client_main
+soak = importlib.import_module("benchmarks.soak")
 
 
 def test_soak_gpu_short():

@@ -1,0 +1,319 @@
+"""The multigpu suite's profiles (``python -m benchmarks multigpu --profile [phases | held]``).
+
+``phases``: a lazy sum over held chunks split into phases (build, optimize, submit, to the first task,
+tasks, transfers, the window of tasks, gather) next to dask.array.sum's, at 16 and 32 chunks per worker;
+then the eager sum's ``client.run`` against ``client.submit`` (one task per worker) and a gather.
+
+``held``: where the time of the direct paths over held chunks goes: ``mr.sum(x).compute()`` and
+``mr.cumsum(x).persist()`` on a persisted array, phase by phase, beside Dask's own per-task floor (a trivial
+``map_blocks(...).persist()`` over the same chunks) and the GPUs' own time for the same work done inside
+one ``client.run`` (no tasks at all). Per phase: median ms over repeats. For persisted results, from the
+task stream: tasks, the median compute time of a task, the median gap between consecutive tasks on one
+worker (the worker idle while the scheduler hands it the next task) and the time from the persist call's
+return to the first task. ``--cprofile`` adds cProfile of the eager sum on the client, and of
+``values_of_held`` on the busiest worker.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from benchmarks import harness as h
+from benchmarks.multigpu import place
+
+
+def main(args, setting: h.Setting):
+    import distributed
+
+    from benchmarks.multigpu import worker_counts
+
+    n_workers = worker_counts(args.gpus, 4 if setting.cpu else setting.available)[-1]
+    with setting.cluster(n_workers) as cluster, distributed.Client(cluster) as client:
+        return (phases if args.profile == "phases" else held)(args, setting, client, n_workers)
+
+
+# ------------------------------------------------------------------------------------------------
+# phases
+# ------------------------------------------------------------------------------------------------
+PHASES = ("total", "build", "optimize", "submit", "to_first_task", "tasks", "n_tasks", "transfers", "n_transfers",
+          "window", "gather")
+PHASE_HEADER = ("workers", "chunks", "impl", "total", "build", "optimize", "submit", "to first task", "tasks",
+                "task count", "transfers", "transfer count", "window", "gather")
+
+
+def submit_sum(client, x, split_every: int = 16):
+    """The eager sum through ``client.submit`` (one task per worker, restricted to it, taking its chunk
+    futures) and a gather, folded on the client: the alternative to ``client.run`` that the direct paths
+    were weighed against."""
+    from multireduce import graph, placement
+    from multireduce.api import _resolve_reduction
+    from multireduce.operators import get_operator
+
+    plan = _resolve_reduction("dask", get_operator("sum"), x.dtype, x.ndim, None, None, False, split_every, "auto",
+                              False, None, "bench")[0][0]
+    holder = placement.holders(x, client)
+    keys = placement.chunk_keys(x)
+    futures_of = x.__dask_graph__()
+    groups = placement.by_worker(holder, True)(keys)
+    futures = [client.submit(graph._chunk_partials, plan, *(futures_of[k] for k in group),
+                             workers=[holder[group[0]]], allow_other_workers=True, pure=False) for group in groups]
+    position = {k: i for i, k in enumerate(keys)}
+    ordered = [None] * len(keys)
+    for group, partials in zip(groups, client.gather(futures)):
+        for k, p in zip(group, partials):
+            ordered[position[k]] = p
+    return graph.fold_in_order(plan, split_every, ordered)
+
+
+def profile_phases(client, make, repeats: int = 15) -> dict:
+    """Median ms of each phase from ``make()`` (building the lazy sum) to its value on the client:
+    build, optimize (Dask's optimisation of the graph, timed apart), submit (``client.compute`` until it
+    returns: conversion, optimisation, sending the graph), to first task (the scheduler takes the graph
+    and starts a task), tasks (summed compute time), transfers (count, summed time), the window from
+    the first task's start to the last one's end, and gather (last task's end to the value on the
+    client). Workers share this machine's clock (LocalCluster)."""
+    import distributed
+    from dask.core import flatten
+
+    for _ in range(3):  # warm-up, each after the previous one's keys are gone (else its gather can race them)
+        lazy = make()
+        client.compute(lazy).result()
+        h.wait_released(client, [lazy.name])
+    rows = []
+    for _ in range(repeats):
+        t0 = time.time()
+        lazy = make()
+        t1 = time.time()
+        with distributed.get_task_stream(client) as ts:
+            fut = client.compute(lazy)
+            t2 = time.time()
+            fut.result()
+            t3 = time.time()
+        del fut
+        spans = [(ss["start"], ss["stop"], ss["action"]) for t in ts.data for ss in t["startstops"]]
+        comp = [s for s in spans if s[2] == "compute"]
+        xfer = [s for s in spans if s[2] == "transfer"]
+        first, last = min(s[0] for s in comp), max(s[1] for s in comp)
+        o0 = time.perf_counter()
+        lazy.__dask_optimize__(lazy.__dask_graph__(), list(flatten(lazy.__dask_keys__())))
+        rows.append(dict(total=t3 - t0, build=t1 - t0, optimize=time.perf_counter() - o0, submit=t2 - t1,
+                         to_first_task=first - t2, tasks=sum(s[1] - s[0] for s in comp), n_tasks=len(ts.data),
+                         transfers=sum(s[1] - s[0] for s in xfer), n_transfers=len(xfer), window=last - first,
+                         gather=t3 - last))
+        h.wait_released(client, [lazy.name])
+    return {k: statistics.median(r[k] for r in rows) * (1 if k.startswith("n_") else 1e3) for k in PHASES}
+
+
+def phase_cells(workers: int, chunks: int, impl: str, found: dict) -> list:
+    """A row of the phases table; a call timed whole (``found`` with "total" and "best" alone) leaves the
+    phase cells empty."""
+    if set(found) == {"total", "best"}:
+        return [workers, chunks, impl, f"{found['total']:.2f} (best {found['best']:.2f})"] + [""] * (len(PHASES) - 1)
+    return [workers, chunks, impl] + [f"{found[k]:.0f}" if k.startswith("n_") else f"{found[k]:.2f}" for k in PHASES]
+
+
+def phases(args, setting: h.Setting, client, n_workers: int) -> list:
+    """``--profile phases``: the lazy sum's phases next to dask.array.sum's, printed as a table."""
+    import dask.array as da
+
+    import multireduce as mr
+
+    chunk = 2 ** int(str(args.chunk_log2).split(",")[0])
+    print(h.md_table(PHASE_HEADER, []), end="", flush=True)
+    rows = []
+    for n_chunks in (16 * n_workers, 32 * n_workers):
+        x, _ = place(client, setting, ((chunk,) * n_chunks,), "dask")
+        found = [(name, profile_phases(client, make, args.repeats))
+                 for name, make in [("dask.array.sum", lambda: da.sum(x)), ("mr.sum", lambda: mr.sum(x))]]
+        for name, fn in [("mr.sum(compute=True) [client.run]", lambda: mr.sum(x, compute=True)),
+                         ("eager via client.submit", lambda: submit_sum(client, x))]:
+            assert np.asarray(fn()).tobytes() == np.asarray(mr.sum(x, compute=True)).tobytes()
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            found.append((name, {"total": statistics.median(times) * 1e3, "best": min(times) * 1e3}))
+        for name, f in found:
+            rows.append(phase_cells(n_workers, n_chunks, name, f))
+            print(h.md_table(PHASE_HEADER, rows[-1:]).splitlines()[-1], flush=True)
+        del x
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# held
+# ------------------------------------------------------------------------------------------------
+def _negate(block):
+    return -block
+
+
+def _sync_all():
+    try:
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+    except ImportError:
+        pass
+
+
+def _values_of_held_profiled(plan, keys, calls, dask_worker=None):
+    """``direct.values_of_held`` as a direct run calls it, ``calls`` times under cProfile on this worker:
+    (median wall ms, the profile's top lines)."""
+    from multireduce import direct
+
+    walls = []
+
+    def once():
+        t0 = time.perf_counter()
+        direct.values_of_held(plan.partial, keys, frozenset(), None, dask_worker=dask_worker)
+        walls.append((time.perf_counter() - t0) * 1e3)
+
+    text = h.cprofiled(once, calls, "tottime", 22)
+    return statistics.median(walls), text
+
+
+def _cprofiled(client, x, keys, plan, calls: int = 10) -> None:
+    import multireduce as mr
+
+    text = h.cprofiled(lambda: mr.sum(x, compute=True), calls, "cumulative", 30)
+    print(f"## client: cProfile of {calls} x mr.sum(x, compute=True) (main thread)\n{text}", flush=True)
+    busiest = max(client.has_what().items(), key=lambda item: len(item[1]))[0]
+    wall, lines = client.run(_values_of_held_profiled, plan, keys, calls, workers=[busiest])[busiest]
+    print(f"## worker {busiest} (the busiest): values_of_held median {wall:.2f} ms\n{lines}", flush=True)
+
+
+def _on_worker(plan, scan_plan, keys, dask_worker=None):
+    """The GPU's own time for this worker's chunks: every partial launched then one sync; each
+    partial brought to the host; every chunk scanned (no carry) then one sync."""
+    from multireduce.graph import _host_partial
+
+    blocks = [dask_worker.data[k] for k in keys if k in dask_worker.data]
+    out = {}
+    _sync_all()
+    t0 = time.perf_counter()
+    parts = [plan.partial(b) for b in blocks]
+    out["partials launched (host)"] = time.perf_counter() - t0  # ~ the line below: the launches wait on the GPU
+    _sync_all()
+    out["partials, one sync"] = time.perf_counter() - t0
+    del parts
+    t0 = time.perf_counter()
+    for b in blocks:
+        plan.partial(b)
+        _sync_all()
+    out["partials, a sync each"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    parts = [b.sum() for b in blocks]  # CuPy's own reduction, for comparison
+    _sync_all()
+    out["cupy sum of each, one sync"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    [_host_partial(plan, b) for b in blocks]
+    out["partials to host, each"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    scans = [scan_plan.scan_block(b) for b in blocks]
+    _sync_all()
+    out["scans, one sync"] = time.perf_counter() - t0
+    del parts, scans
+    out["chunks"] = len(blocks)
+    return out
+
+
+def _stream_stats(stream, returned_at):
+    by_worker: dict = {}
+    for t in stream:
+        for ss in t["startstops"]:
+            if ss["action"] == "compute":
+                by_worker.setdefault(t["worker"], []).append((ss["start"], ss["stop"]))
+    durations, gaps, first = [], [], []
+    for spans in by_worker.values():
+        spans.sort()
+        durations += [b - a for a, b in spans]
+        gaps += [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+        first.append(spans[0][0] - returned_at)
+    med = lambda v: statistics.median(v) * 1e3 if v else float("nan")  # noqa: E731
+    return dict(tasks=len(stream), task_ms=med(durations), gap_ms=med(gaps), to_first_ms=med(first))
+
+
+def held(args, setting: h.Setting, client, n_workers: int) -> dict:
+    """``--profile held``: three tables: the pieces of the eager paths, each worker's own GPU time, and the
+    persisted results' task streams. Returns them as lists of rows."""
+    import dask
+    import distributed
+
+    import multireduce as mr
+    from multireduce import direct, placement
+    from multireduce.api import _resolve_reduction, _resolve_scan
+    from multireduce.operators import get_operator
+
+    gib, log2 = float(str(args.per_gpu_gib).split(",")[0]), int(str(args.chunk_log2).split(",")[0])
+    chunk = 2**log2
+    n_chunks = max(1, int(gib * n_workers * 2**30 // 4) // chunk)
+    x, _ = place(client, setting, ((chunk,) * n_chunks,), "dask")
+    keys = placement.chunk_keys(x)
+    plan = _resolve_reduction("dask", get_operator("sum"), x.dtype, 1, None, None, False, 16, "auto", False,
+                              None, "profile")[0][0]
+    scan_plan = _resolve_scan("dask", get_operator("sum"), x.dtype, 1, None, None, True, "auto", 16, None,
+                              "profile")[0]
+    print(f"{n_workers} workers, {n_chunks} chunks of 2^{log2} float32, {n_chunks * chunk * 4 / 2**30:.1f} GiB\n",
+          flush=True)
+    tables = {"pieces": [], "workers": [], "results": []}
+
+    def timed(name, fn, reps=args.repeats):
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        tables["pieces"].append((name, f"{statistics.median(times) * 1e3:.2f}"))
+
+    timed("placement.holders (who_has; the graph's grouping)", lambda: placement.holders(x, client))
+    timed("held_values: each chunk's partial on the host", lambda: direct.held_values(x, keys, plan.partial))
+    timed("mr.sum(x).compute()", lambda: mr.sum(x).compute())
+    timed("mr.sum(x, compute=True)", lambda: mr.sum(x, compute=True))
+    timed("held_values: each chunk's total on the host", lambda: direct.held_values(x, keys[:-1], scan_plan.totals))
+    timed("client.run of a no-op", lambda: client.run(lambda: None))
+    everyone = sorted(client.scheduler_info()["workers"])
+    timed("a no-op sent to each worker directly (direct._call_each)",
+          lambda: client.sync(direct._call_each, client, everyone, lambda: None))
+    with dask.config.set({"multireduce.direct-to-workers": False}):
+        timed("mr.sum(x, compute=True) through the scheduler's broadcast", lambda: mr.sum(x, compute=True))
+    print(h.md_table(("piece", "median ms"), tables["pieces"]), flush=True)
+
+    on_worker = client.run(_on_worker, plan, scan_plan, keys)
+    columns = list(next(iter(on_worker.values())))
+    tables["workers"] = [[w] + [d[k] if k == "chunks" else f"{d[k] * 1e3:.2f}" for k in columns]
+                         for w, d in on_worker.items()]
+    print(h.md_table(["worker"] + [k if k == "chunks" else f"{k} ms" for k in columns], tables["workers"]), flush=True)
+    if args.cprofile:
+        _cprofiled(client, x, keys, plan)
+
+    for name, make_result in [("mr.cumsum(x).persist()", lambda: mr.cumsum(x).persist()),
+                              ("client.persist(mr.cumsum(x))", lambda: client.persist(mr.cumsum(x))),
+                              ("x.map_blocks(negate).persist() (Dask's floor)",
+                               lambda: x.map_blocks(_negate, dtype=x.dtype).persist())]:
+        stats, walls, calls = [], [], []
+        for _ in range(args.repeats + 1):
+            with distributed.get_task_stream(client) as ts:
+                t0 = time.perf_counter()
+                y = make_result()
+                returned = time.time()
+                t1 = time.perf_counter()
+                distributed.wait(y)
+                t2 = time.perf_counter()
+            walls.append(t2 - t0)
+            calls.append(t1 - t0)
+            stats.append(_stream_stats(ts.data, returned))
+            names = [y.name]
+            del y
+            h.wait_released(client, names)
+        walls, calls, stats = walls[1:], calls[1:], stats[1:]
+        s = {k: statistics.median(d[k] for d in stats) for k in stats[0]}
+        tables["results"].append((name, f"{statistics.median(walls) * 1e3:.2f}", f"{statistics.median(calls) * 1e3:.2f}",
+                                  f"{s['tasks']:.0f}", f"{s['task_ms']:.2f}", f"{s['gap_ms']:.2f}",
+                                  f"{s['to_first_ms']:.2f}"))
+    print(h.md_table(("result", "ms", "call returns after ms", "tasks", "task ms", "gap ms", "to first task ms"),
+                     tables["results"]), flush=True)
+    return tables
