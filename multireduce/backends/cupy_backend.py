@@ -268,7 +268,7 @@ class Launcher:
 
     def _bind(self, device: int) -> tuple:
         # its own per-stream workspace, sized for the largest grid: going through _workspace (a key with
-        # the dtype in it) measured ~1 us more per call at 2^10 on an H200 (profile_small.py)
+        # the dtype in it) measured ~1 us more per call at 2^10 on an H200 (python -m benchmarks reduce --profile small)
         ks, sms, p = _reduce_kernels(self.op, self.type, self.acc)
         state = self.per_device[device] = (ks["vectorized"], _vectorized_rule(self.type, sms, p), {})
         return state

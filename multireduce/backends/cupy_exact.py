@@ -45,7 +45,7 @@ TERMS = _POLICY.exact_terms
 # 16-byte packs each thread loads before adding any (exact.cuh visit_row): bytes in flight against DRAM
 # latency. Per dtype, at TERMS = 8 (nvcc 13, sm_90): float64 4 (58 registers), float32 4 (56; 8 takes 72
 # registers, 3 blocks per SM, and measured no faster), float16 2 (47), none spilling.
-# benchmarks/profile_exact.py sweeps it.
+# python -m benchmarks exact --profile shapes sweeps it.
 UNROLL = dict(_POLICY.exact_unroll)
 BLOCKS_PER_SM = _POLICY.exact_blocks_per_sm  # one resident wave: every extra block costs a flush and 72 global atomics per row
 KWORDS = 72  # kernels/exact.cuh kWords: word j counts units of 2**(32 j + WORD_BASE)
@@ -213,7 +213,7 @@ def _grid_x(device: int, n: int, rows: int, per_sm: int, resident: int | None) -
 def device_words(x, blocks_per_sm: int | None = None):
     """The (rows, KWORDS + 1) int64 words of a C-contiguous 2-d CuPy array's row sums, on its GPU (the
     kernel alone: what benchmarks time against a plain sum). ``blocks_per_sm`` (default BLOCKS_PER_SM) is
-    the grid knob benchmarks/profile_exact.py sweeps."""
+    the grid knob python -m benchmarks exact --profile shapes sweeps."""
     from .cupy_backend import scan_occupancy
 
     rows, n = x.shape

@@ -331,7 +331,7 @@ class WholeLauncher:
     """``run`` of one (statistic, dtype) over every axis of a C-contiguous array, to its final value,
     bound to each device once: the two kernels, the grid rule and a parts workspace per stream, since
     a statistic at 2^26 elements is otherwise host-bound (the general path's layout, allocations and
-    argument building cost more host time than the kernels' GPU time: profile_stats_call.py). Returns
+    argument building cost more host time than the kernels' GPU time: python -m benchmarks stats --profile call). Returns
     None where the general path is needed (empty or non-contiguous input, data on another device than
     the current one)."""
 
