@@ -172,11 +172,15 @@ def test_seed_of_words_bounds_the_carry():
 
 
 # -- a carry into the row: what a Dask array's earlier chunks hand to a CuPy chunk --------------------------
-def carry_state(value: Fraction, nan=False, pinf=False, ninf=False) -> exact.ExactState:
-    """exact.py's state of an exact running total ``value`` (a multiple of 2**-1074, as every sum of floats)."""
+def lane(total: int, nan=False, pinf=False, ninf=False) -> exact.LaneState:
+    return exact.LaneState(total, nan * exact.LaneState.NAN | pinf * exact.LaneState.PINF | ninf * exact.LaneState.NINF)
+
+
+def carry_state(value: Fraction, nan=False, pinf=False, ninf=False) -> exact.LaneState:
+    """exact.py's lane state of an exact running total ``value`` (a multiple of 2**-1074, as every sum of floats)."""
     units = value * Fraction(2) ** -exact.EBASE
     assert units.denominator == 1
-    return exact.ExactState(np.array(int(units), dtype=object), np.array(nan), np.array(pinf), np.array(ninf), 0)
+    return lane(int(units), nan, pinf, ninf)
 
 
 def host_scan(x, carry, out_dtype=None, skipnan=False):
@@ -339,8 +343,7 @@ def test_carry_words_are_the_states_integers():
     for _ in range(200):
         b = int(rng.integers(1, 2335))
         units.append(int(rng.choice([-1, 1])) * (int.from_bytes(rng.bytes(b // 8 + 1), "little") % (1 << b)))
-    states = [exact.ExactState(np.array(u << shift, dtype=object), np.array(i % 2 == 0), np.array(i % 3 == 0),
-                               np.array(i % 5 == 0), 0) for i, u in enumerate(units)]
+    states = [lane(u << shift, i % 2 == 0, i % 3 == 0, i % 5 == 0) for i, u in enumerate(units)]
     words = cupy_exact.carry_words(states)
     assert words.shape == (len(units), cupy_exact.KTILEOUT)
     assert ((words[:, : cupy_exact.KWORDS - 1] >= 0) & (words[:, : cupy_exact.KWORDS - 1] < 1 << 32)).all()
@@ -351,9 +354,8 @@ def test_carry_words_are_the_states_integers():
         assert row[cupy_exact.KWORDS:].tolist() == [int(i % 2 == 0), int(i % 3 == 0), int(i % 5 == 0)]
     with pytest.raises(OverflowError):
         cupy_exact.carry_words([carry_state(Fraction(2) ** 1300)])
-    odd = exact.ExactState(np.array(1, dtype=object), np.array(False), np.array(False), np.array(False), 0)
     with pytest.raises(ValueError):
-        cupy_exact.carry_words([odd])
+        cupy_exact.carry_words([lane(1)])
 
 
 # -- pass 2's fast path (approximate_outputs: a double running sum and its error bound) ----------------------
