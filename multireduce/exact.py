@@ -35,7 +35,7 @@ NBINS = 2100  # e + 1074 spans 0..2098 for float64
 # element: frexp, pieces, keys, bincount) to ~25 MB and keeps them in cache.
 _BATCH = 1 << 18
 _FOLD = 1 << 12  # cells turned into Python objects at a time
-_SCAN_SEGMENT = 1 << 14  # elements of a lane turned into Python objects at a time by the host scan
+_SCAN_SEGMENT = 1 << 12  # elements of a lane turned into Python objects at a time by the host scan
 _SPLIT = float(2**27)
 
 

@@ -358,6 +358,72 @@ def test_carry_words_are_the_states_integers():
         cupy_exact.carry_words([lane(1)])
 
 
+# -- rows past the words' int64 range: relaxed words, segments chained by carry_after ------------------------
+def test_relaxed_words_keep_the_value_and_room_for_more_adds():
+    """relax_words: words of any int64 values (the top one within what a sum can reach) keep their value, and
+    every word but the top lands in [-2**31, 2**32 + 2**31), from where _WORD_ADDS (sum kernel) or _MAX_TILES
+    plus a tile's elements (scan) more digit adds below 2**32 stay inside int64."""
+    rng = np.random.default_rng(6)
+    k = cupy_exact.KWORDS
+    info = np.iinfo(np.int64)
+    words = rng.integers(info.min, info.max, size=(50, k), dtype=np.int64, endpoint=True)
+    words[:, -1] = rng.integers(-(1 << 40), 1 << 40, 50)
+    words[0] = info.max
+    words[1] = info.min
+    words[0, -1] = words[1, -1] = 0
+    relaxed = cupy_exact.relax_words(words)
+    flags = np.zeros((50, 1), np.int64)
+    assert [int(t) for t in cupy_exact.fold_words(np.hstack([relaxed, flags]))[0]] == \
+        [int(t) for t in cupy_exact.fold_words(np.hstack([words, flags]))[0]]
+    assert relaxed[:, : k - 1].min() >= -(1 << 31) and relaxed[:, : k - 1].max() < (1 << 32) + (1 << 31)
+    widest = (1 << 32) + (1 << 31)
+    assert widest + cupy_exact._WORD_ADDS * ((1 << 32) - 1) < 1 << 63
+    tile = max(cupy_exact.scan_tile(np.dtype(a), np.dtype(b)) for a in DTYPES for b in DTYPES)
+    assert widest + (cupy_exact._MAX_TILES + tile) * ((1 << 32) - 1) < 1 << 63
+
+
+def segment_carry(carry_slot: np.ndarray, segment: np.ndarray, tile: int, rng) -> np.ndarray:
+    """What device_cumsum hands the next segment of a row: carry_after of the words' cumsum at the segment's
+    last slot, i.e. the carry slot plus every tile's words (a tile's pass-1 words are the unique digits of its
+    exact sum and its flag counts: carry_words of its LaneState), here also spread into words far from digits
+    (as 2**30 tiles of digits would leave them) before carry_after relaxes them."""
+    cum = carry_slot.astype(np.int64).copy()
+    for start in range(0, segment.size, tile):
+        cum += cupy_exact.carry_words(list(exact._lane_states(segment[start:start + tile], 0).reshape(-1)))[0]
+    k = cupy_exact.KWORDS
+    shift = rng.integers(-(1 << 29), 1 << 29, k - 1)
+    cum[: k - 1] += shift << 32  # the same value: word j gains shift_j 2**32, word j + 1 loses shift_j
+    cum[1:k] -= shift
+    cum[k:] *= 3  # counts past 1: flags seen in several tiles
+    return cupy_exact.carry_after(cum[None, :])[0]
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_segments_chained_by_carry_after_give_the_whole_row(dt):
+    """A row scanned segment by segment (device_cumsum past _MAX_TILES tiles), each segment seeded by
+    carry_after of the one before, gives the whole row's bits: sums, nancumsums, flags carried across."""
+    rng = np.random.default_rng(61 + np.dtype(dt).itemsize)
+    block, items = 32, 2
+    tile = block * items
+    for name in ("spread", "cancel", "ints", "special", "nans", "big", "subnormal"):
+        x = cases(dt, 5 * tile + 17, rng)[name]
+        for skipnan in (False, True):
+            for first in (None, carry_state(12345 + Fraction(5, 2**60)), carry_state(Fraction(-3, 4), pinf=True)):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    want = exact.cumsum(x, skipnan=skipnan) if first is None else host_scan(x, first, skipnan=skipnan)
+                for segment in (tile, 2 * tile, 3 * tile):
+                    slot = (np.zeros(cupy_exact.KTILEOUT, np.int64) if first is None
+                            else cupy_exact.carry_words([first])[0])
+                    pieces = []
+                    for start in range(0, x.size, segment):
+                        part = x[start:start + segment]
+                        got, _ = exact_emulate.emulate_scan(part, block=block, items=items, skipnan=skipnan, carry=slot)
+                        pieces.append(got)
+                        slot = segment_carry(slot, part, tile, rng)
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        assert same(np.concatenate(pieces), want), (name, skipnan, first is None, segment)
+
+
 # -- pass 2's fast path (approximate_outputs: a double running sum and its error bound) ----------------------
 LIBRARY_SHAPE = (cupy_exact.SCAN_BLOCK, cupy_exact.scan_items(np.float32))  # 512 x 16 for float16/float32
 
