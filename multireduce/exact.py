@@ -7,9 +7,10 @@ tree fan-in, worker count or placement yields the same integer, and the result i
 (round-half-even) to the output dtype. Inf/NaN follow NumPy: NaN if any NaN or both infinities, else the
 infinity; a finite sum beyond the dtype's range rounds to inf.
 
-On the CPU the per-chunk pass is vectorized: elements are binned by exponent with ``np.bincount``; each element
-contributes two pieces of at most 27 bits (float64 weights), so a bin's float sum stays an exact
-integer for up to ``_BATCH`` elements per call; bins are folded into the Python integer afterwards. CuPy chunks get the same integer from the GPU
+On the CPU the per-chunk pass is vectorized: elements are binned by (row, exponent) with ``np.bincount``, each
+contributing two pieces of at most 27 bits (float64 weights), ``_BATCH`` elements per call, so every bin's
+float sum is an exact integer; each call's bins go into the Python integers before the next call, so no
+float sum grows with the chunk, and only the bins that occur are made. CuPy chunks get the same integer from the GPU
 kernel of kernels/exact.cuh (backends/cupy_exact.py), and exact cumsums of CuPy arrays and of a Dask
 array's CuPy chunks the scan of kernels/exact_scan.cuh, seeded with the same carries.
 """
@@ -28,7 +29,13 @@ from .errors import gpu_memory_guard
 
 EBASE = -1127  # value of bin k's unit: 2**(k + EBASE); frexp's exponent e maps to k = e + 1074
 NBINS = 2100  # e + 1074 spans 0..2098 for float64
-_BATCH = 1 << 25  # |piece| < 2**27, 2**25 pieces: bin sums < 2**52, exact in float64
+# Elements per np.bincount call. A piece is an integer below 2**27, so a cell's float64 sum of up to 2**26
+# of them is exact; a batch stays well below that, and its cells go into the Python integers before the
+# next batch, so no float sum grows with the chunk. 2**18 bounds a batch's temporaries (~100 bytes per
+# element: frexp, pieces, keys, bincount) to ~25 MB and keeps them in cache.
+_BATCH = 1 << 18
+_FOLD = 1 << 12  # cells turned into Python objects at a time
+_SCAN_SEGMENT = 1 << 12  # elements of a lane turned into Python objects at a time by the host scan
 _SPLIT = float(2**27)
 
 
@@ -88,43 +95,68 @@ class ExactState:
         )
 
 
-def _bins(flat: np.ndarray, rows: int, n: int) -> list[tuple[np.ndarray, int]]:
-    """Exact exponent-binned sums of ``flat`` (rows x n, C order, finite floats) as [(bins, shift)]: each
-    ``bins`` is (rows, NBINS) float64 holding integers; value = sum of bins[r, k] * 2**(k + shift + EBASE).
-    float16/32 mantissas fit 24 bits: one piece; float64's 53 bits: two pieces (27 high, 26-27 low)."""
-    narrow = flat.dtype.itemsize <= 4
-    pieces = [np.zeros(rows * NBINS) for _ in range(1 if narrow else 2)]
+def _pieces(part: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, int]]]:
+    """(bin index e + 1074 of every element, [(weights, shift)]): each finite element of ``part`` is the sum
+    of its pieces' ``weight * 2**(index + shift + EBASE)``, every weight an integer below 2**27 in
+    magnitude. float16/32 mantissas fit 24 bits: one piece; float64's 53 bits: two (27 high, 26-27 low)."""
+    m, e = np.frexp(part)
+    index = e.astype(np.int64)
+    index += 1074
+    if part.dtype.itemsize <= 4:
+        bits = 11 if part.dtype.itemsize == 2 else 24
+        return index, [(m * part.dtype.type(2**bits), 53 - bits)]  # exact integers
+    m *= 9007199254740992.0  # 2**53: exact
+    high = np.floor(m / _SPLIT)
+    m -= high * _SPLIT
+    return index, [(high, 27), (m, 0)]
+
+
+def _add_cells(totals: list, rows: np.ndarray, shifts: np.ndarray, values: np.ndarray) -> None:
+    """totals[rows[i]] += values[i] * 2**shifts[i] for float64 ``values`` holding integers, in slices,
+    so that the Python lists made on the way stay small whatever the count."""
+    for start in range(0, values.size, _FOLD):
+        stop = start + _FOLD
+        for r, s, v in zip(rows[start:stop].tolist(), shifts[start:stop].tolist(), values[start:stop].tolist()):
+            totals[r] += int(v) << s
+
+
+def _row_totals(flat: np.ndarray, rows: int, n: int) -> list[int]:
+    """The exact sums of the rows of ``flat`` (rows x n, C order, finite floats, n > 0), one Python int per
+    row in units of 2**EBASE. ``flat`` is taken ``_BATCH`` elements at a time: each batch's pieces are
+    summed per (row, exponent) cell with ``np.bincount`` (exact: fewer than 2**53 in every cell) and the
+    cells are added into the rows' integers before the next batch, so no float sum spans two batches.
+    A batch holding one row bins by exponent; one spanning several rows bins only the exponents that
+    occur, and only the (row, exponent) pairs that occur once those outnumber its elements, so memory
+    follows the batch, not the rows times the 2100 exponents."""
+    totals = [0] * rows
     for start in range(0, flat.size, _BATCH):
         part = flat[start : start + _BATCH]
-        m, e = np.frexp(part)
-        key = e.astype(np.int64) + 1074
-        if rows > 1:
-            key += (np.arange(start, start + part.size, dtype=np.int64) // n) * NBINS
-        if narrow:
-            weights = [m * part.dtype.type(2**11 if part.dtype.itemsize == 2 else 2**24)]  # exact integers
+        first, last = start // n, (start + part.size - 1) // n
+        index, pieces = _pieces(part)
+        if first == last:
+            key, size, width, used, cells = index, NBINS, NBINS, None, None
         else:
-            mant = m * 9007199254740992.0  # 2**53: exact
-            h = np.floor(mant / _SPLIT)
-            weights = [h, mant - h * _SPLIT]
-        for acc, w in zip(pieces, weights):
-            acc += np.bincount(key, weights=w, minlength=rows * NBINS)
-    if narrow:
-        shift = 53 - (11 if flat.dtype.itemsize == 2 else 24)
-        return [(pieces[0].reshape(rows, NBINS), shift)]
-    return [(pieces[0].reshape(rows, NBINS), 27), (pieces[1].reshape(rows, NBINS), 0)]
-
-
-def _fold(pieces: list[tuple[np.ndarray, int]]) -> np.ndarray:
-    """Bins -> one Python int per row."""
-    rows = pieces[0][0].shape[0]
-    totals = [0] * rows
-    for arr, shift in pieces:
-        r, k = np.nonzero(arr)
-        for row, b, v in zip(r.tolist(), k.tolist(), arr[r, k].tolist()):
-            totals[row] += int(v) << (b + shift)
-    out = np.empty(rows, dtype=object)
-    out[:] = totals
-    return out
+            counts = np.bincount(index, minlength=NBINS)
+            used = np.flatnonzero(counts)
+            width = used.size
+            dense = np.zeros(NBINS, dtype=np.int64)
+            dense[used] = np.arange(width)
+            key = np.arange(start, start + part.size, dtype=np.int64)
+            key //= n
+            key -= first
+            key *= width
+            key += dense[index]
+            size, cells = (last - first + 1) * width, None
+            if size > 2 * part.size:  # more cells than elements: only the pairs that occur
+                cells, key = np.unique(key, return_inverse=True)
+                size = cells.size
+        for weights, shift in pieces:
+            sums = np.bincount(key, weights=weights, minlength=size)
+            nonzero = np.flatnonzero(sums)
+            cell = nonzero if cells is None else cells[nonzero]
+            exponent = cell % width if used is None else used[cell % width]
+            _add_cells(totals, first + cell // width, exponent + shift, sums[nonzero])
+    return totals
 
 
 def state_of(block, axes: tuple[int, ...]) -> ExactState:
@@ -159,7 +191,9 @@ def state_of(block, axes: tuple[int, ...]) -> ExactState:
         total = np.empty(kept_shape, dtype=object)
         total.fill(0)
     else:
-        total = _fold(_bins(flat, rows, n)).reshape(kept_shape)
+        total = np.empty(rows, dtype=object)
+        total[:] = _row_totals(flat, rows, n)
+        total = total.reshape(kept_shape)
     return ExactState(total, nan, pinf, ninf, n)
 
 
@@ -271,39 +305,68 @@ def mean(x, axis=None, dtype=None, keepdims=False, split_every=None, *, caller="
 # -- cumulative sums ---------------------------------------------------------------------------------
 
 
-def _exact_scan_1d(values: np.ndarray, carry: ExactState | None, dt: np.dtype,
-                   skipnan: bool = False) -> tuple[np.ndarray, ExactState]:
-    """Correctly rounded inclusive prefix sums of a 1-d float array, seeded with ``carry``; returns the
-    results and the state after the last element. ``skipnan``: NaN adds 0 (nancumsum), and so does a NaN
-    flag in ``carry`` (as on the GPU, whose seeds drop the NaN counts of carry and tiles alike)."""
-    v = values.astype(np.float64, copy=False)
-    m, e = np.frexp(np.where(np.isfinite(v), v, 0.0))
-    mant = np.ldexp(m, 53).astype(np.int64).tolist()
-    shifts = (e.astype(np.int64) + 1074).tolist()
-    total = int(carry.total[()]) if carry is not None else 0
-    nan = bool(carry.nan[()]) and not skipnan if carry is not None else False
-    pinf = bool(carry.pinf[()]) if carry is not None else False
-    ninf = bool(carry.ninf[()]) if carry is not None else False
-    out = np.empty(v.size, dtype=np.float64)
-    isnan = (np.zeros(v.shape, dtype=bool) if skipnan else np.isnan(v)).tolist()
-    isp, isn = (v == np.inf).tolist(), (v == -np.inf).tolist()
-    for i, (mi, si) in enumerate(zip(mant, shifts)):
-        total += mi << si
-        nan |= isnan[i]
-        pinf |= isp[i]
-        ninf |= isn[i]
-        if nan or (pinf and ninf):
-            out[i] = math.nan
-        elif pinf or ninf:
-            out[i] = math.inf if pinf else -math.inf
-        else:
-            out[i] = round_exact(total, 1, EBASE, dt)
-    state = ExactState(np.array(total, dtype=object), np.array(nan), np.array(pinf), np.array(ninf), 0)
-    return out.astype(dt), state
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    """One lane's exact state in a cumsum's totals and carries: ``total`` (value total * 2**EBASE) and the
+    NaN/+inf/-inf flags as the bits ``NAN | PINF | NINF``. One small object per lane and chunk: a scan
+    along a short axis has as many lanes as elements."""
+
+    total: int = 0
+    flags: int = 0
+
+    NAN: ClassVar[int] = 1
+    PINF: ClassVar[int] = 2
+    NINF: ClassVar[int] = 4
+
+    def __add__(self, other: "LaneState") -> "LaneState":
+        return LaneState(self.total + other.total, self.flags | other.flags)
+
+    @property
+    def nan(self) -> bool:
+        return bool(self.flags & self.NAN)
+
+    @property
+    def pinf(self) -> bool:
+        return bool(self.flags & self.PINF)
+
+    @property
+    def ninf(self) -> bool:
+        return bool(self.flags & self.NINF)
+
+
+def _exact_scan_1d(values: np.ndarray, carry: LaneState | None, dt: np.dtype, skipnan: bool = False) -> np.ndarray:
+    """Correctly rounded inclusive prefix sums of a 1-d float array, seeded with ``carry``. ``skipnan``: NaN
+    adds 0 (nancumsum), and so does a NaN flag in ``carry`` (as on the GPU, whose seeds drop the NaN counts
+    of carry and tiles alike). ``_SCAN_SEGMENT`` elements at a time: the per-element Python objects of a
+    segment are all this makes besides the output."""
+    carry = LaneState() if carry is None else carry
+    total, nan, pinf, ninf = carry.total, carry.nan and not skipnan, carry.pinf, carry.ninf
+    out = np.empty(values.size, dtype=dt)
+    for start in range(0, values.size, _SCAN_SEGMENT):
+        v = values[start : start + _SCAN_SEGMENT].astype(np.float64, copy=False)
+        m, e = np.frexp(np.where(np.isfinite(v), v, 0.0))
+        mant = np.ldexp(m, 53).astype(np.int64).tolist()
+        shifts = (e.astype(np.int64) + 1074).tolist()
+        isnan = (np.zeros(v.shape, dtype=bool) if skipnan else np.isnan(v)).tolist()
+        isp, isn = (v == np.inf).tolist(), (v == -np.inf).tolist()
+        res = np.empty(v.size, dtype=np.float64)
+        for i, (mi, si) in enumerate(zip(mant, shifts)):
+            total += mi << si
+            nan |= isnan[i]
+            pinf |= isp[i]
+            ninf |= isn[i]
+            if nan or (pinf and ninf):
+                res[i] = math.nan
+            elif pinf or ninf:
+                res[i] = math.inf if pinf else -math.inf
+            else:
+                res[i] = round_exact(total, 1, EBASE, dt)
+        out[start : start + v.size] = res  # values dt holds exactly (or inf/NaN)
+    return out
 
 
 def _cumsum_block(block, axis: int, dt: np.dtype, carry: np.ndarray | None = None, skipnan: bool = False):
-    """Exact cumsum of a block along ``axis``; ``carry``: object array of per-lane ExactStates (the block's
+    """Exact cumsum of a block along ``axis``; ``carry``: object array of per-lane LaneStates (the block's
     shape without ``axis``). A CuPy block is scanned on its GPU, whatever its axis and lanes
     (cupy_exact.cumsum: the same bits), and stays there."""
     if type(block).__module__.startswith("cupy"):
@@ -316,17 +379,18 @@ def _cumsum_block(block, axis: int, dt: np.dtype, carry: np.ndarray | None = Non
     res = out.reshape(lanes.shape)
     carries = carry.reshape(-1) if carry is not None else [None] * lanes.shape[0]
     for i in range(lanes.shape[0]):
-        res[i], _ = _exact_scan_1d(lanes[i], carries[i], dt, skipnan)
+        res[i] = _exact_scan_1d(lanes[i], carries[i], dt, skipnan)
     return np.moveaxis(out, -1, axis)
 
 
 def _lane_states(block, axis: int, skipnan: bool = False) -> np.ndarray:
-    """Per-lane exact totals of a block along ``axis``, as an object array of ExactStates."""
+    """Per-lane exact totals of a block along ``axis``, as an object array of LaneStates."""
     st = state_of(block, (axis,))
+    flags = (st.pinf * LaneState.PINF) | (st.ninf * LaneState.NINF)
+    if not skipnan:
+        flags |= st.nan * LaneState.NAN
     out = np.empty(st.total.shape, dtype=object)
-    for idx in np.ndindex(st.total.shape):
-        out[idx] = ExactState(np.array(st.total[idx], dtype=object), np.array(st.nan[idx] and not skipnan),
-                              np.array(st.pinf[idx]), np.array(st.ninf[idx]), 0)
+    out.reshape(-1)[:] = [LaneState(t, f) for t, f in zip(st.total.reshape(-1).tolist(), flags.reshape(-1).tolist())]
     return out
 
 
@@ -335,7 +399,7 @@ class ExactScanPlan:
     """The exact cumsum's per-chunk contract, the one ``core.ScanPlan`` has, so ``graph.scan`` (totals
     grouped per worker, one carries stage, depth 3 whatever the chunk count) and the held direct path
     (``direct.scan_of_held``: two ``client.run``, no task) serve it as they serve every scan. Totals are
-    each lane's ExactState (host objects, exact), the carries their exact running sums in chunk order,
+    each lane's LaneState (host objects, exact), the carries their exact running sums in chunk order,
     and each chunk is scanned from its lanes' carry by ``_cumsum_block`` (its GPU's kernels for CuPy)."""
 
     axis: int
@@ -346,7 +410,7 @@ class ExactScanPlan:
     carries_are_cheap: ClassVar[bool] = False
 
     def totals(self, *blocks) -> np.ndarray:
-        """Each chunk's per-lane ExactStates, concatenated along the axis (one entry per chunk)."""
+        """Each chunk's per-lane LaneStates, concatenated along the axis (one entry per chunk)."""
         parts = [np.expand_dims(_lane_states(b, self.axis, self.skipnan), self.axis) for b in blocks]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=self.axis)
 
@@ -406,4 +470,4 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
     return graph.scan(x, plan, fan, placement.grouping_for(x, commutative=True))
 
 
-__all__ = ["sum", "mean", "cumsum", "ExactState", "ExactSumPlan", "ExactScanPlan", "round_exact", "state_of", "finish"]
+__all__ = ["sum", "mean", "cumsum", "ExactState", "LaneState", "ExactSumPlan", "ExactScanPlan", "round_exact", "state_of", "finish"]

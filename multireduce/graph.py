@@ -477,7 +477,7 @@ def _host(value):
 
 
 def _like(block, value):
-    """``value`` (host) in the memory ``block`` lives in; host objects (the exact scan's ExactStates)
+    """``value`` (host) in the memory ``block`` lives in; host objects (the exact scan's LaneStates)
     stay on the host."""
     if type(block).__module__.startswith("cupy") and not type(value).__module__.startswith("cupy") \
             and getattr(value, "dtype", None) != object:

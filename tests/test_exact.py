@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
 from fractions import Fraction
 
 import numpy as np
@@ -197,6 +198,140 @@ def test_dask_axes_and_2d_cumsum():
                                   bits(exact.sum(x, axis=axis, keepdims=keepdims)))
     for axis in (0, 1):
         assert np.array_equal(bits(exact.cumsum(d, axis=axis).compute()), bits(exact.cumsum(x, axis=axis)))
+
+
+# -- chunks of any size: no float sum past 2**53, no bins per output, host objects a batch at a time -------
+
+
+def test_a_batch_of_pieces_sums_exactly_in_float64():
+    """Every piece is an integer below 2**27 (float64 mantissas split 27/26, float32/16 mantissas whole), and
+    np.bincount sums at most _BATCH of them into a cell: exact while _BATCH * 2**27 <= 2**53."""
+    assert exact._BATCH * 2**27 <= 2**53
+    rng = np.random.default_rng(41)
+    for dt in FLOATS:
+        x = data(rng, 4097, dt, "range")
+        index, pieces = exact._pieces(x)
+        value = Fraction(0)
+        for weights, shift in pieces:
+            wide = weights.astype(np.float64)
+            assert np.all(np.abs(wide) < 2**27) and np.all(wide == np.floor(wide))
+            value += sum(Fraction(int(w)) * Fraction(2) ** (int(k) + shift + exact.EBASE)
+                         for w, k in zip(weights.tolist(), index.tolist()))
+        assert value == exact_sum(x), dt
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5, 64, 1000])
+def test_batches_cut_rows_anywhere(monkeypatch, batch):
+    """Small batches (np.bincount calls) cutting rows at every offset: each batch's cells go into the rows'
+    integers, one row's or several rows' (their exponents only, dense or as the pairs that occur)."""
+    rng = np.random.default_rng(batch)
+    shapes = [(1, 1025), (7, 33), (33, 7), (300, 3), (5, 1), (4, 250)]
+    cases = {shape: (data(rng, math.prod(shape), np.float64, "range").reshape(shape),
+                     data(rng, math.prod(shape), np.float32, "cancel").reshape(shape),
+                     data(rng, math.prod(shape), np.float64, "normal").reshape(shape)) for shape in shapes}
+    whole = {shape: [exact.sum(x, axis=1) for x in xs] for shape, xs in cases.items()}
+    monkeypatch.setattr(exact, "_BATCH", batch)
+    monkeypatch.setattr(exact, "_FOLD", 3)
+    for shape, xs in cases.items():
+        for x, want in zip(xs, whole[shape]):
+            got = exact.sum(x, axis=1)
+            assert np.array_equal(bits(got), bits(want)), (shape, x.dtype)
+            assert [float(g) for g in got] == [ref_round(exact_sum(row), x.dtype) for row in x], (shape, x.dtype)
+            assert np.array_equal(bits(exact.sum(x, axis=0)), bits(np.array([ref_round(exact_sum(c), x.dtype)
+                                                                               for c in x.T], dtype=x.dtype)))
+
+
+def test_sparse_cells_when_exponents_outnumber_elements(monkeypatch):
+    """A batch of many short rows over ~200 binades takes the pairs that occur (np.unique), one of few
+    binades the dense cells: both give every row's exact sum."""
+    calls = []
+    real_unique = np.unique
+    monkeypatch.setattr(np, "unique", lambda *a, **k: calls.append(1) or real_unique(*a, **k))
+    rng = np.random.default_rng(43)
+    wide = data(rng, 3000, np.float64, "range").reshape(1000, 3)
+    narrow = rng.random((30, 100))
+    for x, sparse in ((wide, True), (narrow, False)):
+        calls.clear()
+        got = exact.sum(x, axis=1)
+        assert bool(calls) == sparse
+        assert [float(g) for g in got] == [math.fsum(row) for row in x]
+
+
+def _one_binade_past_2_26() -> tuple[np.ndarray, int]:
+    """2**26 + 1 float64 values in [1, 1.5) and their exact sum in units of 2**-52. The low 27 bits of the
+    mantissas add up past 2**53 (an odd integer there, which a float64 sum rounds down by one), and the sum
+    lies one unit past half an ulp above a value with an even last bit: one unit less is a tie that rounds
+    down, to the even value."""
+    n = (1 << 26) + 1
+    low = (1 << 27) - 1
+    a, b = (1 << 52) + (0x5A5A5A << 27) + low, (1 << 52) + (0x3C3C3C << 27) + low
+    last = (1 << 52) + (0x123456 << 27) + (1 << 26) + (1 << 25) + 1
+    x = np.empty(n)
+    x[0:-1:2] = a * 2.0**-52
+    x[1:-1:2] = b * 2.0**-52
+    x[-1] = last * 2.0**-52
+    return x, (n - 1) // 2 * (a + b) + last
+
+
+@pytest.mark.slow
+def test_past_2_26_elements_in_one_chunk_correctly_rounded():
+    """The case that broke the promise: a float64 bin sum carried over 2**26 elements rounded, so NumPy input
+    and a one-chunk Dask array gave one ulp less than the correctly rounded sum (and than two chunks)."""
+    x, units = _one_binade_past_2_26()
+    want = ref_round(Fraction(units, 1 << 52), np.float64)
+    assert want != ref_round(Fraction(units - 1, 1 << 52), np.float64)  # one unit less rounds otherwise
+    assert float(exact.sum(x)) == want
+    for chunks in (x.size, (1 << 25, x.size - (1 << 25))):
+        assert float(exact.sum(da.from_array(x, chunks=chunks)).compute(scheduler="synchronous")) == want, chunks
+
+
+def _traced_peak(f) -> int:
+    f()  # imports and caches first
+    tracemalloc.start()
+    try:
+        f()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_axis_reductions_take_memory_in_proportion_to_the_data():
+    """An exact reduction over a short axis holds one Python integer per output (~190 bytes, 8x a row of
+    three float64) and per-batch temporaries, not 2100 float64 bins per output row (290 MB for 281 KB)."""
+    import dask
+
+    import multireduce as mr
+
+    rng = np.random.default_rng(47)
+    for rows in (1000, 4000):
+        x = data(rng, rows * 3, np.float64, "range").reshape(rows, 3)
+        nans = x.copy()
+        nans[::7, 1] = np.nan
+        d = da.from_array(x, chunks=(rows // 2, 3))
+        with dask.config.set(scheduler="synchronous"):
+            calls = {"dask sum": lambda: mr.sum(d, axis=1, exact=True, compute=True),
+                     "mean": lambda: mr.mean(x, axis=1, exact=True),
+                     "nansum": lambda: mr.nansum(nans, axis=1, exact=True),
+                     "sum over axis 0 of a transpose": lambda: mr.sum(x.T, axis=0, exact=True)}
+            for name, call in calls.items():
+                peak = _traced_peak(call)
+                assert peak < 40 * x.nbytes + 2**20, (name, rows, peak)
+
+
+def test_cumsum_takes_memory_in_proportion_to_the_data():
+    """Per-lane totals and carries are LaneStates (a total and flag bits), and a long lane becomes Python
+    objects a segment at a time."""
+    import dask
+
+    rng = np.random.default_rng(53)
+    y = rng.standard_normal((3, 2000))
+    d = da.from_array(y, chunks=(1, 2000))
+    with dask.config.set(scheduler="synchronous"):
+        peak = _traced_peak(lambda: exact.cumsum(d, axis=0).compute())
+    assert peak < 40 * y.nbytes + 2**20, peak
+    lane = rng.standard_normal(1 << 15)
+    peak = _traced_peak(lambda: exact.cumsum(lane))
+    assert peak < 2 * lane.nbytes + 3 * 2**19, peak
 
 
 def test_distributed_worker_counts():

@@ -172,11 +172,15 @@ def test_seed_of_words_bounds_the_carry():
 
 
 # -- a carry into the row: what a Dask array's earlier chunks hand to a CuPy chunk --------------------------
-def carry_state(value: Fraction, nan=False, pinf=False, ninf=False) -> exact.ExactState:
-    """exact.py's state of an exact running total ``value`` (a multiple of 2**-1074, as every sum of floats)."""
+def lane(total: int, nan=False, pinf=False, ninf=False) -> exact.LaneState:
+    return exact.LaneState(total, nan * exact.LaneState.NAN | pinf * exact.LaneState.PINF | ninf * exact.LaneState.NINF)
+
+
+def carry_state(value: Fraction, nan=False, pinf=False, ninf=False) -> exact.LaneState:
+    """exact.py's lane state of an exact running total ``value`` (a multiple of 2**-1074, as every sum of floats)."""
     units = value * Fraction(2) ** -exact.EBASE
     assert units.denominator == 1
-    return exact.ExactState(np.array(int(units), dtype=object), np.array(nan), np.array(pinf), np.array(ninf), 0)
+    return lane(int(units), nan, pinf, ninf)
 
 
 def host_scan(x, carry, out_dtype=None, skipnan=False):
@@ -339,8 +343,7 @@ def test_carry_words_are_the_states_integers():
     for _ in range(200):
         b = int(rng.integers(1, 2335))
         units.append(int(rng.choice([-1, 1])) * (int.from_bytes(rng.bytes(b // 8 + 1), "little") % (1 << b)))
-    states = [exact.ExactState(np.array(u << shift, dtype=object), np.array(i % 2 == 0), np.array(i % 3 == 0),
-                               np.array(i % 5 == 0), 0) for i, u in enumerate(units)]
+    states = [lane(u << shift, i % 2 == 0, i % 3 == 0, i % 5 == 0) for i, u in enumerate(units)]
     words = cupy_exact.carry_words(states)
     assert words.shape == (len(units), cupy_exact.KTILEOUT)
     assert ((words[:, : cupy_exact.KWORDS - 1] >= 0) & (words[:, : cupy_exact.KWORDS - 1] < 1 << 32)).all()
@@ -351,9 +354,74 @@ def test_carry_words_are_the_states_integers():
         assert row[cupy_exact.KWORDS:].tolist() == [int(i % 2 == 0), int(i % 3 == 0), int(i % 5 == 0)]
     with pytest.raises(OverflowError):
         cupy_exact.carry_words([carry_state(Fraction(2) ** 1300)])
-    odd = exact.ExactState(np.array(1, dtype=object), np.array(False), np.array(False), np.array(False), 0)
     with pytest.raises(ValueError):
-        cupy_exact.carry_words([odd])
+        cupy_exact.carry_words([lane(1)])
+
+
+# -- rows past the words' int64 range: relaxed words, segments chained by carry_after ------------------------
+def test_relaxed_words_keep_the_value_and_room_for_more_adds():
+    """relax_words: words of any int64 values (the top one within what a sum can reach) keep their value, and
+    every word but the top lands in [-2**31, 2**32 + 2**31), from where _WORD_ADDS (sum kernel) or _MAX_TILES
+    plus a tile's elements (scan) more digit adds below 2**32 stay inside int64."""
+    rng = np.random.default_rng(6)
+    k = cupy_exact.KWORDS
+    info = np.iinfo(np.int64)
+    words = rng.integers(info.min, info.max, size=(50, k), dtype=np.int64, endpoint=True)
+    words[:, -1] = rng.integers(-(1 << 40), 1 << 40, 50)
+    words[0] = info.max
+    words[1] = info.min
+    words[0, -1] = words[1, -1] = 0
+    relaxed = cupy_exact.relax_words(words)
+    flags = np.zeros((50, 1), np.int64)
+    assert [int(t) for t in cupy_exact.fold_words(np.hstack([relaxed, flags]))[0]] == \
+        [int(t) for t in cupy_exact.fold_words(np.hstack([words, flags]))[0]]
+    assert relaxed[:, : k - 1].min() >= -(1 << 31) and relaxed[:, : k - 1].max() < (1 << 32) + (1 << 31)
+    widest = (1 << 32) + (1 << 31)
+    assert widest + cupy_exact._WORD_ADDS * ((1 << 32) - 1) < 1 << 63
+    tile = max(cupy_exact.scan_tile(np.dtype(a), np.dtype(b)) for a in DTYPES for b in DTYPES)
+    assert widest + (cupy_exact._MAX_TILES + tile) * ((1 << 32) - 1) < 1 << 63
+
+
+def segment_carry(carry_slot: np.ndarray, segment: np.ndarray, tile: int, rng) -> np.ndarray:
+    """What device_cumsum hands the next segment of a row: carry_after of the words' cumsum at the segment's
+    last slot, i.e. the carry slot plus every tile's words (a tile's pass-1 words are the unique digits of its
+    exact sum and its flag counts: carry_words of its LaneState), here also spread into words far from digits
+    (as 2**30 tiles of digits would leave them) before carry_after relaxes them."""
+    cum = carry_slot.astype(np.int64).copy()
+    for start in range(0, segment.size, tile):
+        cum += cupy_exact.carry_words(list(exact._lane_states(segment[start:start + tile], 0).reshape(-1)))[0]
+    k = cupy_exact.KWORDS
+    shift = rng.integers(-(1 << 29), 1 << 29, k - 1)
+    cum[: k - 1] += shift << 32  # the same value: word j gains shift_j 2**32, word j + 1 loses shift_j
+    cum[1:k] -= shift
+    cum[k:] *= 3  # counts past 1: flags seen in several tiles
+    return cupy_exact.carry_after(cum[None, :])[0]
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_segments_chained_by_carry_after_give_the_whole_row(dt):
+    """A row scanned segment by segment (device_cumsum past _MAX_TILES tiles), each segment seeded by
+    carry_after of the one before, gives the whole row's bits: sums, nancumsums, flags carried across."""
+    rng = np.random.default_rng(61 + np.dtype(dt).itemsize)
+    block, items = 32, 2
+    tile = block * items
+    for name in ("spread", "cancel", "ints", "special", "nans", "big", "subnormal"):
+        x = cases(dt, 5 * tile + 17, rng)[name]
+        for skipnan in (False, True):
+            for first in (None, carry_state(12345 + Fraction(5, 2**60)), carry_state(Fraction(-3, 4), pinf=True)):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    want = exact.cumsum(x, skipnan=skipnan) if first is None else host_scan(x, first, skipnan=skipnan)
+                for segment in (tile, 2 * tile, 3 * tile):
+                    slot = (np.zeros(cupy_exact.KTILEOUT, np.int64) if first is None
+                            else cupy_exact.carry_words([first])[0])
+                    pieces = []
+                    for start in range(0, x.size, segment):
+                        part = x[start:start + segment]
+                        got, _ = exact_emulate.emulate_scan(part, block=block, items=items, skipnan=skipnan, carry=slot)
+                        pieces.append(got)
+                        slot = segment_carry(slot, part, tile, rng)
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        assert same(np.concatenate(pieces), want), (name, skipnan, first is None, segment)
 
 
 # -- pass 2's fast path (approximate_outputs: a double running sum and its error bound) ----------------------

@@ -82,8 +82,10 @@ def emulate_scan(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 1
     """The exact cumsum of the 1-d ``x`` as kernels/exact_scan.cuh computes it with tiles of ``block`` (a
     multiple of 32) x ``items`` elements (1, 2, 3, 4, 8, 16 or 32): (outputs of ``out_dtype``, default x's,
     and the count of outputs pass 2 could not prove, which fallback_walk rounded from the exact words).
-    ``carry``: an exact.ExactState of what precedes ``x`` (a Dask chunk's carry), turned into the row's first
-    words slot by cupy_exact.carry_words as the GPU path does."""
+    ``carry``: an exact.LaneState of what precedes ``x`` (a Dask chunk's carry), turned into the row's first
+    words slot by cupy_exact.carry_words as the GPU path does, or that slot itself ((KTILEOUT,) int64 words
+    in any form the words' cumsum gives, as cupy_exact.carry_after passes it from one segment of a row to
+    the next)."""
     out, unproved, _, _ = emulate_scan_paths(x, out_dtype, block, items, skipnan, carry)
     return out, unproved
 
@@ -97,7 +99,12 @@ def emulate_scan_paths(x: np.ndarray, out_dtype=None, block: int = 256, items: i
 
     x = np.ascontiguousarray(x)
     out_dt = np.dtype(out_dtype or x.dtype)
-    words = np.zeros(cupy_exact.KTILEOUT, np.int64) if carry is None else cupy_exact.carry_words([carry])[0]
+    if carry is None:
+        words = np.zeros(cupy_exact.KTILEOUT, np.int64)
+    elif isinstance(carry, np.ndarray):
+        words = np.ascontiguousarray(carry, dtype=np.int64)
+    else:
+        words = cupy_exact.carry_words([carry])[0]
     run = subprocess.run([str(build()), "scan", _CODES[x.dtype], _CODES[out_dt], str(x.size), str(block),
                           str(items), str(int(skipnan))], input=x.tobytes() + words.tobytes(),
                          capture_output=True, check=True)

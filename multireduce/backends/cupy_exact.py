@@ -53,7 +53,13 @@ BIG = 960  # kernels/exact.cuh kBig: |x| >= 2**BIG goes straight to the superacc
 WORD_BASE = -1074  # bit 0 of the words: the smallest float64 subnormal
 FLAG_NAN, FLAG_PINF, FLAG_NINF = 1, 2, 4
 _ROWS_PER_LAUNCH = 65535  # gridDim.y; the kernel loops over rows past it
-_PER_BLOCK_LIMIT = 1 << 28  # elements per block per launch: shared words stay far below 2**63
+_PER_BLOCK_LIMIT = 1 << 28  # elements per block per launch: the banks' top digit never wraps (exact.cuh Banks)
+# Digit adds an int64 word takes between two relax_words: every add is below 2**32 and a relaxed word is
+# within [-2**31, 2**33), so the words stay below 2**63 with room to spare
+_WORD_ADDS = 1 << 30
+# Int64 words held at once (73 per row for a sum; (tiles + 1) x 75 per row for a scan, twice): an exact
+# reduction or scan over a short axis has about as many rows as elements, so its rows go in batches
+_WORDS_PER_BATCH = 1 << 22  # 32 MiB of int64
 
 
 # ------------------------------------------------------------------------------------------------
@@ -81,6 +87,10 @@ SCAN_WARPS = _POLICY.exact_scan_warps
 SEED_BLOCK = _POLICY.elementwise_block
 KTILEOUT = KWORDS + 3  # exact_scan.cuh kTileOut: a tile's words, then its NaN/+inf/-inf counts
 _FALLBACK_GRID = 1024  # blocks of one warp that look for marked tiles (grid-stride; no host round trip)
+# Tiles per row in one launch sequence: the words' int64 cumsum takes one digit (< 2**32) per tile, and the
+# fallback walk a tile's elements on top, so a row's words stay below 2**63 up to ~2**31 tiles; longer
+# rows (2**43 elements and more) are scanned in segments (device_cumsum)
+_MAX_TILES = 1 << 30
 
 
 def scan_items(dtype, out=None) -> int:
@@ -174,18 +184,18 @@ def fold_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
 
 def carry_words(carries) -> np.ndarray:
-    """exact.py's per-lane carries (a sequence of ExactStates, as exact._lane_states and _add_lanes give
-    them) -> (lanes, KTILEOUT) int64 in the form pass 1 gives a tile: the total's digits in [0, 2**32) with
-    a signed top word, then its NaN/+inf/-inf flags as counts, so that a carry can stand first in the words'
-    cumsum (fold_words read backwards; exact.py's integers are multiples of 2**53, its unit being 2**53 times
-    finer than the words' bit 0)."""
+    """exact.py's per-lane carries (a sequence of exact.LaneStates, as exact._lane_states and
+    ExactScanPlan.carries give them) -> (lanes, KTILEOUT) int64 in the form pass 1 gives a tile: the total's
+    digits in [0, 2**32) with a signed top word, then its NaN/+inf/-inf flags as counts, so that a carry can
+    stand first in the words' cumsum (fold_words read backwards; exact.py's integers are multiples of 2**53,
+    its unit being 2**53 times finer than the words' bit 0)."""
     from ..exact import EBASE
 
     shift = WORD_BASE - EBASE
     low_bits = 32 * (KWORDS - 1)
     out = np.zeros((len(carries), KTILEOUT), dtype=np.int64)
     for r, state in enumerate(carries):
-        total = int(state.total[()])
+        total = state.total
         units = total >> shift
         if units << shift != total:
             raise ValueError("an exact carry that is no sum of floats: its total is not a multiple of 2**53")
@@ -194,8 +204,34 @@ def carry_words(carries) -> np.ndarray:
             raise OverflowError("an exact carry beyond the scan's 72 words (more than 2**1261 in magnitude)")
         out[r, : KWORDS - 1] = np.frombuffer((units - (top << low_bits)).to_bytes(low_bits // 8, "little"), "<u4")
         out[r, KWORDS - 1] = top
-        out[r, KWORDS:] = bool(state.nan[()]), bool(state.pinf[()]), bool(state.ninf[()])
+        out[r, KWORDS:] = state.nan, state.pinf, state.ninf
     return out
+
+
+def relax_words(words):
+    """Int64 words (..., KWORDS) of any values -> words of the same value, each word's bits above its low 32
+    moved into the next word (the top word keeps its own): every word but the top then lies in
+    [-2**31, 2**32 + 2**31), so it can take _WORD_ADDS more digit adds. NumPy or CuPy, on the array's device."""
+    out = words & 0xFFFFFFFF
+    out[..., -1] = words[..., -1]
+    out[..., 1:] += words[..., :-1] >> 32
+    return out
+
+
+def carry_after(cum_last):
+    """The carry slot ((rows, KTILEOUT) int64) of what follows a scanned segment, from the words' cumsum at
+    its last slot: the same value, its words relaxed (relax_words), and its NaN/+inf/-inf counts made 0/1,
+    so that the next segment's cumsum has as much room as a fresh carry's. NumPy or CuPy."""
+    out = cum_last.copy()
+    out[:, :KWORDS] = relax_words(cum_last[:, :KWORDS])
+    out[:, KWORDS:] = cum_last[:, KWORDS:] > 0
+    return out
+
+
+def _row_batches(rows: int, words_per_row: int):
+    """(start, stop) of consecutive row batches holding at most _WORDS_PER_BATCH words (one row at least)."""
+    step = max(1, _WORDS_PER_BATCH // max(1, words_per_row))
+    return [(start, min(rows, start + step)) for start in range(0, rows, step)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -210,24 +246,33 @@ def _grid_x(device: int, n: int, rows: int, per_sm: int, resident: int | None) -
     return int(max(1, min(want, max(1, sms * per_sm // min(rows, _ROWS_PER_LAUNCH)))))
 
 
-def device_words(x, blocks_per_sm: int | None = None):
+def device_words(x, blocks_per_sm: int | None = None, words=None):
     """The (rows, KWORDS + 1) int64 words of a C-contiguous 2-d CuPy array's row sums, on its GPU (the
     kernel alone: what benchmarks time against a plain sum). ``blocks_per_sm`` (default BLOCKS_PER_SM) is
-    the grid knob python -m benchmarks exact --profile shapes sweeps."""
+    the grid knob python -m benchmarks exact --profile shapes sweeps. ``words``: a zeroed (rows, KWORDS + 1) int64 array to
+    add into (default: a new one). A block sees at most _PER_BLOCK_LIMIT elements per launch, longer rows
+    take several launches into the same words, and the words are relaxed (relax_words) before their digit
+    adds could pass _WORD_ADDS."""
     from .cupy_backend import scan_occupancy
 
     rows, n = x.shape
-    words = cupy.zeros((rows, KWORDS + 1), dtype=np.int64)
+    if words is None:
+        words = cupy.zeros((rows, KWORDS + 1), dtype=np.int64)
     kernel = _kernel(x.dtype)
     per_sm = BLOCKS_PER_SM if blocks_per_sm is None else int(blocks_per_sm)
     if per_sm < 1:
         raise ValueError(f"blocks_per_sm must be >= 1, got {blocks_per_sm}")
     gx = _grid_x(x.data.device_id, n, rows, per_sm, scan_occupancy(kernel, BLOCK))
     step = gx * _PER_BLOCK_LIMIT
+    adds = 0  # digit adds into each word since the last relax: one per block and launch
     for start in range(0, n, step):  # the words add across launches as across blocks
+        if adds + gx > _WORD_ADDS:
+            words[:, :KWORDS] = relax_words(words[:, :KWORDS])
+            adds = 0
         part = x[:, start:start + step]
         gy = min(rows, _ROWS_PER_LAUNCH)
         kernel((gx, gy), BLOCK, (part, np.int64(rows), np.int64(part.shape[1]), np.int64(n), words))
+        adds += gx
     return words
 
 
@@ -259,8 +304,13 @@ def state_of(block, axes: tuple[int, ...]):
             total = np.empty(kept_shape, dtype=object)
             total.fill(0)
             return ExactState(total, false, false.copy(), false.copy(), n)
-        host = device_words(x).get()
-    totals, nan, pinf, ninf = fold_words(host)
+        rows = x.shape[0]
+        totals = np.empty(rows, dtype=object)
+        nan, pinf, ninf = (np.empty(rows, dtype=bool) for _ in range(3))
+        for start, stop in _row_batches(rows, KWORDS + 1):  # words for a batch of rows at a time
+            got = fold_words(device_words(x[start:stop]).get())
+            for into, part in zip((totals, nan, pinf, ninf), got):
+                into[start:stop] = part
     return ExactState(totals.reshape(kept_shape), nan.reshape(kept_shape), pinf.reshape(kept_shape),
                       ninf.reshape(kept_shape), n)
 
@@ -274,13 +324,19 @@ def reduce(x, plan):
         if rows_n is not None:
             out_dtype = np.dtype(plan.out_dtype)
             fi = np.finfo(out_dtype)
-            words = device_words(rows_n)
             rows = rows_n.shape[0]
             out = cupy.empty(rows, out_dtype)
-            grid = min(-(-rows // _POLICY.elementwise_block), 1024)
-            _kernel(out_dtype, "round")(grid, _POLICY.elementwise_block, (words, np.int64(rows), np.int32(fi.nmant + 1),
-                                                    np.int32(fi.minexp), np.int32(plan.skipnan),
-                                                    np.int64(n if plan.mean else 1), out))
+            batches = _row_batches(rows, KWORDS + 1)
+            words = cupy.empty((batches[0][1], KWORDS + 1), dtype=np.int64)  # one buffer, batch after batch
+            for start, stop in batches:
+                held = words[: stop - start]
+                held.fill(0)
+                device_words(rows_n[start:stop], words=held)
+                grid = min(-(-(stop - start) // _POLICY.elementwise_block), 1024)
+                _kernel(out_dtype, "round")(grid, _POLICY.elementwise_block,
+                                            (held, np.int64(stop - start), np.int32(fi.nmant + 1),
+                                             np.int32(fi.minexp), np.int32(plan.skipnan),
+                                             np.int64(n if plan.mean else 1), out[start:stop]))
             out = out.reshape(kept_shape)
             return cupy.expand_dims(out, plan.axes) if plan.keepdims else out
         return cupy.asarray(plan.whole(x))
@@ -298,13 +354,35 @@ def _scan_kernels(dtype, out) -> dict:
 BATCHED_LANES = os.environ.get("MULTIREDUCE_EXACT_BATCHED_LANES", "1") != "0"
 
 
-def device_cumsum(x, dt, skipnan: bool = False, carry=None):
+def device_cumsum(x, dt, skipnan: bool = False, carry=None, out=None):
     """The exact inclusive cumsum of each row of a C-contiguous 2-d CuPy array (rows x n, n > 0, rows > 0)
-    into a new (rows, n) array of ``dt``, on its GPU: pass 1, an int64 cumsum of the tile words, the seeds,
-    pass 2 and the fallback walk (kernels/exact_scan.cuh); five launches (and the carry slots' copy)
-    whatever the data, no host sync. ``carry``: (rows, KTILEOUT) int64 words (carry_words) of what precedes each
-    row, copied to the device first, so every output is the rounding of carry + the row's exact prefix, and
-    the carry's flags decide as an earlier element's would."""
+    into ``out`` (default: a new (rows, n) array of ``dt``), on its GPU: pass 1, an int64 cumsum of the tile
+    words, the seeds, pass 2 and the fallback walk (kernels/exact_scan.cuh); five launches (and the carry
+    slots' copy) whatever the data, no host sync. ``carry``: (rows, KTILEOUT) int64 words (carry_words) of
+    what precedes each row, so every output is the rounding of carry + the row's exact prefix, and the
+    carry's flags decide as an earlier element's would. The words' cumsum takes one digit add per tile, so a
+    row of more than _MAX_TILES tiles is scanned in segments of _MAX_TILES tiles, one row at a time, each
+    segment seeded with the words after the one before (carry_after), on the device."""
+    rows, n = x.shape
+    out = cupy.empty((rows, n), dtype=dt) if out is None else out
+    carry = None if carry is None else cupy.asarray(carry)
+    tile = scan_tile(x.dtype, dt)
+    if -(-n // tile) <= _MAX_TILES:
+        _scan_segment(x, dt, skipnan, carry, out)
+        return out
+    span = _MAX_TILES * tile
+    for r in range(rows):
+        seed = None if carry is None else carry[r:r + 1]
+        for start in range(0, n, span):
+            cum = _scan_segment(x[r:r + 1, start:start + span], dt, skipnan, seed, out[r:r + 1, start:start + span])
+            seed = carry_after(cum[:, -1])
+    return out
+
+
+def _scan_segment(x, dt, skipnan: bool, carry, out):
+    """device_cumsum's launches for rows of at most _MAX_TILES tiles, ``x`` and ``out`` C-contiguous rows (or
+    one row of a longer one); ``carry`` a CuPy array or None. Returns the words' cumsum (rows, tiles + 1,
+    KTILEOUT): its last slot is everything up to each row's end."""
     rows, n = x.shape
     k = _scan_kernels(x.dtype, dt)
     tile = scan_tile(x.dtype, dt)
@@ -315,44 +393,45 @@ def device_cumsum(x, dt, skipnan: bool = False, carry=None):
     # elementwise kernel at its first use: a Dask array's chunks with carries pay that once)
     words = cupy.zeros((rows, tiles + 1, KTILEOUT), dtype=np.int64)
     if carry is not None:
-        words[:, 0] = cupy.asarray(carry)
+        words[:, 0] = carry
     k["words"](int(min(-(-count // SCAN_WARPS), 1 << 20)), SCAN_WARPS * 32,
                (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
     # integer adds on the device: exact, order-free. CuPy may return a scan along a middle axis as a
     # transposed view of its work array; the kernels read cum as C-order rows of slots
     cum = cupy.ascontiguousarray(cupy.cumsum(words, axis=1))
+    del words
     seeds = cupy.empty(count * 4, dtype=np.int64)
     k["seeds"](int(min(-(-count // SEED_BLOCK), 1 << 16)), SEED_BLOCK,
                (cum, i64(count), i64(tiles), np.int32(skipnan), seeds))
-    out = cupy.empty((rows, n), dtype=dt)
     marked = cupy.empty(count, dtype=np.int32)
     k["tiles"](int(min(count, (1 << 31) - 1)), SCAN_BLOCK,
                (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(skipnan), out, marked))
     k["fallback"](int(min(count, _FALLBACK_GRID)), 32,
                   (x, i64(rows), i64(n), i64(tile), i64(tiles), cum, marked, out))
-    return out
+    return cum
 
 
 def cumsum(x, axis: int, dt, skipnan: bool = False, carry=None):
     """exact.cumsum of one CuPy array along ``axis`` on its GPU (``skipnan``: nancumsum): bitwise exact.py's
     host scan (exact._cumsum_block). ``carry``: exact._cumsum_block's, an object array of per-lane
-    ExactStates (the exact totals and flags of the earlier chunks of a Dask array; its shape is x's without
+    LaneStates (the exact totals and flags of the earlier chunks of a Dask array; its shape is x's without
     ``axis``), entering the scan as the first slot of each lane's words. Any axis and any number of lanes
     run on the GPU: the scanned axis is moved last with one device copy when it is not already the
-    contiguous one; the result is that layout moved back (as exact.py's)."""
+    contiguous one; the result is that layout moved back (as exact.py's). Lanes go in batches whose words
+    stay within _WORDS_PER_BATCH (a scan along a short axis has a carry and a tile per element or so)."""
     dt = np.dtype(dt)
     with on_device_of(x):
         moved = cupy.moveaxis(x, axis, -1)
         if x.size == 0:
             return cupy.moveaxis(cupy.empty(moved.shape, dtype=dt), -1, axis)
         rows = cupy.ascontiguousarray(moved).reshape(-1, moved.shape[-1])
-        words = None if carry is None else carry_words(carry.reshape(-1))
-        if rows.shape[0] == 1 or BATCHED_LANES:
-            out = device_cumsum(rows, dt, skipnan, words)
-        else:
-            out = cupy.empty(rows.shape, dtype=dt)
-            for lane in range(rows.shape[0]):
-                out[lane] = device_cumsum(rows[lane:lane + 1], dt, skipnan, None if words is None else words[lane:lane + 1])[0]
+        lanes, n = rows.shape
+        carries = None if carry is None else carry.reshape(-1)
+        out = cupy.empty(rows.shape, dtype=dt)
+        per_lane = 2 * (-(-n // scan_tile(x.dtype, dt)) + 1) * KTILEOUT  # the words and their cumsum
+        for start, stop in _row_batches(lanes, per_lane) if BATCHED_LANES else [(r, r + 1) for r in range(lanes)]:
+            words = None if carries is None else carry_words(carries[start:stop])
+            device_cumsum(rows[start:stop], dt, skipnan, words, out[start:stop])
         return cupy.moveaxis(out.reshape(moved.shape), -1, axis)
 
 

@@ -242,3 +242,54 @@ def test_device_cumsum_batched_lanes(dtype):
                 assert same(got[r], cupy.asnumpy(one)[0]), (rows, n, r, carry is not None)
                 want = exact._cumsum_block(x[r:r + 1], 1, np.dtype(dtype), None if carry is None else carry[r:r + 1])
                 assert same(got[r], want[0]), (rows, n, r, carry is not None)
+
+
+# -- the words' limits and memory (tests/test_exact_scan_emulated.py models them on the CPU) ----------------
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rows_past_max_tiles_scan_in_segments(dtype, monkeypatch):
+    """Rows of more than _MAX_TILES tiles are scanned in segments of _MAX_TILES tiles, each seeded with
+    carry_after of the words before it: with _MAX_TILES of 1 to 3, every row (with and without carries,
+    cumsum and nancumsum, inf/NaN carried across segments) equals the host's bits."""
+    tile = cupy_exact.scan_tile(np.dtype(dtype))
+    rows = np.stack([make(kind, 5 * tile + 17, dtype, seed=r) for r, kind in enumerate(("range", "special", "cancel"))])
+    carries = np.empty(3, dtype=object)
+    for r in range(3):
+        carries[r] = exact._lane_states(make("normal", 100, dtype, seed=70 + r), 0).reshape(-1)[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        wants = {(c is None, s): exact._cumsum_block(rows, 1, np.dtype(dtype), c, s)
+                 for c in (None, carries) for s in (False, True)}
+    for limit in (1, 2, 3):
+        monkeypatch.setattr(cupy_exact, "_MAX_TILES", limit)
+        for carry in (None, carries):
+            words = None if carry is None else cupy_exact.carry_words(carry)
+            for skipnan in (False, True):
+                got = cupy_exact.device_cumsum(cupy.asarray(rows), np.dtype(dtype), skipnan, words)
+                assert same(cupy.asnumpy(got), wants[(carry is None, skipnan)]), (limit, carry is None, skipnan)
+        check(rows[0])
+        check(rows[1], skipnan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_lanes_go_in_batches_of_words(dtype, monkeypatch):
+    """A scan along a short axis has a carry and a tile per lane: with _WORDS_PER_BATCH of a few lanes' words,
+    CuPy arrays and Dask arrays of CuPy chunks (carries per lane) give the host's bits."""
+    monkeypatch.setattr(cupy_exact, "_WORDS_PER_BATCH", 3 * 2 * 2 * cupy_exact.KTILEOUT)  # 3 one-tile lanes
+    x = make("range", 5 * 1001, dtype).reshape(5, 1001)
+    check(x, axis=0)
+    check(x, axis=0, skipnan=True)
+    check_chunked(x, ((2, 0, 3), (500, 501)), axis=0, monkeypatch=monkeypatch)
+    monkeypatch.setattr(cupy_exact, "BATCHED_LANES", False)
+    check(x[:, :40], axis=0)
+
+
+def test_many_short_lanes_hold_their_words_a_batch_at_a_time():
+    """2^20 lanes of 3 elements: words and their cumsum for one batch of lanes (2 x 32 MiB), not 2 x 1200
+    bytes for every lane (2.5 GB)."""
+    from tests.gpu.test_gpu_exact_sum import device_memory_of
+
+    host = make("normal", 3 << 20, np.float32, seed=9).reshape(3, 1 << 20)
+    x = cupy.asarray(host)
+    got, held = device_memory_of(lambda: exact.cumsum(x, axis=0))
+    assert held < 4 * x.nbytes + 96 * 2**20, held
+    for lanes in (slice(0, 2000), slice(-2000, None)):  # the host scan takes ~2 us per element
+        assert same(cupy.asnumpy(got[:, lanes]), exact.cumsum(host[:, lanes], axis=0))

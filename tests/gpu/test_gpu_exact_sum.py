@@ -233,3 +233,70 @@ def test_nvrtc_build_is_exact_on_float32_subnormals(kind, monkeypatch):
         assert bits(cupy.asnumpy(exact.sum(g[:n]))) == bits(exact.sum(x[:n])), n
     words = cupy.asnumpy(cupy_exact.device_words(g.reshape(1, -1)))
     assert int(cupy_exact.fold_words(words)[0][0]) == int(exact.state_of(x, (0,)).total[()])
+
+
+# ------------------------------------------------------------------------------------------------
+# limits of the words, and memory that follows the data (tests/test_exact_scan_emulated.py models them on
+# the CPU): relaxed words between launches, rows in batches of words
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_words_relaxed_between_launches_stay_exact(dtype, monkeypatch):
+    """A row longer than _PER_BLOCK_LIMIT per block takes several launches into the same words; with
+    _WORD_ADDS small the words are relaxed (relax_words) before the launches that would pass it: the same
+    exact total, sum and mean."""
+    x = make("range90", (1 << 18) + 11, dtype)
+    g = cupy.asarray(x)
+    total = int(exact.state_of(x, (0,)).total[()])
+    monkeypatch.setattr(cupy_exact, "_PER_BLOCK_LIMIT", 1000)
+    for adds in (1, 100, 200, 1 << 30):  # gx blocks add once per launch: relaxed every launch, or every few
+        monkeypatch.setattr(cupy_exact, "_WORD_ADDS", adds)
+        assert int(exact.state_of(g, (0,)).total[()]) == total, adds
+        assert bits(cupy.asnumpy(exact.sum(g))) == bits(exact.sum(x)), adds
+        assert bits(cupy.asnumpy(exact.mean(g))) == bits(exact.mean(x)), adds
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_rows_go_in_batches_of_words(dtype, monkeypatch):
+    """Reductions over a short axis: _WORDS_PER_BATCH of 5 rows' words; sums, means, nansums and the
+    states of Dask chunks equal the CPU's bits, and no launch holds the words of more than 5 rows."""
+    x = make("range90", 1003 * 37, dtype, seed=4).reshape(1003, 37)
+    x[::11, 5] = np.nan
+    g = cupy.asarray(x)
+    seen = []
+    real = cupy_exact.device_words
+
+    def counted(rows, *args, **kwargs):
+        seen.append(rows.shape[0])
+        return real(rows, *args, **kwargs)
+
+    monkeypatch.setattr(cupy_exact, "device_words", counted)
+    monkeypatch.setattr(cupy_exact, "_WORDS_PER_BATCH", 5 * (cupy_exact.KWORDS + 1))
+    with np.errstate(invalid="ignore"):
+        for axis in (1, 0):
+            assert np.array_equal(bits(cupy.asnumpy(exact.sum(g, axis=axis))), bits(exact.sum(x, axis=axis)))
+            assert np.array_equal(bits(cupy.asnumpy(exact.mean(g, axis=axis))), bits(exact.mean(x, axis=axis)))
+            assert np.array_equal(bits(cupy.asnumpy(mr.nansum(g, axis=axis, exact=True))),
+                                  bits(mr.nansum(x, axis=axis, exact=True)))
+        state, want = exact.state_of(g, (1,)), exact.state_of(x, (1,))
+    assert [int(t) for t in state.total] == [int(t) for t in want.total]
+    assert np.array_equal(state.nan, want.nan)
+    assert seen and max(seen) <= 5
+
+
+def device_memory_of(call):
+    """(``call()``, the bytes a fresh CuPy memory pool held for it once it finished)."""
+    pool = cupy.cuda.MemoryPool()
+    with cupy.cuda.using_allocator(pool.malloc):
+        got = call()
+        cupy.cuda.Device().synchronize()
+        return got, pool.total_bytes()
+
+
+def test_many_short_rows_hold_their_words_a_batch_at_a_time():
+    """2^20 rows of 3: the words of one batch of rows (32 MiB), not 584 bytes for every row (611 MB)."""
+    host = make("normal", 3 << 20, np.float64, seed=8).reshape(1 << 20, 3)
+    x = cupy.asarray(host)
+    got, held = device_memory_of(lambda: exact.sum(x, axis=1))
+    assert held < 2 * x.nbytes + 64 * 2**20, held
+    for rows in (slice(0, 2000), slice(-2000, None)):  # the host path takes ~10 s for all rows
+        assert np.array_equal(bits(cupy.asnumpy(got[rows])), bits(exact.sum(host[rows], axis=1)))
