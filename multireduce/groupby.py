@@ -330,7 +330,7 @@ def factorize(by, n: int, expected_groups, caller: str):
         if sorted_groups.size:
             hit &= sorted_groups[inside] == labels
     except TypeError as exc:
-        raise TypeError(f"{caller}: the labels in 'by' (dtype {labels.dtype}) cannot be ordered"
+        raise TypeError(f"{caller}: argument 'by' holds labels (dtype {labels.dtype}) that cannot be ordered"
                         + ("" if expected_groups is None else f" against 'expected_groups' ({groups.dtype})")
                         + f": {exc}") from None
     codes = np.where(hit, sorter[inside] if sorted_groups.size else -1, -1).astype(np.int64)
