@@ -32,6 +32,7 @@ from . import api
 from . import dtypes as _dt
 from .backends import is_cupy_array, numpy_stats, on_device_of
 from .operators import get_operator
+from .statistics import _Commutative, segment_reduce
 
 __all__ = ["groupby_reduce", "FUNCS"]
 
@@ -40,11 +41,6 @@ FUNCS = ("sum", "nansum", "prod", "nanprod", "mean", "nanmean", "var", "nanvar",
          "max", "nanmax", "count", "any", "all")
 _SKIPPING = ("sum", "prod", "mean", "var", "std", "min", "max")  # the functions that have a nan form
 _MOMENTS = ("var", "std")
-
-
-@dataclass(frozen=True)
-class _Commutative:
-    commutative: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,10 +79,12 @@ class _Segments:
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         values = xp.moveaxis(block, axis, -1)
         if key.size > 1 and (key[1:] < key[:-1]).any():
-            values = xp.take(values, xp.asarray(np.argsort(key, kind="stable")), axis=-1)
-        self.values, self.ngroups, self.xp = values, ngroups, xp
-        # the GPU has no reduceat: its rows go through the segment kernels as one vector (``flat``)
+            values = xp.take(values, xp.asarray(np.argsort(key, kind="stable")), axis=values.ndim - 1)
+        # the GPU has no reduceat: its rows go through the segment kernels as one vector (``flat``), made
+        # contiguous once here rather than by every reduction of the chunk
         self.flat = flat or xp is not np
+        self.values = xp.ascontiguousarray(values) if self.flat else values
+        self.ngroups, self.xp = ngroups, xp
 
     @property
     def lead(self) -> tuple:
@@ -103,13 +101,11 @@ class _Segments:
         dtype = np.dtype(dtype)
         g = self.ngroups
         if self.flat:
-            from .statistics import segment_reduce
-
             xp = self.xp
             rows, n = math.prod(self.lead), values.shape[-1]
             starts = xp.asarray(self.starts)
             offsets = (xp.arange(rows, dtype=np.int64)[:, None] * n + starts[None, :]).reshape(-1)
-            out = segment_reduce(xp.ascontiguousarray(values).reshape(-1), offsets, op, dtype=dtype)
+            out = segment_reduce(values.reshape(-1), offsets, op, dtype=dtype)
             return out.reshape(self.lead + (g + 1,))[..., :g]
         operator = get_operator(op)
         out = np.full(self.lead + (g + 1,), operator.identity(dtype), dtype=dtype)
@@ -125,7 +121,7 @@ class _Segments:
         xp = self.xp
         padded = xp.concatenate([per_group, xp.zeros(self.lead + (1,), dtype=per_group.dtype)], axis=-1)
         index = np.repeat(np.arange(self.ngroups + 1), self.counts)
-        return xp.take(padded, xp.asarray(index), axis=-1)
+        return xp.take(padded, xp.asarray(index), axis=padded.ndim - 1)
 
 
 def _valid_count(seg: _Segments, floating: bool):
@@ -199,16 +195,15 @@ class GroupByPlan:
                 return (_valid_count(seg, floating),)
             if stat in ("any", "all"):
                 return (seg.reduce(values != 0 if stat == "any" else values == 0, "sum", np.int64),)
-            counted = self.skipnan and (stat == "mean" or stat in ("min", "max") or self.min_count is not None)
-            count = _valid_count(seg, floating) if counted or stat == "mean" else None
             if stat == "mean":
+                count = _valid_count(seg, floating) if self.skipnan else seg.lengths()
                 return count, seg.reduce(values, "nansum" if self.skipnan else "sum", self.acc_dtype)
             if stat in ("min", "max") and values.dtype != self.acc_dtype:
-                values = values.astype(self.acc_dtype)
+                values = values.astype(self.acc_dtype)  # dtype= converts before comparing, as multireduce.min
             value = seg.reduce(values, ("nan" if self.skipnan else "") + stat, self.acc_dtype)
-            if count is None and self.min_count is not None:
-                count = _valid_count(seg, floating)
-            return (value,) if count is None else (value, count)
+            if self.min_count is not None or (self.skipnan and stat in ("min", "max")):
+                return value, _valid_count(seg, floating)  # an all-NaN group ends as NaN, not the identity
+            return (value,)
 
     def _merge(self, left, right):
         stat = self.stat
@@ -266,7 +261,6 @@ class GroupByPlan:
                 value = value.copy()  # astype(copy=False) may have kept a partial's own array
                 value[..., list(self.missing)] = _fill_of(stat, self.fill_value)
             return xp.moveaxis(value, -1, self.axis)
-
 
     def aggregate(self, *partials):
         return self.finalize(self.combine(*partials))
@@ -394,6 +388,10 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"{caller}: argument 'axis' must be an int; got {axis!r}")
     (ax,) = v.normalize_axes(axis, x.ndim, caller)
+    codes = np.asarray(codes, dtype=np.int64)
+    if codes.shape != (x.shape[ax],) or (codes.size and (codes.min() < -1 or codes.max() >= ngroups)):
+        raise ValueError(f"{caller}: expected one group code in [-1, {ngroups}) per element along axis {ax} "
+                         f"({x.shape[ax]}); got {codes.size} codes")
     stat, skipnan = _stat_of(func, skipna, x.dtype.kind == "f", caller)
     if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Real) or not math.isfinite(ddof):
         raise TypeError(f"{caller}: argument 'ddof' must be a finite real number; got {ddof!r}")
@@ -403,7 +401,7 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     if min_count is not None and stat not in ("sum", "prod"):
         raise ValueError(f"{caller}: argument 'min_count' applies to sum and prod (and their nan forms); "
                          f"got min_count={min_count!r} for {func!r}")
-    if fill_value is not None and not (np.ndim(fill_value) == 0 and isinstance(fill_value, (numbers.Number, np.generic))):
+    if fill_value is not None and not isinstance(fill_value, (numbers.Number, np.number, np.bool_)):
         raise TypeError(f"{caller}: argument 'fill_value' must be None or a number; got {fill_value!r}")
     acc, out = _dtypes(stat, x.dtype, dtype, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
@@ -416,7 +414,7 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     plan = GroupByPlan(stat, ax, int(ngroups), acc, np.dtype(out), skipnan, float(ddof), min_count, fill_value,
                        missing, flat)
     if kind.startswith("dask"):
-        return _lazy(x, codes, plan, fan_in)
+        return _lazy(x, codes, plan, fan_in, caller)
     if kind == "cupy":
         import cupy
 
@@ -425,7 +423,7 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     return np.moveaxis(plan.whole(Grouped(x, codes)), ax, -1)
 
 
-def _lazy(x, codes, plan: GroupByPlan, fan_in: int):
+def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str):
     import dask.array as da
     from dask.base import tokenize
 
@@ -433,7 +431,7 @@ def _lazy(x, codes, plan: GroupByPlan, fan_in: int):
 
     ax = plan.axis
     if any(isinstance(c, float) and math.isnan(c) for c in x.chunks[ax]):
-        raise ValueError(f"multireduce.groupby_reduce: argument 'x' has unknown chunk sizes along axis {ax}; "
+        raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes along axis {ax}; "
                          "expected known sizes (call x.compute_chunk_sizes() first)")
     token = tokenize(x, codes, plan)
     codes_d = da.from_array(codes, chunks=(x.chunks[ax],), name=f"groupby-codes-{token}")

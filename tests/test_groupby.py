@@ -176,7 +176,8 @@ def test_missing_groups_promote_integers_and_fill_value():
 def test_nan_only_groups_and_min_count():
     x = np.array([[1.5, np.nan, np.nan, 2.5, np.inf]])
     labels = np.array([0, 1, 1, 0, 2])
-    for func, want in [("nansum", [4.0, 0.0, np.inf]), ("sum", [4.0, np.nan, np.inf]), ("nanmean", [2.0, np.nan, np.inf]),
+    for func, want in [("nansum", [4.0, 0.0, np.inf]), ("sum", [4.0, np.nan, np.inf]),
+                       ("nanmean", [2.0, np.nan, np.inf]),
                        ("nanmin", [1.5, np.nan, np.inf]), ("nanmax", [2.5, np.nan, np.inf]), ("count", [2, 0, 1]),
                        ("nanvar", [0.25, np.nan, np.nan]), ("nanprod", [3.75, 1.0, np.inf])]:
         for d in (x, da.from_array(x, chunks=(1, 2))):
