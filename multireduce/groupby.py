@@ -67,28 +67,28 @@ def _xp(a):
 # One chunk: group order, segments, partial states
 # ------------------------------------------------------------------------------------------------
 class _Segments:
-    """A chunk's values with the grouped axis last and its elements in group order, and the segment
-    reductions over them. Elements in no group (code -1) sort last, in a segment of their own (index
-    ``ngroups``) that every reduction drops, so they never reach a group's segment even where rows are
-    flattened into one vector."""
+    """A chunk's values with its elements in group order along the grouped axis, and the segment
+    reductions over them, which return arrays with one entry per group on a last axis. Elements in no
+    group (code -1) sort last, into a segment of their own (index ``ngroups``) that every reduction drops,
+    so they never reach a group's segment even where rows are flattened into one vector.
+
+    NumPy reduces along the grouped axis where it is (``reduceat`` adds whole rows of a leading axis at
+    once); the GPU, which has no reduceat, moves the axis last and flattens the rows into one contiguous
+    vector for the segment kernels (``flat``), made once here rather than by every reduction of the chunk."""
 
     def __init__(self, block, codes, axis: int, ngroups: int, flat: bool):
         xp = _xp(block)
         key = np.where(codes < 0, ngroups, codes)
         self.counts = np.bincount(key, minlength=ngroups + 1)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
-        values = xp.moveaxis(block, axis, -1)
-        if key.size > 1 and (key[1:] < key[:-1]).any():
-            values = xp.take(values, xp.asarray(np.argsort(key, kind="stable")), axis=values.ndim - 1)
-        # the GPU has no reduceat: its rows go through the segment kernels as one vector (``flat``), made
-        # contiguous once here rather than by every reduction of the chunk
         self.flat = flat or xp is not np
+        self.at = block.ndim - 1 if self.flat else axis  # where the grouped axis is in ``values``
+        values = xp.moveaxis(block, axis, -1) if self.flat else block
+        if key.size > 1 and (key[1:] < key[:-1]).any():
+            values = xp.take(values, xp.asarray(np.argsort(key, kind="stable")), axis=self.at)
         self.values = xp.ascontiguousarray(values) if self.flat else values
         self.ngroups, self.xp = ngroups, xp
-
-    @property
-    def lead(self) -> tuple:
-        return self.values.shape[:-1]
+        self.lead = tuple(s for d, s in enumerate(values.shape) if d != self.at)
 
     def lengths(self):
         """Each group's element count (NaN included), int64, for every row."""
@@ -112,16 +112,17 @@ class _Segments:
         filled = self.counts > 0
         if filled.any() and out.size:  # reduceat gives x[i] for an empty segment: only filled ones go in
             with np.errstate(all="ignore"):
-                out[..., filled] = operator.ufunc.reduceat(operator.load(values), self.starts[filled], axis=-1,
-                                                          dtype=dtype)
+                found = operator.ufunc.reduceat(operator.load(values), self.starts[filled], axis=self.at, dtype=dtype)
+            out[..., filled] = np.moveaxis(found, self.at, -1)
         return out[..., :g]
 
     def spread(self, per_group):
-        """Per-group values (lead + (ngroups,)) repeated over each group's elements (lead + (n,))."""
+        """Per-group values (lead + (ngroups,)) repeated over each group's elements, in the layout of
+        ``values``."""
         xp = self.xp
         padded = xp.concatenate([per_group, xp.zeros(self.lead + (1,), dtype=per_group.dtype)], axis=-1)
         index = np.repeat(np.arange(self.ngroups + 1), self.counts)
-        return xp.take(padded, xp.asarray(index), axis=padded.ndim - 1)
+        return xp.moveaxis(xp.take(padded, xp.asarray(index), axis=padded.ndim - 1), -1, self.at)
 
 
 def _valid_count(seg: _Segments, floating: bool):
@@ -137,17 +138,23 @@ def _moments(seg: _Segments, skipnan: bool):
     rounding of the first) and their sum of squares, two passes over the chunk. Data with inf or NaN
     in a group have anchor 0, so the offset carries them and M2 is NaN, as NumPy's var is."""
     xp = seg.xp
-    x = seg.values.astype(np.float64)
-    floating = seg.values.dtype.kind == "f"
-    summed = "nansum" if skipnan and floating else "sum"
-    count = (_valid_count(seg, floating) if skipnan else seg.lengths()).astype(np.float64)
+    dev = seg.values.astype(np.float64)  # a copy, worked on in place: the data, then deviations, then squares
+    nan = xp.isnan(dev) if skipnan and seg.values.dtype.kind == "f" else None
+    if nan is None:
+        count = seg.lengths().astype(np.float64)
+    else:  # NaN read as 0 once here, so every sum below is a plain one
+        count = seg.reduce(~nan, "sum", np.int64).astype(np.float64)
+        dev[nan] = 0.0
     per = xp.maximum(count, 1.0)
-    anchor = seg.reduce(x, summed, np.float64) / per
+    anchor = seg.reduce(dev, "sum", np.float64) / per
     anchor = xp.where(xp.isfinite(anchor), anchor, 0.0)
-    dev = x - seg.spread(anchor)
-    total = seg.reduce(dev, summed, np.float64)
+    dev -= seg.spread(anchor)
+    if nan is not None:
+        dev[nan] = 0.0
+    total = seg.reduce(dev, "sum", np.float64)
     offset = total / per
-    m2 = xp.maximum(seg.reduce(dev * dev, summed, np.float64) - offset * total, 0.0)
+    dev *= dev
+    m2 = xp.maximum(seg.reduce(dev, "sum", np.float64) - offset * total, 0.0)
     return count, anchor, offset, m2
 
 
