@@ -23,7 +23,11 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import xarray as xr
+
+try:
+    import xarray as xr
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError("multireduce.xarray needs xarray and pandas: pip install 'multireduce[xarray]'") from exc
 
 from . import groupby as _groupby
 from . import statistics as _stats
