@@ -10,6 +10,7 @@ from .catalogue import algorithms
 from .statistics import (all, any, argmax, argmin, count_nonzero, nanargmax, nanargmin, nancumprod, nancumsum,
                          nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, segment_reduce, segment_scan, std,
                          var)
+from .groupby import groupby_reduce
 from .operators import Operator, operators, register_operator, unregister_operator
 from .persist import persist
 
@@ -20,7 +21,7 @@ __all__ = [
     "cumsum", "cumprod", "scan",
     "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
     "nansum", "nanprod", "nanmin", "nanmax", "nancumsum", "nancumprod", "any", "all", "count_nonzero",
-    "segment_reduce", "segment_scan", "persist",
+    "segment_reduce", "segment_scan", "groupby_reduce", "persist",
     "register_operator", "unregister_operator", "operators", "Operator", "algorithms",
     "__version__",
 ]

@@ -34,10 +34,15 @@ QUERY_PLANNING_ERROR = (
     "(or DASK_ARRAY__QUERY_PLANNING=False) before dask.array is first imported")
 
 
+def is_expression_array(x) -> bool:
+    """A dask array of dask's array expressions (``array.query-planning``)."""
+    return type(x).__module__.startswith("dask.array._array_expr")
+
+
 def array_kind(x) -> str:
     """'dask', 'cupy' or 'numpy'; dask arrays whose chunks are neither raise."""
     if is_dask_array(x):
-        if type(x).__module__.startswith("dask.array._array_expr"):
+        if is_expression_array(x):
             raise TypeError(f"multireduce: {QUERY_PLANNING_ERROR}")
         meta = x._meta
         if is_cupy_array(meta):
@@ -72,6 +77,12 @@ def as_array(x, caller: str):
         return _native(x), "numpy"
     if cls.__module__.startswith("cupy"):
         return x, "cupy"
+    if hasattr(x, "dims") and hasattr(x, "coords"):  # xarray's DataArray and Dataset, without importing xarray
+        name = caller.rsplit(".", 1)[-1]
+        name, skip = (name[3:], ", skipna=True") if name.startswith("nan") else (name, "")
+        raise TypeError(f"{caller}: argument 'x' is an xarray {cls.__name__}; expected a NumPy, CuPy or dask array. "
+                        f"After `import multireduce.xarray`, use x.mr.{name}(dim=...{skip}), which keeps dims and "
+                        "coords and stays lazy for dask-backed data; or pass x.data")
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{caller}: argument 'x' is a masked array; expected a plain array (use x.filled(...))")
     if is_dask_array(x):

@@ -33,7 +33,7 @@ import bisect
 import numbers
 import re
 
-from ._validation import check_flag, is_dask_array
+from ._validation import QUERY_PLANNING_ERROR, check_flag, is_dask_array, is_expression_array
 
 __all__ = ["persist"]
 
@@ -76,6 +76,9 @@ def persist(*arrays, balanced: bool = True, client=None):
     for i, x in enumerate(arrays):
         if not is_dask_array(x):
             raise TypeError(f"{_CALLER}: argument 'arrays[{i}]' must be a dask array; got {type(x).__name__}")
+        if is_expression_array(x):
+            where = f"'arrays[{i}]'"
+            raise TypeError(f"{_CALLER}: " + QUERY_PLANNING_ERROR.replace("'x'", where, 1))
     balanced = check_flag(balanced, "balanced", _CALLER)
     client = _client(client, required=balanced)
     if not balanced:

@@ -28,6 +28,8 @@ CASES = {
                       ["no GPU here: plotting the", "refuses a GPU kernel for NumPy data"], True),
     "multi_gpu.ipynb": (["cumsum matches NumPy (float64)", "plotting the committed measurement", "dashboard: http",
                          "client and cluster closed"], [], True),
+    "xarray_climatology.ipynb": (["monthly climatology matches xarray", "daily max matches xarray",
+                                  "running total matches xarray", "client and cluster closed"], [], True),
 }
 
 

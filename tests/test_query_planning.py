@@ -27,8 +27,11 @@ SCRIPT = textwrap.dedent("""
         "segment_scan": lambda: mr.segment_scan(x, [0, 10, 500]),
         "sum_exact": lambda: mr.sum(x, exact=True), "sum_compute": lambda: mr.sum(x, compute=True),
         "cumsum_exact": lambda: mr.cumsum(x, exact=True),
+        "groupby_reduce": lambda: mr.groupby_reduce(x, np.arange(1000) % 7, "sum"),
+        "persist": lambda: mr.persist(x, balanced=False),
     }
-    skip = {"reduce", "scan", "segment_reduce", "segment_scan", "register_operator", "unregister_operator",
+    skip = {"reduce", "scan", "segment_reduce", "segment_scan", "groupby_reduce", "persist", "register_operator",
+            "unregister_operator",
             "operators", "Operator", "algorithms", "__version__"}
     calls.update({name: (lambda f=getattr(mr, name): f(x)) for name in mr.__all__ if name not in skip})
     clear = 0

@@ -1,0 +1,509 @@
+"""Group-by reductions: one value per group of labels along one axis, on NumPy, CuPy and Dask arrays.
+
+Every chunk is reduced in one way whatever it holds: its elements are put in group order along the
+axis (the order comes from the labels alone, found on the host: labels are small next to the data),
+each group is then a segment, and the segments are reduced with the same operators as everywhere else
+(NumPy: ``ufunc.reduceat`` along the axis; CuPy: the rows flattened into one vector and reduced by the
+segment kernels of ``multireduce.segment_reduce``, one segment per (row, group), on the GPU that holds
+the chunk). No step loops over groups in Python.
+
+A chunk's result is a partial: a tuple of arrays whose last axis has one entry per group (the sum and
+the non-NaN count, the count, mean and M2 of the moments, ...). Partials merge elementwise, so a
+group may straddle any number of chunks and the labels need not be sorted. On Dask the partials meet
+in the tree of ``graph.reduction`` (one partial per chunk, combined in chunk order); on the GPU they
+stay on the device, since a group-by partial is as large as its output block.
+
+Groups that no element falls in (``expected_groups`` naming labels the data lack) are known from the
+labels before any data is read, so the result's dtype is known for lazy input too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from . import _validation as v
+from . import api
+from . import dtypes as _dt
+from .backends import is_cupy_array, numpy_stats, on_device_of
+from .operators import get_operator
+from .statistics import _Commutative, segment_reduce
+
+__all__ = ["groupby_reduce", "FUNCS"]
+
+#: every ``func`` groupby_reduce takes; a "nan" prefix skips NaN as the NumPy function of that name does
+FUNCS = ("sum", "nansum", "prod", "nanprod", "mean", "nanmean", "var", "nanvar", "std", "nanstd", "min", "nanmin",
+         "max", "nanmax", "count", "any", "all")
+_SKIPPING = ("sum", "prod", "mean", "var", "std", "min", "max")  # the functions that have a nan form
+_MOMENTS = ("var", "std")
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """A chunk and the group codes of its positions along the grouped axis (host int64, -1: in no group)."""
+
+    block: object
+    codes: np.ndarray
+
+
+def _pair(block, codes):
+    return Grouped(block, np.asarray(codes, dtype=np.int64))
+
+
+def _xp(a):
+    if is_cupy_array(a):
+        import cupy
+
+        return cupy
+    return np
+
+
+# ------------------------------------------------------------------------------------------------
+# One chunk: group order, segments, partial states
+# ------------------------------------------------------------------------------------------------
+class _Segments:
+    """A chunk's values with its elements in group order along the grouped axis, and the segment
+    reductions over them, which return arrays with one entry per group on a last axis. Elements in no
+    group (code -1) sort last, into a segment of their own (index ``ngroups``) that every reduction drops,
+    so they never reach a group's segment even where rows are flattened into one vector.
+
+    NumPy reduces along the grouped axis where it is (``reduceat`` adds whole rows of a leading axis at
+    once); the GPU, which has no reduceat, moves the axis last and flattens the rows into one contiguous
+    vector for the segment kernels (``flat``), made once here rather than by every reduction of the chunk."""
+
+    def __init__(self, block, codes, axis: int, ngroups: int, flat: bool):
+        xp = _xp(block)
+        key = np.where(codes < 0, ngroups, codes)
+        self.counts = np.bincount(key, minlength=ngroups + 1)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+        self.flat = flat or xp is not np
+        self.at = block.ndim - 1 if self.flat else axis  # where the grouped axis is in ``values``
+        values = xp.moveaxis(block, axis, -1) if self.flat else block
+        if key.size > 1 and (key[1:] < key[:-1]).any():
+            values = xp.take(values, xp.asarray(np.argsort(key, kind="stable")), axis=self.at)
+        self.values = xp.ascontiguousarray(values) if self.flat else values
+        self.ngroups, self.xp = ngroups, xp
+        self.lead = tuple(s for d, s in enumerate(values.shape) if d != self.at)
+
+    def lengths(self):
+        """Each group's element count (NaN included), int64, for every row."""
+        xp = self.xp
+        return xp.broadcast_to(xp.asarray(self.counts[:-1], dtype=np.int64), self.lead + (self.ngroups,)).copy()
+
+    def reduce(self, values, op: str, dtype) -> object:
+        """``op`` over each group's segment of ``values`` (the layout of ``self.values``), in ``dtype``:
+        an array of shape lead + (ngroups,); an empty group gives the operator's identity."""
+        dtype = np.dtype(dtype)
+        g = self.ngroups
+        if self.flat:
+            xp = self.xp
+            rows, n = math.prod(self.lead), values.shape[-1]
+            starts = xp.asarray(self.starts)
+            offsets = (xp.arange(rows, dtype=np.int64)[:, None] * n + starts[None, :]).reshape(-1)
+            out = segment_reduce(values.reshape(-1), offsets, op, dtype=dtype)
+            return out.reshape(self.lead + (g + 1,))[..., :g]
+        operator = get_operator(op)
+        out = np.full(self.lead + (g + 1,), operator.identity(dtype), dtype=dtype)
+        filled = self.counts > 0
+        if filled.any() and out.size:  # reduceat gives x[i] for an empty segment: only filled ones go in
+            with np.errstate(all="ignore"):
+                found = operator.ufunc.reduceat(operator.load(values), self.starts[filled], axis=self.at, dtype=dtype)
+            out[..., filled] = np.moveaxis(found, self.at, -1)
+        return out[..., :g]
+
+    def spread(self, per_group):
+        """Per-group values (lead + (ngroups,)) repeated over each group's elements, in the layout of
+        ``values``."""
+        xp = self.xp
+        padded = xp.concatenate([per_group, xp.zeros(self.lead + (1,), dtype=per_group.dtype)], axis=-1)
+        index = np.repeat(np.arange(self.ngroups + 1), self.counts)
+        return xp.moveaxis(xp.take(padded, xp.asarray(index), axis=padded.ndim - 1), -1, self.at)
+
+
+def _valid_count(seg: _Segments, floating: bool):
+    """Each group's non-NaN count (its length where the data hold no NaN)."""
+    if not floating:
+        return seg.lengths()
+    return seg.reduce(~seg.xp.isnan(seg.values), "sum", np.int64)
+
+
+def _moments(seg: _Segments, skipnan: bool):
+    """(count, anchor, offset, M2) per group, float64, as ``numpy_stats.moments_chunk`` makes them for a
+    slice: a mean (the anchor), the mean of the deviations from it (the offset, which corrects the
+    rounding of the first) and their sum of squares, two passes over the chunk. Data with inf or NaN
+    in a group have anchor 0, so the offset carries them and M2 is NaN, as NumPy's var is."""
+    xp = seg.xp
+    dev = seg.values.astype(np.float64)  # a copy, worked on in place: the data, then deviations, then squares
+    nan = xp.isnan(dev) if skipnan and seg.values.dtype.kind == "f" else None
+    if nan is None:
+        count = seg.lengths().astype(np.float64)
+    else:  # NaN read as 0 once here, so every sum below is a plain one
+        count = seg.reduce(~nan, "sum", np.int64).astype(np.float64)
+        dev[nan] = 0.0
+    per = xp.maximum(count, 1.0)
+    anchor = seg.reduce(dev, "sum", np.float64) / per
+    anchor = xp.where(xp.isfinite(anchor), anchor, 0.0)
+    dev -= seg.spread(anchor)
+    if nan is not None:
+        dev[nan] = 0.0
+    total = seg.reduce(dev, "sum", np.float64)
+    offset = total / per
+    dev *= dev
+    m2 = xp.maximum(seg.reduce(dev, "sum", np.float64) - offset * total, 0.0)
+    return count, anchor, offset, m2
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan: per chunk, merge, finish (graph.reduction's contract)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GroupByPlan:
+    """One group-by reduction of ``stat`` along ``axis`` into ``ngroups`` groups. The partials keep the
+    chunk's array type; the result has the groups where ``axis`` was (``keepdims`` in the graph's terms:
+    one output block along it, whose length the caller sets to ``ngroups``)."""
+
+    stat: str  # a plain name of FUNCS ("sum", not "nansum": ``skipnan`` says)
+    axis: int
+    ngroups: int
+    acc_dtype: np.dtype
+    out_dtype: np.dtype
+    skipnan: bool = False
+    ddof: float = 0.0
+    min_count: int | None = None
+    fill_value: object = None
+    missing: tuple = ()  # groups no element falls in, known from the labels
+    flat: bool = False  # the GPU's flattened segment path, also for NumPy chunks
+    keepdims: ClassVar[bool] = True
+    op: ClassVar[_Commutative] = _Commutative()
+
+    @property
+    def axes(self) -> tuple:
+        return (self.axis,)
+
+    @property
+    def label(self) -> str:
+        return f"groupby-{'nan' if self.skipnan else ''}{self.stat}"
+
+    # -- per chunk ----------------------------------------------------------------------------------
+    def _chunk(self, item: Grouped):
+        block = item.block
+        with on_device_of(block), np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            seg = _Segments(block, item.codes, self.axis, self.ngroups, self.flat)
+            floating = block.dtype.kind == "f"
+            stat, values = self.stat, seg.values
+            if stat in _MOMENTS:
+                return _moments(seg, self.skipnan)
+            if stat == "count":
+                return (_valid_count(seg, floating),)
+            if stat in ("any", "all"):
+                return (seg.reduce(values != 0 if stat == "any" else values == 0, "sum", np.int64),)
+            if stat == "mean":
+                count = _valid_count(seg, floating) if self.skipnan else seg.lengths()
+                return count, seg.reduce(values, "nansum" if self.skipnan else "sum", self.acc_dtype)
+            if stat in ("min", "max") and values.dtype != self.acc_dtype:
+                values = values.astype(self.acc_dtype)  # dtype= converts before comparing, as multireduce.min
+            value = seg.reduce(values, ("nan" if self.skipnan else "") + stat, self.acc_dtype)
+            if self.min_count is not None or (self.skipnan and stat in ("min", "max")):
+                return value, _valid_count(seg, floating)  # an all-NaN group ends as NaN, not the identity
+            return (value,)
+
+    def _merge(self, left, right):
+        stat = self.stat
+        if stat in _MOMENTS:
+            return numpy_stats.moments_merge(left, right)
+        xp = _xp(left[0])
+        if stat in ("min", "max"):
+            pick = {("min", False): xp.minimum, ("min", True): xp.fmin, ("max", False): xp.maximum,
+                    ("max", True): xp.fmax}[stat, self.skipnan]
+            first = pick(left[0], right[0])
+        elif stat == "prod":
+            first = left[0] * right[0]
+        else:
+            first = left[0] + right[0]
+        return (first,) + tuple(a + b for a, b in zip(left[1:], right[1:]))
+
+    # -- the graph contract ---------------------------------------------------------------------
+    def partial(self, *items):
+        return self.combine(*(self._chunk(item) for item in items))
+
+    def combine(self, *partials):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return functools.reduce(self._merge, partials)
+
+    def finalize(self, partial):
+        stat = self.stat
+        xp = _xp(partial[0])
+        out = np.dtype(self.out_dtype)
+        null = None
+        with on_device_of(partial[0]), np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            if stat in _MOMENTS:
+                count, m2 = partial[0], partial[3]
+                dof = count - self.ddof
+                value = xp.where(dof > 0, m2 / xp.where(dof > 0, dof, 1.0), np.nan)
+                value = xp.sqrt(value) if stat == "std" else value
+            elif stat == "count":
+                value = partial[0]
+            elif stat in ("any", "all"):
+                value = partial[0] > 0 if stat == "any" else partial[0] == 0
+            elif stat == "mean":
+                count, total = partial
+                value = total / xp.where(count > 0, count, 1).astype(total.dtype)
+                null = count == 0
+            else:
+                value = partial[0]
+                if self.min_count is not None:
+                    null = partial[1] < self.min_count
+                elif stat in ("min", "max") and len(partial) > 1:
+                    null = partial[1] == 0  # every element NaN: NaN, as numpy.nanmin (without its warning)
+            value = value.astype(out, copy=False)
+            if null is not None:
+                fill = np.nan if stat in ("mean", "min", "max") or self.fill_value is None else self.fill_value
+                value = xp.where(null, xp.asarray(fill, dtype=out), value)
+            if self.missing:
+                value = value.copy()  # astype(copy=False) may have kept a partial's own array
+                value[..., list(self.missing)] = _fill_of(stat, self.fill_value)
+            return xp.moveaxis(value, -1, self.axis)
+
+    def aggregate(self, *partials):
+        return self.finalize(self.combine(*partials))
+
+    def whole(self, *items):
+        return self.finalize(self.partial(*items))
+
+    def __dask_tokenize__(self):
+        return ("multireduce.GroupByPlan", self.stat, self.axis, self.ngroups, str(self.acc_dtype),
+                str(self.out_dtype), self.skipnan, self.ddof, self.min_count, repr(self.fill_value), self.missing,
+                self.flat)
+
+
+def _fill_of(stat: str, fill_value):
+    """What a group no element falls in holds: ``fill_value``, by default NaN, except for count (0),
+    any (False) and all (True), NumPy's values for nothing."""
+    if fill_value is not None:
+        return fill_value
+    return {"count": 0, "any": False, "all": True}.get(stat, np.nan)
+
+
+# ------------------------------------------------------------------------------------------------
+# Labels -> codes
+# ------------------------------------------------------------------------------------------------
+def _null(labels: np.ndarray) -> np.ndarray:
+    if labels.dtype.kind in "fc":
+        return np.isnan(labels)
+    if labels.dtype.kind in "mM":
+        return np.isnat(labels)
+    if labels.dtype.kind == "O":
+        return np.array([x is None or x != x for x in labels], dtype=bool)
+    return np.zeros(labels.shape, dtype=bool)
+
+
+def factorize(by, n: int, expected_groups, caller: str):
+    """(codes, groups): the position of each label in ``groups`` (int64; -1 for NaN labels and, with
+    ``expected_groups``, labels not in it), and the groups: the sorted distinct labels, or
+    ``expected_groups`` as given."""
+    if v.is_dask_array(by):
+        raise TypeError(f"{caller}: argument 'by' must be a NumPy or CuPy array or a list; got a dask array "
+                        "(the groups shape the result: compute the labels first)")
+    labels = by.get() if is_cupy_array(by) else np.asarray(by)
+    if labels.ndim != 1 or labels.shape[0] != n:
+        raise ValueError(f"{caller}: argument 'by' must be 1-D with one label per element along 'axis' ({n}); "
+                         f"got shape {labels.shape}")
+    null = _null(labels)
+    try:
+        if expected_groups is None:
+            groups = np.unique(labels[~null])
+            sorted_groups, sorter = groups, np.arange(groups.size)
+        else:
+            groups = np.asarray(expected_groups)
+            if groups.ndim != 1 or np.unique(groups).size != groups.size:
+                raise ValueError(f"{caller}: argument 'expected_groups' must be 1-D with distinct labels; got "
+                                 f"{groups.size} labels of shape {groups.shape}")
+            sorter = np.argsort(groups, kind="stable")
+            sorted_groups = groups[sorter]
+        where = np.searchsorted(sorted_groups, labels)
+        inside = np.minimum(where, max(sorted_groups.size - 1, 0))
+        hit = (where < sorted_groups.size) & ~null
+        if sorted_groups.size:
+            hit &= sorted_groups[inside] == labels
+    except TypeError as exc:
+        raise TypeError(f"{caller}: argument 'by' holds labels (dtype {labels.dtype}) that cannot be ordered"
+                        + ("" if expected_groups is None else f" against 'expected_groups' ({groups.dtype})")
+                        + f": {exc}") from None
+    codes = np.where(hit, sorter[inside] if sorted_groups.size else -1, -1).astype(np.int64)
+    return codes, groups
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks, dtypes, running
+# ------------------------------------------------------------------------------------------------
+def _stat_of(func, skipna, floating: bool, caller: str) -> tuple[str, bool]:
+    """(plain name, skip NaN): "nansum" -> ("sum", True); ``skipna`` True or False overrides the name."""
+    if not isinstance(func, str) or func not in FUNCS:
+        raise ValueError(f"{caller}: argument 'func' must be one of {', '.join(map(repr, FUNCS))}; got {func!r}")
+    stat = func[3:] if func.startswith("nan") else func
+    skip = func.startswith("nan") if skipna is None else v.check_flag(skipna, "skipna", caller)
+    return stat, skip and floating and stat in _SKIPPING
+
+
+def _dtypes(stat: str, dtype: np.dtype, requested, caller: str) -> tuple[np.dtype, np.dtype]:
+    """(accumulator, result) dtypes: NumPy's result rules (sums of small integers in int64, means and
+    variances of integers in float64, min/max in the input's dtype); floating sums and means accumulate
+    in float64 and round once."""
+    if requested is not None:
+        if stat in ("count", "any", "all"):
+            raise TypeError(f"{caller}: argument 'dtype' does not apply to {stat!r}; got {requested!r}")
+        requested = v.requested_dtype(requested, "f" if stat in _MOMENTS else _dt.ARITHMETIC_KINDS, caller)
+        if not np.can_cast(dtype, requested, "same_kind"):
+            raise TypeError(f"{caller}: argument 'dtype' is {requested}, which {dtype} data cannot be cast to "
+                            "without changing kind; expected a dtype of the data's kind or a wider one")
+    if stat == "count":
+        return np.dtype(np.int64), np.dtype(np.intp)
+    if stat in ("any", "all"):
+        return np.dtype(np.int64), np.dtype(np.bool_)
+    if stat in _MOMENTS:
+        return np.dtype(np.float64), requested or (dtype if dtype.kind == "f" else np.dtype(np.float64))
+    if stat in ("min", "max"):
+        out = requested or dtype
+        return out, out
+    out = _dt.result_dtype("mean" if stat == "mean" else "sum", dtype, requested)
+    return (np.dtype(np.float64) if out.kind == "f" or stat == "mean" else out), out
+
+
+def _check_count(value, name: str, caller: str):
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{caller}: argument '{name}' must be None or an int >= 0; got {value!r}")
+    return int(value)
+
+
+def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, min_count=None, fill_value=None,
+                 dtype=None, split_every=None, caller: str = "multireduce.groupby_reduce", flat: bool = False):
+    """``func`` of each group of ``x`` along ``axis``, where ``codes`` (host int64, one per element along
+    ``axis``) places each element in group 0..ngroups-1 (or none, -1): ``x``'s array type, the axis
+    replaced by a last axis of ``ngroups`` (lazy for Dask). The entry behind ``groupby_reduce`` and the
+    xarray accessor, which factorize labels their own ways."""
+    x, kind = v.as_array(x, caller)
+    v.check_dtype(x.dtype, "biuf", caller)
+    if x.ndim == 0:
+        raise ValueError(f"{caller}: argument 'x' must have at least one dimension; got a 0-d array")
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{caller}: argument 'axis' must be an int; got {axis!r}")
+    (ax,) = v.normalize_axes(axis, x.ndim, caller)
+    codes = np.asarray(codes, dtype=np.int64)
+    if codes.shape != (x.shape[ax],) or (codes.size and (codes.min() < -1 or codes.max() >= ngroups)):
+        raise ValueError(f"{caller}: expected one group code in [-1, {ngroups}) per element along axis {ax} "
+                         f"({x.shape[ax]}); got {codes.size} codes")
+    stat, skipnan = _stat_of(func, skipna, x.dtype.kind == "f", caller)
+    if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Real) or not math.isfinite(ddof):
+        raise TypeError(f"{caller}: argument 'ddof' must be a finite real number; got {ddof!r}")
+    if ddof != 0 and stat not in _MOMENTS:
+        raise ValueError(f"{caller}: argument 'ddof' applies to var and std; got ddof={ddof!r} for {func!r}")
+    min_count = _check_count(min_count, "min_count", caller)
+    if min_count is not None and stat not in ("sum", "prod"):
+        raise ValueError(f"{caller}: argument 'min_count' applies to sum and prod (and their nan forms); "
+                         f"got min_count={min_count!r} for {func!r}")
+    if fill_value is not None and not isinstance(fill_value, (numbers.Number, np.number, np.bool_)):
+        raise TypeError(f"{caller}: argument 'fill_value' must be None or a number; got {fill_value!r}")
+    acc, out = _dtypes(stat, x.dtype, dtype, caller)
+    fan_in = v.fan_in(split_every, (ax,), caller)
+    counts = np.bincount(codes[codes >= 0], minlength=ngroups)
+    missing = tuple(int(g) for g in np.flatnonzero(counts == 0))
+    fills = ([_fill_of(stat, fill_value)] if missing else []) + \
+        ([np.nan if fill_value is None else fill_value] if min_count is not None else [])
+    for fill in fills:  # NumPy's promotion: an integer result with NaN to hold becomes float64
+        out = np.result_type(out, fill)
+    plan = GroupByPlan(stat, ax, int(ngroups), acc, np.dtype(out), skipnan, float(ddof), min_count, fill_value,
+                       missing, flat)
+    if kind.startswith("dask"):
+        return _lazy(x, codes, plan, fan_in, caller)
+    if kind == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(x.data.device_id):
+            return cupy.moveaxis(plan.whole(Grouped(x, codes)), ax, -1)
+    return np.moveaxis(plan.whole(Grouped(x, codes)), ax, -1)
+
+
+def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str):
+    import dask.array as da
+    from dask.base import tokenize
+
+    from . import graph
+
+    ax = plan.axis
+    if any(isinstance(c, float) and math.isnan(c) for c in x.chunks[ax]):
+        raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes along axis {ax}; "
+                         "expected known sizes (call x.compute_chunk_sizes() first)")
+    token = tokenize(x, codes, plan)
+    codes_d = da.from_array(codes, chunks=(x.chunks[ax],), name=f"groupby-codes-{token}")
+    index = tuple(range(x.ndim))
+    grouped = da.blockwise(_pair, index, x, index, codes_d, (ax,), dtype=x.dtype, meta=x._meta,
+                           name=f"groupby-chunks-{token}")
+    result = graph.reduction(grouped, plan, fan_in)
+    chunks = tuple((plan.ngroups,) if d == ax else c for d, c in enumerate(result.chunks))
+    result = type(result)(result.dask, result.name, chunks, meta=result._meta)
+    return da.moveaxis(result, ax, -1)
+
+
+def groupby_reduce(x, by, func, *, expected_groups=None, axis=-1, skipna=None, ddof=0, min_count=None,
+                   fill_value=None, dtype=None, split_every=None):
+    caller = "multireduce.groupby_reduce"
+    x, kind = v.as_array(x, caller)
+    if x.ndim == 0:
+        raise ValueError(f"{caller}: argument 'x' must have at least one dimension; got a 0-d array")
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{caller}: argument 'axis' must be an int; got {axis!r}")
+    (ax,) = v.normalize_axes(axis, x.ndim, caller)
+    n = x.shape[ax]
+    if isinstance(n, float) and math.isnan(n):
+        raise ValueError(f"{caller}: argument 'x' has an unknown length along axis {ax}; call "
+                         "x.compute_chunk_sizes() first")
+    codes, groups = factorize(by, int(n), expected_groups, caller)
+    result = reduce_codes(x, codes, groups.size, func, axis=ax, skipna=skipna, ddof=ddof, min_count=min_count,
+                          fill_value=fill_value, dtype=dtype, split_every=split_every, caller=caller)
+    return result, groups
+
+
+# ------------------------------------------------------------------------------------------------
+# Docstring: NumPy style, shared texts from api._PARAMETERS (the group-by ones added there)
+# ------------------------------------------------------------------------------------------------
+api._PARAMETERS.update({
+    "by": """by : 1-D array_like (NumPy or CuPy)
+    One label per element along ``axis``: numbers, strings or datetimes. NaN (NaT, None) labels belong
+    to no group. A Dask array is refused: the groups shape the result, so compute the labels first.""",
+    "groupby_func": """func : str
+    "sum", "prod", "mean", "var", "std", "min", "max" and their NaN-skipping forms "nansum" ... "nanmax",
+    "count" (of non-NaN elements), "any" or "all".""",
+    "expected_groups": """expected_groups : 1-D array_like, optional
+    The groups of the result, in this order: labels not in it are dropped, and a group no element falls
+    in is filled with ``fill_value``. By default the distinct labels present, sorted.""",
+    "groupby_axis": """axis : int, optional
+    The axis the labels run along (default -1). The result has it replaced by a last axis of groups.""",
+    "skipna": """skipna : bool, optional
+    True: skip NaN (as the "nan" forms); False: NaN propagates; None (default): as ``func`` is named.""",
+    "groupby_ddof": """ddof : int or float, optional
+    var and std: the divisor is ``N - ddof``, N a group's (non-NaN) element count; NaN where that is <= 0.""",
+    "min_count": """min_count : int, optional
+    sum and prod: a group with fewer non-NaN elements than this gives ``fill_value`` (NaN by default).""",
+    "fill_value": """fill_value : number, optional
+    The value of a group no element falls in. By default NaN (promoting integer results to float64),
+    except count (0), any (False) and all (True).""",
+    "groupby_dtype": """dtype : data-type, optional
+    The result's dtype (sum, prod, mean, var, std, min, max), of the data's kind or wider. By default,
+    NumPy's rule for the function; floating sums and means accumulate in float64 and round once.""",
+})
+api.document(groupby_reduce, ("x", "by", "groupby_func", "expected_groups", "groupby_axis", "skipna", "groupby_ddof",
+                              "min_count", "fill_value", "groupby_dtype", "split_every"),
+             """(result, groups) : tuple
+    result: ``x``'s array type (lazy for Dask) with ``axis`` replaced by a last axis, one entry per group;
+    groups: the labels of that axis (NumPy).""",
+             summary="""One reduction per group of labels along an axis, as ``flox.groupby_reduce`` with one ``by``.
+
+Groups may straddle Dask chunks and labels need not be sorted; NumPy input is reduced now on the CPU, CuPy
+input on its GPU, and Dask input gives a lazy array of the same chunk type.""")

@@ -1,0 +1,260 @@
+"""groupby_reduce against a NumPy reference (one NumPy reduction per group, float64), on NumPy and Dask
+input: every function, skipna, unsorted labels, NaN labels, missing and NaN-only groups, groups that
+straddle chunks, the GPU's flattened segment path replayed on NumPy, flox where it is installed, and the
+checks of bad input."""
+
+from __future__ import annotations
+
+import warnings
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import multireduce as mr
+from multireduce.groupby import FUNCS, factorize, reduce_codes
+
+pytestmark = pytest.mark.usefixtures("synchronous_scheduler")
+
+NUMPY = {"sum": np.sum, "nansum": np.nansum, "prod": np.prod, "nanprod": np.nanprod, "mean": np.mean,
+         "nanmean": np.nanmean, "var": np.var, "nanvar": np.nanvar, "std": np.std, "nanstd": np.nanstd,
+         "min": np.min, "nanmin": np.nanmin, "max": np.max, "nanmax": np.nanmax, "any": np.any, "all": np.all,
+         "count": lambda a, axis: np.count_nonzero(~np.isnan(a), axis=axis)}
+
+
+def reference(x, labels, func, groups, axis, ddof=0, fill=np.nan):
+    """One NumPy reduction per group (in float64 for floating data), the group axis last; ``fill`` where
+    no element has the label."""
+    x = np.moveaxis(x, axis, -1)
+    wide = x.astype(np.float64) if x.dtype.kind == "f" else x
+    out = []
+    for g in groups:
+        members = wide[..., labels == g]
+        if members.shape[-1] == 0:
+            out.append(np.full(x.shape[:-1], fill, dtype=np.float64))
+            continue
+        kwargs = {"ddof": ddof} if func.endswith(("var", "std")) else {}
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out.append(np.asarray(NUMPY[func](members, axis=-1, **kwargs)))
+    return np.stack(out, axis=-1) if out else np.empty(x.shape[:-1] + (0,))
+
+
+def assert_close(got, want, rtol=1e-12):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if got.dtype.kind in "biu" and want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=0, equal_nan=True)
+
+
+def data(rng, shape=(3, 37, 5), axis=1, dtype=np.float64):
+    """Random data with NaN at scattered places and along one whole lane, and random unsorted labels
+    (NaN among them) along ``axis``; a label (4) that only NaN values carry."""
+    x = rng.uniform(-1, 1, shape)
+    n = shape[axis]
+    labels = rng.integers(0, 7, n).astype(np.float64)
+    labels[labels == 4] = 5
+    labels[[3, 11]] = 4
+    labels[[8, 20]] = np.nan
+    if np.dtype(dtype).kind == "f":
+        x[rng.random(shape) < 0.1] = np.nan
+        index = [slice(None)] * len(shape)
+        index[axis] = [3, 11]
+        x[tuple(index)] = np.nan  # label 4: NaN-only
+        x[0, ...] = np.where(rng.random(x[0].shape) < 0.5, np.nan, x[0])
+    else:
+        x = rng.integers(-50, 50, shape)
+    return x.astype(dtype), labels
+
+
+@pytest.mark.parametrize("func", FUNCS)
+def test_every_function_matches_numpy_per_group(func):
+    rng = np.random.default_rng(1)
+    x, labels = data(rng)
+    groups_expected = np.unique(labels[~np.isnan(labels)])
+    for flat in (False, True):  # True: the GPU's flattened segment path, run here on NumPy
+        codes, groups = factorize(labels, x.shape[1], None, "test")
+        got = reduce_codes(x, codes, groups.size, func, axis=1, flat=flat)
+        np.testing.assert_array_equal(groups, groups_expected)
+        assert_close(got, reference(x, labels, func, groups, axis=1))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.uint8, np.bool_])
+@pytest.mark.parametrize("func", ["sum", "prod", "mean", "var", "min", "max", "count", "any", "all"])
+def test_dtypes_follow_numpy(func, dtype):
+    rng = np.random.default_rng(2)
+    x, labels = data(rng, shape=(4, 29), axis=1, dtype=np.float32 if dtype is np.float32 else np.int64)
+    x = x.astype(dtype)
+    got, groups = mr.groupby_reduce(x, labels, func)
+    want = reference(x, labels, func, groups, axis=1)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        numpy_dtype = np.asarray(NUMPY[func](x[:, :3], axis=1)).dtype
+    assert got.dtype == numpy_dtype, (got.dtype, numpy_dtype)
+    assert_close(got, want, rtol=1e-6 if dtype is np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("func", FUNCS)
+def test_dask_groups_straddle_chunks_lazily(func):
+    rng = np.random.default_rng(3)
+    x, labels = data(rng)
+    want, groups = mr.groupby_reduce(x, labels, func, axis=1)
+    for chunks, split_every in [((2, 5, 3), 2), ((3, 37, 5), None), ((1, 4, 2), 3)]:
+        d = da.from_array(x, chunks=chunks)
+        with dask.config.set(scheduler=_refuse):  # building the graph computes nothing
+            got, got_groups = mr.groupby_reduce(d, labels, func, axis=1, split_every=split_every)
+        assert isinstance(got, da.Array)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got_groups, groups)
+        value = got.compute()
+        assert value.dtype == want.dtype
+        assert_close(value, want, rtol=1e-11)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("computed while building the graph")
+
+
+def test_dask_flat_path_and_other_axes():
+    rng = np.random.default_rng(4)
+    x, labels = data(rng, shape=(23, 4, 3), axis=0)
+    codes, groups = factorize(labels, 23, None, "test")
+    d = da.from_array(x, chunks=(5, 3, 2))
+    for func in ("nanmean", "nanvar", "max", "nanmin", "sum"):
+        want = reference(x, labels, func, groups, axis=0)
+        assert_close(reduce_codes(d, codes, groups.size, func, axis=0, flat=True).compute(), want, rtol=1e-11)
+        assert_close(reduce_codes(d, codes, groups.size, func, axis=0).compute(), want, rtol=1e-11)
+
+
+def test_sorted_labels_and_a_one_dimensional_input():
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, 101)
+    labels = np.repeat(np.arange(9), [3, 20, 1, 0, 17, 30, 5, 24, 1])
+    for func in ("sum", "mean", "std", "min", "count"):
+        got, groups = mr.groupby_reduce(da.from_array(x, chunks=13), labels, func)
+        assert_close(got.compute(), reference(x, labels, func, groups, axis=0))
+
+
+def test_expected_groups_fill_missing_groups_and_drop_other_labels():
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-1, 1, (2, 15))
+    labels = np.array(list("abcabcabdabcabd"), dtype=object)
+    expected = np.array(["d", "z", "a", "c"], dtype=object)  # b is dropped, z is missing
+    for func in ("sum", "mean", "max", "var"):
+        got, groups = mr.groupby_reduce(x, labels, func, expected_groups=expected)
+        assert list(groups) == list(expected)
+        assert_close(got, reference(x, labels, func, expected, axis=1))
+    counts, _ = mr.groupby_reduce(x, labels, "count", expected_groups=expected)
+    np.testing.assert_array_equal(counts, [[2, 0, 5, 3]] * 2)
+    assert counts.dtype == np.intp
+    anys, _ = mr.groupby_reduce(x, labels, "any", expected_groups=expected)
+    alls, _ = mr.groupby_reduce(x, labels, "all", expected_groups=expected)
+    np.testing.assert_array_equal(anys[0], [True, False, True, True])  # NumPy's values for nothing
+    np.testing.assert_array_equal(alls[0], [True, True, True, True])
+
+
+def test_missing_groups_promote_integers_and_fill_value():
+    x = np.array([[5, 7, 9, 11]], dtype=np.int32)
+    labels = np.array([0, 2, 0, 2])
+    got, _ = mr.groupby_reduce(x, labels, "sum", expected_groups=[0, 1, 2])
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, [[14, np.nan, 18]])
+    got, _ = mr.groupby_reduce(x, labels, "max", expected_groups=[0, 1, 2], fill_value=-1)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, [[9, -1, 11]])
+    got, _ = mr.groupby_reduce(x, labels, "count", expected_groups=[0, 1, 2], fill_value=np.nan)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, [[2, np.nan, 2]])
+    got, _ = mr.groupby_reduce(da.from_array(x, chunks=(1, 3)), labels, "sum", expected_groups=[2, 1, 0])
+    assert got.dtype == np.float64  # known before any data is read
+    np.testing.assert_array_equal(got.compute(), [[18, np.nan, 14]])
+
+
+def test_nan_only_groups_and_min_count():
+    x = np.array([[1.5, np.nan, np.nan, 2.5, np.inf]])
+    labels = np.array([0, 1, 1, 0, 2])
+    for func, want in [("nansum", [4.0, 0.0, np.inf]), ("sum", [4.0, np.nan, np.inf]),
+                       ("nanmean", [2.0, np.nan, np.inf]),
+                       ("nanmin", [1.5, np.nan, np.inf]), ("nanmax", [2.5, np.nan, np.inf]), ("count", [2, 0, 1]),
+                       ("nanvar", [0.25, np.nan, np.nan]), ("nanprod", [3.75, 1.0, np.inf])]:
+        for d in (x, da.from_array(x, chunks=(1, 2))):
+            got, _ = mr.groupby_reduce(d, labels, func)
+            np.testing.assert_array_equal(np.asarray(got), [want], err_msg=func)
+    got, _ = mr.groupby_reduce(x, labels, "sum", skipna=True, min_count=2)
+    np.testing.assert_array_equal(got, [[4.0, np.nan, np.nan]])
+    got, _ = mr.groupby_reduce(np.array([[3, 4]]), [0, 1], "sum", min_count=1)
+    assert got.dtype == np.float64  # where min_count can null a group, integers become float64
+
+
+def test_skipna_overrides_the_name_and_ddof():
+    rng = np.random.default_rng(7)
+    x, labels = data(rng, shape=(2, 40), axis=1)
+    codes, groups = factorize(labels, 40, None, "test")
+    for func in ("sum", "mean", "var", "min"):
+        ddof = 1 if func == "var" else 0
+        a, _ = mr.groupby_reduce(x, labels, func, skipna=True, ddof=ddof)
+        b, _ = mr.groupby_reduce(x, labels, "nan" + func, ddof=ddof)
+        c, _ = mr.groupby_reduce(x, labels, "nan" + func, skipna=False, ddof=ddof)
+        np.testing.assert_array_equal(a, b)
+        assert_close(c, reference(x, labels, func, groups, axis=1, ddof=ddof))
+
+
+def test_var_is_accurate_on_a_large_mean():
+    rng = np.random.default_rng(8)
+    x = 1e8 + rng.normal(0, 1, (3, 500))
+    labels = rng.integers(0, 5, 500)
+    got, groups = mr.groupby_reduce(da.from_array(x, chunks=(3, 37)), labels, "var")
+    want = [[np.var(row[labels == g] - 1e8) for g in groups] for row in x]  # shifted: exact in float64
+    np.testing.assert_allclose(got.compute(), want, rtol=1e-8)
+
+
+def test_flox_agrees_where_installed():
+    flox = pytest.importorskip("flox")
+    rng = np.random.default_rng(9)
+    x, labels = data(rng)
+    x = np.moveaxis(x, 1, -1)
+    for func in ("nansum", "nanmean", "nanvar", "nanmax", "count", "mean", "min"):
+        got, groups = mr.groupby_reduce(da.from_array(x, chunks=(2, 2, 9)), labels, func)  # axis=-1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want, flox_groups = flox.groupby_reduce(x, labels, func=func)
+        np.testing.assert_array_equal(groups, flox_groups)
+        assert got.dtype == want.dtype, func
+        assert_close(got.compute(), want)
+
+
+def test_empty_axis_and_all_labels_nan():
+    x = np.ones((2, 0))
+    got, groups = mr.groupby_reduce(x, np.array([]), "sum")
+    assert got.shape == (2, 0) and groups.size == 0
+    got, _ = mr.groupby_reduce(x, np.array([]), "count", expected_groups=[1, 2])
+    np.testing.assert_array_equal(got, [[0, 0], [0, 0]])
+    got, groups = mr.groupby_reduce(np.ones((2, 3)), np.full(3, np.nan), "mean")
+    assert got.shape == (2, 0)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda x, b: mr.groupby_reduce(x, b, "median"), ValueError, "argument 'func'"),
+    (lambda x, b: mr.groupby_reduce(x, b[:-1], "sum"), ValueError, "argument 'by'"),
+    (lambda x, b: mr.groupby_reduce(x, da.from_array(b), "sum"), TypeError, "compute the labels first"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", expected_groups=[1, 1]), ValueError, "distinct"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", ddof=1), ValueError, "argument 'ddof'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "mean", min_count=1), ValueError, "argument 'min_count'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", min_count=-1), ValueError, "argument 'min_count'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "count", dtype=np.float32), TypeError, "argument 'dtype'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", dtype=np.int32), TypeError, "argument 'dtype'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", axis=True), TypeError, "argument 'axis'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", axis=2), np.exceptions.AxisError, "axis"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", skipna="yes"), TypeError, "argument 'skipna'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", fill_value="x"), TypeError, "argument 'fill_value'"),
+    (lambda x, b: mr.groupby_reduce(x.astype(str), b, "sum"), TypeError, "argument 'x'"),
+    (lambda x, b: mr.groupby_reduce(x, b, "sum", split_every=1), ValueError, "argument 'split_every'"),
+    (lambda x, b: mr.groupby_reduce(x, np.array(["a", 1, 2.0], dtype=object), "sum"), TypeError, "argument 'by'"),
+])
+def test_bad_input_is_refused_before_work(call, error, words):
+    x = da.from_array(np.arange(6.0).reshape(2, 3), chunks=1)
+    with dask.config.set(scheduler=_refuse), pytest.raises(error, match=words):
+        call(x, np.array([0.0, 1.0, 0.0]))
