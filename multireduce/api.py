@@ -186,10 +186,13 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
 def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
     from . import direct, graph, placement
 
-    if len(plans) == 1 and len(plans[0].axes) == x.ndim and direct.is_held(x):
-        # a whole reduction of a persisted array: its .compute() reduces the chunks where they are
-        # (direct), and the graph is built only if something asks for it
-        return direct.whole_of_held(x, plans[0], fan_in)
+    if len(plans) == 1:
+        # chunks held by workers (a persisted array, or an expression over persisted arrays): the
+        # result's .compute() reduces them where they are (direct), and the graph is built only if
+        # something asks for it
+        held = direct.held_result(x, plans[0], fan_in)
+        if held is not None:
+            return held
     for i, plan in enumerate(plans):
         groups = placement.grouping_for(x, True) if i == 0 else None  # the graph restores chunk order
         x = graph.reduction(x, plan, fan_in, groups)
@@ -202,7 +205,7 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
     the graph."""
     from . import direct
 
-    value = direct.reduce_persisted(x, plans[0], fan_in) if len(plans) == 1 else None
+    value = direct.reduce_held(x, plans[0], fan_in) if len(plans) == 1 else None
     if value is None:
         import dask
 
@@ -259,8 +262,9 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         # one totals task per worker holding chunks: each chunk's total is kept, so order survives any placement
         from . import direct, graph, placement
 
-        if direct.is_held(x):  # .persist() scans the chunks where they are, with no task
-            return direct.scan_of_held(x, plan, fan_in)
+        held = direct.held_scan(x, plan, fan_in)  # .persist() scans held chunks where they are, with no task
+        if held is not None:
+            return held
         return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=True))
     with _run_device(kind, x), gpu_memory_guard(x, caller):
         return plan(x)

@@ -187,23 +187,31 @@ class _PartialColumns:
         return {k: Partial(self.values[i, ...], c) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
 
 
-def scan_and_keep(plan: ScanPlan, work: dict, dask_worker=None):
+def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, dask_worker=None):
     """Runs on the workers holding a scan's input through ``client.run``: scan each (input key, output
     key, carry) of ``work[this worker]`` here and keep the outputs in this worker's memory, as a scatter
-    does (the worker tells the scheduler nothing; the client registers the keys). Returns {output key:
-    bytes}, or ``_Failed``."""
+    does (the worker tells the scheduler nothing; the client registers the keys). With ``recipes``
+    (worker -> ``recipes.Recipe``), the input chunks are made here from the chunks this worker holds,
+    one at a time, in the recipe's order. Returns {output key: bytes}, or ``_Failed``."""
     from dask.sizeof import sizeof
 
     kept = {}
     mine = work.get(dask_worker.address, ())
-    if any(in_key not in dask_worker.data for in_key, _, _ in mine):
+    recipe = recipes.get(dask_worker.address) if recipes is not None else None
+    reads = recipe.inputs if recipe is not None else [in_key for in_key, _, _ in mine]
+    if any(k not in dask_worker.data for k in reads):
         # a replica the client chose is gone (the Active Memory Manager drops extra copies every 2 s):
         # placement, not the operator: the caller falls back to the graph
         return _Moved()
     try:
-        for in_key, out_key, carry in mine:
-            kept[out_key] = _call_where_held(dask_worker.data[in_key], lambda b: _scan_seeded(plan, b, carry,
-                                                                                          0 if carry is None else 1))
+        if recipe is None:
+            blocks = ((in_key, dask_worker.data[in_key]) for in_key, _, _ in mine)
+        else:
+            blocks = zip(recipe.chunks, recipe.make({k: dask_worker.data[k] for k in reads}))
+        seeds = {in_key: (out_key, carry) for in_key, out_key, carry in mine}
+        for in_key, block in blocks:
+            out_key, carry = seeds[in_key]
+            kept[out_key] = _call_where_held(block, lambda b: _scan_seeded(plan, b, carry, 0 if carry is None else 1))
         dask_worker.update_data(data=kept, stimulus_id=f"multireduce-scan-{plan.label}")
         return {k: sizeof(v) for k, v in kept.items()}
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
@@ -438,7 +446,7 @@ def _partial_of_located(plan, located, block, *offsets):
     return plan.partial(located(block, offsets))
 
 
-def scan_persisted(x, plan: ScanPlan, name: str):
+def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     """``x`` scanned along ``plan.axis`` now, as a persisted array named ``name`` whose chunks are made
     and kept on the workers holding the input's; None where the graph must run instead.
 
@@ -449,15 +457,24 @@ def scan_persisted(x, plan: ScanPlan, name: str):
     with their carries and keeps the outputs, which the client registers with the scheduler as a
     scatter does. Nothing moves between workers. The outputs have no lineage: if a worker holding
     some is lost, computing from them raises ``FutureCancelledError`` (a clear error, never a wrong or
-    missing chunk); ``client.persist(mr.cumsum(x))`` keeps the graph, which Dask can recompute."""
+    missing chunk); ``client.persist(mr.cumsum(x))`` keeps the graph, which Dask can recompute.
+    With ``sources`` (an expression over persisted arrays, ``held_sources``), each worker makes the
+    chunks it scans from the chunks it holds, in both calls."""
     from distributed import Future
 
     client = placement.default_client()
     keys = placement.chunk_keys(x)
     lanes = list(_lanes(x, (plan.axis,)))
     wanted = [(x.name, *i) for _, index in lanes for i in index[:-1]]
-    # every chunk's total but each lane's last, and where every chunk is, in one run
-    found = held_values(x, keys, plan.totals, only_where=frozenset(keys) - set(wanted))
+    recipes = None
+    if sources is None:
+        # every chunk's total but each lane's last, and where every chunk is, in one run
+        found = held_values(x, keys, plan.totals, only_where=frozenset(keys) - set(wanted))
+    else:
+        planned = _recipes_by_worker(sources, client)
+        recipes, holder = planned if planned is not None else (None, None)
+        totals = recipe_values(sources, plan.totals, recipes=recipes) if planned is not None else None
+        found = None if totals is None else (totals, holder)
     if found is None:
         return None
     totals, holder = found
@@ -470,7 +487,7 @@ def scan_persisted(x, plan: ScanPlan, name: str):
             work.setdefault(holder[(x.name, *idx)], []).append(((x.name, *idx), (name, *idx), carry))
     out_keys = [(name, *idx) for _, index in lanes for idx in index]
     try:
-        kept = _run(client, list(work), scan_and_keep, plan, work)
+        kept = _run(client, list(work), scan_and_keep, plan, work, recipes)
     except BaseException:  # a worker's own error: nothing of this scan may stay behind
         _drop_kept_on_live(client, list(work), out_keys)
         raise
@@ -542,15 +559,15 @@ class WholeOfHeld(_GraphOnDemand, _OneBlockOfHeld):
     __slots__ = ("_direct", "_graph")
 
     def _build_graph(self):
-        x, plan, split_every, token, build, _, groups = self._direct
+        x, plan, split_every, token, build, _, groups, _ = self._direct
         if build is not None:
             return build(token, groups).dask
         return reduction(x, plan, split_every, groups, token=token).dask
 
     def compute(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
-            x, plan, split_every, _, _, located, _ = self._direct
-            value = reduce_persisted(x, plan, split_every, located)
+            x, plan, split_every, _, _, located, _, sources = self._direct
+            value = reduce_held(x, plan, split_every, located, sources)
             if value is not None:
                 return _device(type(self._meta).__module__.startswith("cupy"), value)
         return super().compute(**kwargs)
@@ -564,16 +581,16 @@ class ScanOfHeld(_GraphOnDemand, _OfHeld):
     __slots__ = ("_direct", "_graph")
 
     def _build_graph(self):
-        x, plan, split_every, token, groups = self._direct
+        x, plan, split_every, token, groups, _ = self._direct
         return scan(x, plan, split_every, groups, token=token).dask
 
     def persist(self, **kwargs):
         if not kwargs and _distributed_is_the_scheduler():
-            x, plan, _, _, _ = self._direct
+            x, plan, _, _, _, sources = self._direct
             # a fresh name for every call, as scattered data gets: the graph's tasks under the same
             # keys would differ (Dask warns), and a dropped earlier result's release could reach the
             # scheduler after this one's registration and forget its chunks (seen: 6 of 20 calls)
-            out = scan_persisted(x, plan, f"{plan.label}-seeded-{uuid.uuid4().hex}")
+            out = scan_persisted(x, plan, f"{plan.label}-seeded-{uuid.uuid4().hex}", sources)
             if out is not None:
                 return out
         return super().persist(**kwargs)
@@ -586,22 +603,201 @@ def is_held(x) -> bool:
         and placement.default_client() is not None
 
 
-def whole_of_held(x, plan, split_every: int, build=None, located=None) -> WholeOfHeld:
-    """The lazy whole reduction of a persisted ``x`` whose graph is built only when asked for: by
-    ``build(token, groups)`` where given (a graph over something made from ``x``, with this token and
-    ``x``'s grouping), else ``graph.reduction`` of ``x``. ``located``: see ``reduce_persisted``."""
-    groups = placement.grouping_for(x, True)
+def whole_of_held(x, plan, split_every: int, build=None, located=None, sources=None, groups=None) -> WholeOfHeld:
+    """The lazy whole reduction of a persisted ``x`` (or, with ``sources``, of an expression over persisted
+    arrays: ``held_result``) whose graph is built only when asked for: by ``build(token, groups)`` where
+    given (a graph over something made from ``x``, with this token and ``x``'s grouping), else
+    ``graph.reduction`` of ``x``. ``located``: see ``reduce_persisted``."""
+    groups = groups if groups is not None else placement.grouping_for(x, True)
     token = stage_token(x, plan, split_every, groups)
     name = f"{plan.label}-aggregate-{token}"
     chunks = ((1,),) * x.ndim if plan.keepdims else ()
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
-    return _graph_on_demand(WholeOfHeld, name, chunks, meta, (x, plan, split_every, token, build, located, groups))
+    return _graph_on_demand(WholeOfHeld, name, chunks, meta,
+                            (x, plan, split_every, token, build, located, groups, sources))
 
 
-def scan_of_held(x, plan: ScanPlan, split_every: int) -> ScanOfHeld:
-    """The lazy scan of a persisted ``x`` whose graph is built only when asked for."""
-    groups = placement.grouping_for(x, commutative=True)
+def scan_of_held(x, plan: ScanPlan, split_every: int, sources=None) -> ScanOfHeld:
+    """The lazy scan of a persisted ``x`` (or, with ``sources``, of an expression over persisted arrays:
+    ``held_scan``) whose graph is built only when asked for."""
+    groups = placement.grouping_for(x, commutative=True, sources=sources)
     token = stage_token(x, plan, split_every, groups)
     name = f"{plan.label}-{token}"
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
-    return _graph_on_demand(ScanOfHeld, name, x.chunks, meta, (x, plan, split_every, token, groups))
+    return _graph_on_demand(ScanOfHeld, name, x.chunks, meta, (x, plan, split_every, token, groups, sources))
+
+
+def held_scan(x, plan: ScanPlan, split_every: int) -> ScanOfHeld | None:
+    """The lazy scan of ``x`` when its chunks are held (``held_result``'s rule): its ``.persist()`` scans
+    them where they are, with no task; None where only the graph serves ``x``."""
+    if is_held(x):
+        return scan_of_held(x, plan, split_every)
+    sources = held_sources(x)
+    return scan_of_held(x, plan, split_every, sources) if sources is not None else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Expressions over held chunks, and reductions over some axes
+# ------------------------------------------------------------------------------------------------
+def held_sources(x):
+    """``recipes.ChunkSources`` of ``x`` where every chunk of it can be made on one worker from chunks that
+    worker holds: a persisted array, or elementwise steps (arithmetic, ``map_blocks``, ``astype``,
+    ``where``, constants) over persisted arrays. None otherwise (the graph serves ``x``)."""
+    if not x.npartitions or not dask.config.get("multireduce.placement", True) or placement.default_client() is None:
+        return None
+    from .recipes import ChunkSources
+
+    sources = ChunkSources(x)
+    return sources if sources.held_only else None
+
+
+def values_of_recipes(per_chunk, recipes: dict, extra=None, dask_worker=None):
+    """Runs on the workers named in ``recipes`` (worker -> ``recipes.Recipe``): each chunk of this worker's
+    recipe made from the chunks it holds, one at a time, and ``per_chunk(chunk, *extra[key])`` of it on
+    the GPU holding it, brought to the host together. ``_Moved`` where a held chunk the recipe reads is
+    no longer here."""
+    recipe = recipes.get(dask_worker.address)
+    if recipe is None:
+        return _Packed({})
+    if any(k not in dask_worker.data for k in recipe.inputs):
+        return _Moved()
+    try:
+        extra = extra or {}
+        made = recipe.make({k: dask_worker.data[k] for k in recipe.inputs})
+        computed = [_call_where_held(chunk, per_chunk, *extra.get(key, ())) for key, chunk in zip(recipe.chunks, made)]
+        columns = _PartialColumns.of(recipe.chunks, computed)
+        return _Packed(columns if columns is not None else dict(zip(recipe.chunks, _to_host_together(computed))))
+    except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
+        return _Failed(error, dask_worker.address)
+
+
+def _recipes_by_worker(sources, client):
+    """{worker: Recipe} making every chunk of ``sources`` on the worker holding what it reads (the shared
+    constants made on each worker that needs them), and {chunk key: worker}; None where some held chunk
+    is in no worker's memory or a chunk reads chunks held by several workers."""
+    from .recipes import Recipe
+
+    found = placement.holders_of(sources.futures, client)
+    if found is None:
+        return None
+    chunks: dict = {}
+    where = {}
+    for k in sources.keys:
+        workers = {found[f] for f in sources.reads[k]}
+        if len(workers) != 1:
+            return None
+        where[k] = workers.pop()
+        chunks.setdefault(where[k], []).append(k)
+    recipes, shared = sources.recipes(list(chunks.values()))
+    work = {}
+    for worker, recipe in zip(chunks, recipes):
+        tasks = {**{k: shared[k] for k in recipe.inputs if k in shared}, **recipe.tasks}
+        work[worker] = Recipe(tasks, recipe.chunks, [k for k in recipe.inputs if k not in shared])
+    return work, where
+
+
+def recipe_values(sources, per_chunk, extra=None, recipes=None):
+    """{chunk key: per_chunk(chunk)} for every chunk of ``sources`` (host values), each made and computed
+    by the worker holding what it is made from (``recipes``, else ``_recipes_by_worker``), in one call;
+    None where the graph must run instead."""
+    client = placement.default_client()
+    if recipes is None:
+        planned = _recipes_by_worker(sources, client)
+        if planned is None:
+            return None
+        recipes = planned[0]
+    work = recipes
+    replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra)
+    if replies is None or any(isinstance(r, _Moved) for r in replies.values()):
+        return None
+    values = {k: v for reply in replies.values() for k, v in reply.items()}
+    return values if len(values) == len(sources.keys) else None
+
+
+def reduce_held(x, plan, split_every: int, located=None, sources=None):
+    """``plan``'s reduction of ``x`` now, from the workers holding what its chunks are made from (see
+    ``reduce_persisted``), over all of its axes or some: each chunk's partial comes back and the client
+    folds every lane's partials in chunk order with the graph's tree, then lays the lanes' results out
+    as the graph's output blocks (the same bits). None where the graph must run instead."""
+    whole = len(plan.axes) == x.ndim
+    if sources is None:
+        if whole:
+            return reduce_persisted(x, plan, split_every, located)
+        sources = held_sources(x)
+        if sources is None:
+            return None
+    if located is None:
+        values = recipe_values(sources, plan.partial)
+    else:
+        values = recipe_values(sources, functools.partial(_partial_of_located, plan, located), chunk_offsets(x))
+    if values is None:
+        return None
+    on_device = type(x._meta).__module__.startswith("cupy")
+    if whole:
+        return fold_in_order(plan, split_every, [values[k] for k in sources.keys])
+    blocks = {}
+    for kept_index, index in _lanes(x, plan.axes):
+        value = fold_in_order(plan, split_every, [values[(x.name, *i)] for i in index])
+        blocks[tuple(index[0]) if plan.keepdims else tuple(kept_index)] = _device(on_device, value)
+    return _laid_out(blocks)
+
+
+def _laid_out(blocks: dict):
+    """One array from blocks keyed by their block index (every index of a grid present)."""
+    from dask.array.core import concatenate3
+
+    (first,) = {len(i) for i in blocks} or {0}
+    if first == 0:
+        return blocks[()]
+    shape = [1 + max(i[d] for i in blocks) for d in range(first)]
+
+    def nest(prefix):
+        d = len(prefix)
+        if d == first:
+            return blocks[tuple(prefix)]
+        return [nest(prefix + [j]) for j in range(shape[d])]
+
+    return concatenate3(nest([]))
+
+
+class PartOfHeld(_GraphOnDemand, _OfHeld):
+    """A reduction over some axes of held chunks (or of an expression over them) whose ``.compute()`` takes
+    ``reduce_held`` (one call to the workers, no task) and the graph when that path cannot. ``dask.compute``,
+    ``client.compute`` and ``.persist`` run the graph, built on demand."""
+
+    __slots__ = ("_direct", "_graph")
+
+    def _build_graph(self):
+        x, plan, split_every, token, groups, _ = self._direct
+        return reduction(x, plan, split_every, groups, token=token).dask
+
+    def compute(self, **kwargs):
+        if not kwargs and _distributed_is_the_scheduler():
+            x, plan, split_every, _, _, sources = self._direct
+            value = reduce_held(x, plan, split_every, sources=sources)
+            if value is not None:
+                return value
+        return super().compute(**kwargs)
+
+
+def held_result(x, plan, split_every: int, build=None, located=None):
+    """The lazy result of ``plan``'s reduction of ``x`` when its chunks are held (``x`` persisted, or an
+    expression over persisted arrays whose chunks it reads from one worker each): its ``.compute()`` then
+    runs where the chunks are, with no task; None where only the graph serves ``x``."""
+    whole = len(plan.axes) == x.ndim
+    if whole and is_held(x):
+        return whole_of_held(x, plan, split_every, build, located)
+    sources = held_sources(x)
+    if sources is None:
+        return None
+    groups = placement.grouping_for(x, True, sources=sources)
+    token = stage_token(x, plan, split_every, groups)
+    if whole:
+        return whole_of_held(x, plan, split_every, build, located, sources=sources, groups=groups)
+    if build is not None or located is not None:
+        return None
+    chunks = (tuple((1,) if d in plan.axes else x.chunks[d] for d in range(x.ndim)) if plan.keepdims
+              else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
+    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
+    name = f"{plan.label}-aggregate-{token}"
+    return _graph_on_demand(PartOfHeld, name, chunks, meta, (x, plan, split_every, token, groups, sources))

@@ -277,8 +277,9 @@ def _reduce(x, axis, dtype, keepdims, mean: bool, caller: str, split_every=None,
     if kind.startswith("dask"):
         from . import direct, graph, placement
 
-        if len(axes) == x.ndim and direct.is_held(x):  # .compute() folds the held chunks' states on the client
-            return direct.whole_of_held(x, plan, fan)
+        held = direct.held_result(x, plan, fan)  # .compute() folds the held chunks' states on the client
+        if held is not None:
+            return held
         return graph.reduction(x, plan, fan, placement.grouping_for(x, True))
     if kind == "cupy":
         from .backends import cupy_exact
@@ -465,8 +466,9 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
     from . import direct, graph, placement
 
     plan = ExactScanPlan(ax, dt, skipnan, "exact-nancumsum" if skipnan else "exact-cumsum")
-    if direct.is_held(x):
-        return direct.scan_of_held(x, plan, fan)
+    held = direct.held_scan(x, plan, fan)
+    if held is not None:
+        return held
     return graph.scan(x, plan, fan, placement.grouping_for(x, commutative=True))
 
 

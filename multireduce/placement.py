@@ -71,7 +71,7 @@ def _looked_up(x, client) -> dict[Hashable, str] | None:
     return {k: w[0] for k, w in found.items()}
 
 
-def _holders_of(futures: dict, client) -> dict[Hashable, str] | None:
+def holders_of(futures: dict, client) -> dict[Hashable, str] | None:
     """Key -> a worker holding it, for {key: Future}; None if some is in no worker's memory."""
     who = client.who_has(list(futures.values()))
     found = {k: sorted(who.get(k) or who.get(str(k)) or ()) for k in futures}
@@ -184,7 +184,7 @@ def _placement_token(holder: dict, commutative: bool) -> str:
     return hashlib.md5(repr((items, commutative)).encode(), usedforsecurity=False).hexdigest()
 
 
-def grouping_for(x, commutative: bool) -> Grouping | None:
+def grouping_for(x, commutative: bool, sources=None) -> Grouping | None:
     """The grouping the graph should use for ``x`` (None: the default contiguous groups), from where its
     chunks were seen last (``recently_seen``) or looked up now."""
     if not dask.config.get("multireduce.placement", True):
@@ -193,7 +193,7 @@ def grouping_for(x, commutative: bool) -> Grouping | None:
     if client is None:
         return None
     if not is_persisted(x):
-        return grouping_of_sources(x, commutative, client)
+        return grouping_of_sources(x, commutative, client, sources)
     holder = recently_seen(x, client)
     if holder is None:
         holder = _looked_up(x, client)
@@ -208,7 +208,7 @@ def _threads(client) -> int:
     return sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
 
 
-def grouping_of_sources(x, commutative: bool, client) -> Grouping | None:
+def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping | None:
     """For an ``x`` made inside the graph: groups whose tasks make their own chunks (``recipes``), so the
     first stage is a few tasks per worker thread instead of one per chunk. An expression over persisted
     arrays (every chunk made from held chunks of one worker) is grouped by that worker, as a persisted
@@ -220,11 +220,11 @@ def grouping_of_sources(x, commutative: bool, client) -> Grouping | None:
     n = len(chunk_keys(x))
     per_thread = config_number("multireduce.tasks-per-thread", 2)
     tasks = max(1, math.ceil(_threads(client) * per_thread))
-    sources = ChunkSources(x)
+    sources = sources if sources is not None else ChunkSources(x)
     if not sources.ok:
         return None
     if sources.held_only:
-        found = _holders_of(sources.futures, client)
+        found = holders_of(sources.futures, client)
         if found is None:
             return None
         chunk_worker = {}

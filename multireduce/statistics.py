@@ -262,9 +262,11 @@ def _run(x, kind, plan, split_every, caller):
         from . import direct, graph, placement  # dask loads on the first dask input only
 
         fan = v.fan_in(split_every, plan.axes, caller)
-        if plan.stat not in _ARG and len(plan.axes) == x.ndim and direct.is_held(x):
-            # a whole statistic of a persisted array: .compute() folds the chunks' partials where they are
-            return direct.whole_of_held(x, plan, fan)
+        if plan.stat not in _ARG:
+            # a statistic of held chunks: .compute() folds the chunks' partials where they are
+            held = direct.held_result(x, plan, fan)
+            if held is not None:
+                return held
         if plan.stat in _ARG:
             def located_graph(token=None, groups_of_x=None):
                 located = x.map_blocks(_locate, dtype=x.dtype, meta=x._meta, name=f"{plan.stat}-locate-{x.name}")
@@ -272,9 +274,8 @@ def _run(x, kind, plan, split_every, caller):
                 # worker thread for a lazy x
                 return graph.reduction(located, plan, fan, placement.grouping_for(located, True), token=token)
 
-            if len(plan.axes) == x.ndim and direct.is_held(x):
-                return direct.whole_of_held(x, plan, fan, build=located_graph, located=Located)
-            return located_graph()
+            held = direct.held_result(x, plan, fan, build=located_graph, located=Located)
+            return held if held is not None else located_graph()
         return graph.reduction(x, plan, fan, placement.grouping_for(x, True))
     if kind == "cupy":
         import cupy
