@@ -39,7 +39,11 @@ def _close(got, want, rtol):
     if want.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want)
     else:
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, equal_nan=True)
+        # float32 products of many values in [-1, 1] reach subnormals, which the GPU's segment kernels
+        # flush to zero (docs/design.md, known limits): below the smallest normal, zero is as close
+        tiny = float(np.finfo(want.dtype).tiny) if rtol else 0.0
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=tiny,
+                                   equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8])
@@ -101,7 +105,8 @@ def test_xarray_accessor_on_cupy_data():
         (device.mr.resample(time="1D").max(), host.resample(time="1D").max()),
     ]:
         assert isinstance(ours.data, cupy.ndarray)
-        xr.testing.assert_allclose(ours.copy(data=ours.data.get()), theirs, rtol=1e-5)
+        # float32 sums of up to 200 values of [-1, 1] in another order: rounding of the running magnitude
+        xr.testing.assert_allclose(ours.copy(data=ours.data.get()), theirs, rtol=1e-5, atol=1e-4)
         assert ours.attrs == theirs.attrs and ours.dims == theirs.dims
     lazy = host.copy(data=da.from_array(cupy.asarray(x), chunks=(50, 4, 3), asarray=False))
     monthly = lazy.mr.groupby("time.month").max()
