@@ -304,12 +304,14 @@ async def _drop_when_answering(address: str, keys: list, timeout: float, dask_sc
     again, given up when it leaves. A worker that stalled during a scan finishes it when it resumes; the
     scheduler, which every worker reaches, outlives the client's call."""
     message = _run_message(drop_kept, keys)
+    pause = timeout
     while address in dask_scheduler.workers:
         try:
             await _fresh_call(address, message, timeout, dask_scheduler.connection_args)
             return
         except (OSError, asyncio.TimeoutError):
-            await asyncio.sleep(timeout)
+            await asyncio.sleep(pause)  # each try leaves a connection in a stopped process's backlog
+            pause = min(2 * pause, 30.0)
 
 
 def _placement_errors() -> tuple[type[BaseException], ...]:

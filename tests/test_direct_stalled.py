@@ -25,6 +25,7 @@ from multireduce import direct, placement  # noqa: E402
 from multireduce.cluster import local_cluster  # noqa: E402
 
 from .helpers import persist_spread  # noqa: E402
+from .test_direct_hostile import _pool_is_whole  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)  # a regression hangs: fail the test, not the run
 
@@ -125,6 +126,7 @@ def test_a_stalled_worker_holding_chunks_is_named_within_seconds(client, how, di
             seconds = time.monotonic() - t0
         message = str(err.value)
         assert seconds < 8, seconds
+        assert _pool_is_whole(client), repr(client.rpc)  # the abandoned call gave its connection back
         assert f"worker {workers[1]} (2 of the 6 chunks) of {d.name!r} did not answer within 1 s" in message
         assert "'multireduce.direct-connect-timeout'" in message and isinstance(err.value, TimeoutError)
         got = call()
