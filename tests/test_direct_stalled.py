@@ -99,11 +99,11 @@ def test_a_stalled_worker_holding_nothing_holds_nothing_up(client, direct_to_wor
     assert np.isclose(mr.sum(d, compute=True), x.sum())  # every connection the direct calls use is open
     with dask.config.set({"multireduce.direct-to-workers": direct_to_workers}), _stopped(client, workers[3]):
         got, seconds = _timed(lambda: mr.sum(d, compute=True))
-        assert np.isclose(got, x.sum(), rtol=1e-12) and seconds < 3, seconds
+        assert np.isclose(got, x.sum(), rtol=1e-12) and seconds < 5, seconds
         got, seconds = _timed(lambda: mr.sum(d).compute())
-        assert np.isclose(got, x.sum(), rtol=1e-12) and seconds < 3, seconds
+        assert np.isclose(got, x.sum(), rtol=1e-12) and seconds < 5, seconds
         out, seconds = _timed(lambda: mr.cumsum(d).persist())
-        assert "seeded" in out.name and seconds < 3, seconds  # the direct scan: both runs
+        assert "seeded" in out.name and seconds < 5, seconds  # the direct scan: both runs
         np.testing.assert_allclose(out.compute(), np.cumsum(x), rtol=1e-9, atol=1e-6)
 
 
