@@ -7,30 +7,49 @@ scheduler's per-task cost once per chunk (about 1 ms each on a GPU box, 2026-11-
 in workers' memory none of that is needed:
 
 - ``reduce_persisted`` (``mr.sum(x, compute=True)`` and the held result's own ``.compute()``,
-  ``WholeOfHeld``): one ``client.run`` asks every worker for the partial of each chunk it holds,
-  computed on its GPU and brought to the host in one copy; the client folds them in chunk order with
-  the graph's tree, so the bits are the graph's.
-- ``scan_persisted`` (the held scan's own ``.persist()``, ``ScanOfHeld``): one ``client.run`` for
-  each chunk's total, the carries folded on the client, a second ``client.run`` in which every worker
-  scans its own chunks and keeps the outputs, registered with the scheduler as a scatter registers
+  ``WholeOfHeld``): one run (``client.run``'s message) asks the workers for the partial of each
+  chunk they hold, computed on its GPU and brought to the host in one copy; the client folds them in
+  chunk order with the graph's tree, so the bits are the graph's.
+- ``scan_persisted`` (the held scan's own ``.persist()``, ``ScanOfHeld``): one run for each chunk's
+  total, the carries folded on the client, a second run in which every worker holding
+  chunks scans its own and keeps the outputs, registered with the scheduler as a scatter registers
   its data. No task runs and nothing moves between workers.
 
-Each worker reads its own memory (``dask_worker.data``): no placement lookup, so nothing can be stale
-after a worker was killed, retired or restarted and the array persisted again; a chunk replicated on
-two workers is taken once. Anything these paths cannot do exactly as the graph would returns None,
-and the caller runs the graph instead: not persisted, no client, a chunk in no worker's memory, a
-worker that left while the run was pending (the client checks the scheduler's worker list every
+Only the workers holding the chunks are called, each for the chunks it was chosen for (a chunk on
+two workers is computed by one): where the chunks were seen last (the previous run's, or the held
+result's lookup, ``placement.recently_seen``), else one ``who_has``. Each worker reads its own memory,
+so a placement gone stale (a chunk moved, a worker gone) costs one lookup and a second run, never a
+wrong value. Anything these paths cannot do exactly as the graph would returns None, and the caller
+runs the graph instead: not persisted, no client, a chunk in no worker's memory, a worker that left
+while the run was pending (the client checks the scheduler's worker list every
 ``multireduce.direct-check-interval``, default 0.25 s, so a dead address cannot hold the run for the
 30 s connect timeout), reductions over only some axes. Every other error (a kernel's, a bad chunk's,
 an operator's own ``TimeoutError``) surfaces unchanged: the worker hands it back as a value
 (``_Failed``), so it is never taken for a comm failure and recomputed; a scan that fails on one worker
 drops what the others kept.
 
+A worker that stops answering (a stopped process, a swapping machine, a partitioned node) stays in
+the scheduler's list until its heartbeats are missed for ``distributed.scheduler.worker-ttl`` (5 min),
+and a pooled connection to it takes the run's message and never replies. Workers that hold none of
+the chunks are never called, so they cannot hold the run. The work runs in a thread on each worker
+(the chunks read on its event loop first, as a task's inputs are), so its event loop keeps answering
+however long the chunks take; a reply pending for ``multireduce.direct-check-interval`` starts a
+liveness probe of the workers not yet answered: a new connection (never a pooled one) and an
+``identity`` request, from the client for a direct call and from the scheduler for its broadcast,
+bounded by ``multireduce.direct-connect-timeout`` (default 2 s) and repeated every such timeout while
+the reply is pending. A busy worker answers it and is waited for; one that does not is given up:
+its chunks are taken from other copies where there are any, else ``WorkerStalled`` names it, how many
+chunks only it holds and the setting, a few seconds after the call (the graph would wait for the
+worker as long as Dask does: ``client.compute`` / ``client.persist``). A scan given up on drops what
+the other workers kept, and the scheduler drops the silent worker's outputs once it answers again.
+Nothing is added to a run whose workers all answer in time: the probe starts only after a check
+interval without every reply, and the placement comes from the previous run's replies.
+
 The scan's outputs have no lineage (the price of running no task): a lost worker's output chunks
 raise ``FutureCancelledError`` when used, never a wrong or missing chunk. ``client.persist(mr.cumsum(x))``
 keeps the graph, which Dask can recompute.
 
-Why ``client.run`` and not ``client.submit`` with worker restrictions (issue 12, item 3), measured on a
+Why ``client.run`` and not ``client.submit`` with worker restrictions, measured on a
 4-process CPU LocalCluster, 128 persisted chunks (2026-11-22, a loaded 2-core machine, 20 calls x 3
 rounds): ``client.run`` 49-53 ms median (21-38 ms best); one ``client.submit`` per worker restricted to
 it (``allow_other_workers``, chunk futures as arguments) plus ``gather``, folded on the client, 55-157 ms
@@ -38,13 +57,12 @@ median (48-76 ms best), the graph 78-159 ms (55-58 ms best). Submitted tasks pas
 machinery (graph update, transitions, one message per task each way) that the graph also pays; run is
 one broadcast. What the scheduler would add (recomputing lost chunks) the fallback to the graph gives.
 
-Since 2026-11-26 the client sends the workers ``run``'s message itself (``_call_each``) once it knows
-them (from the last run on every worker): one round trip instead of the scheduler's two. It uses the
-client's pooled connections and security, as distributed's own ``direct_to_workers`` gathers do; a
-worker it cannot reach, a listed worker gone, or chunks on a worker that joined since send the run
-through the scheduler once more (a client that cannot reach its workers at all is remembered and goes
-through the scheduler from then on). ``multireduce.direct-to-workers`` (True/False) or the client's own
-``direct_to_workers`` decide it where set.
+Since 2026-11-26 the client sends the workers ``run``'s message itself (``_call_one``): one round trip
+instead of the scheduler's two. It uses the client's pooled connections and security, as distributed's
+own ``direct_to_workers`` gathers do; a worker it cannot reach or a worker gone sends the run through
+the scheduler once more (a client that cannot reach its workers at all is remembered and goes through
+the scheduler from then on). ``multireduce.direct-to-workers`` (True/False) or the client's own
+``direct_to_workers`` decide it where set. Every setting is read by ``placement.setting``.
 """
 
 from __future__ import annotations
@@ -117,20 +135,29 @@ def _to_host_together(values: list) -> list:
     return out
 
 
-def values_of_held(per_chunk, keys: list, only_where=frozenset(), extra=None, dask_worker=None):
-    """Runs on every worker through ``client.run``: ``per_chunk(block, *extra[key])`` for each of
-    ``keys`` this worker holds (None for those in ``only_where``: the caller only wants to know where
-    they are), on the GPU holding it, brought to the host together. Returns {key: value}, or
-    ``_Failed``. Reading the worker's own memory needs no placement lookup and cannot be stale."""
+async def values_of_held(per_chunk, work: dict, only_where=frozenset(), extra=None, dask_worker=None):
+    """Runs on each worker named in ``work`` (worker -> keys) through a run: ``per_chunk(block,
+    *extra[key])`` for each of its keys this worker holds (None for those in ``only_where``: the caller
+    only wants to know they are here), on the GPU holding it, brought to the host together. Returns
+    ``_Packed({key: value})``, or ``_Failed``. The chunks are read on the worker's event loop, as it
+    reads a task's inputs, and the work runs in a thread: the loop keeps answering heartbeats, other
+    clients and the caller's liveness probe, so a worker busy with large chunks is never taken for a
+    stalled one."""
     try:
-        held = [k for k in keys if k in dask_worker.data]
-        extra = extra or {}
-        computed = [None if k in only_where else _call_where_held(dask_worker.data[k], per_chunk, *extra.get(k, ()))
-                    for k in held]
-        columns = _PartialColumns.of(held, computed)  # the common case: no per-chunk work on the host
-        return _Packed(columns if columns is not None else dict(zip(held, _to_host_together(computed))))
+        held = [k for k in work.get(dask_worker.address, ()) if k in dask_worker.data]
+        blocks = [dask_worker.data[k] for k in held]
+        return await asyncio.to_thread(values_here, per_chunk, held, blocks, only_where, extra or {})
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
+
+
+def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), extra=None) -> _Packed:
+    """``values_of_held``'s work on the chunks ``blocks`` (named ``keys``) of this worker."""
+    extra = extra or {}
+    computed = [None if k in only_where else _call_where_held(b, per_chunk, *extra.get(k, ()))
+                for k, b in zip(keys, blocks)]
+    columns = _PartialColumns.of(keys, computed)  # the common case: no per-chunk work on the host
+    return _Packed(columns if columns is not None else dict(zip(keys, _to_host_together(computed))))
 
 
 class _Packed:
@@ -187,15 +214,16 @@ class _PartialColumns:
         return {k: Partial(self.values[i, ...], c) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
 
 
-def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, dask_worker=None):
-    """Runs on the workers holding a scan's input through ``client.run``: scan each (input key, output
-    key, carry) of ``work[this worker]`` here and keep the outputs in this worker's memory, as a scatter
-    does (the worker tells the scheduler nothing; the client registers the keys). With ``recipes``
-    (worker -> ``recipes.Recipe``), the input chunks are made here from the chunks this worker holds,
-    one at a time, in the recipe's order. Returns {output key: bytes}, or ``_Failed``."""
+async def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, dask_worker=None):
+    """Runs on the workers holding a scan's input through a run: scan each (input key, output key, carry)
+    of ``work[this worker]`` here and keep the outputs in this worker's memory, as a scatter does (the
+    worker tells the scheduler nothing; the client registers the keys). With ``recipes`` (worker ->
+    ``recipes.Recipe``), the input chunks are made here from the chunks this worker holds, one at a time,
+    in the recipe's order. Returns {output key: bytes}, or ``_Failed``. The scans run in a thread (see
+    ``values_of_held``); outputs of a scan the client gave up on meanwhile (``drop_kept`` came first) are
+    not kept."""
     from dask.sizeof import sizeof
 
-    kept = {}
     mine = work.get(dask_worker.address, ())
     recipe = recipes.get(dask_worker.address) if recipes is not None else None
     reads = recipe.inputs if recipe is not None else [in_key for in_key, _, _ in mine]
@@ -204,18 +232,40 @@ def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, dask_worker=None):
         # placement, not the operator: the caller falls back to the graph
         return _Moved()
     try:
-        if recipe is None:
-            blocks = ((in_key, dask_worker.data[in_key]) for in_key, _, _ in mine)
-        else:
-            blocks = zip(recipe.chunks, recipe.make({k: dask_worker.data[k] for k in reads}))
-        seeds = {in_key: (out_key, carry) for in_key, out_key, carry in mine}
-        for in_key, block in blocks:
-            out_key, carry = seeds[in_key]
-            kept[out_key] = _call_where_held(block, lambda b: _scan_seeded(plan, b, carry, 0 if carry is None else 1))
+        inputs = [dask_worker.data[k] for k in reads]
+        kept = await asyncio.to_thread(_scans_here, plan, mine, inputs, recipe)
+        if any(_name_of(k) in _abandoned.get(dask_worker, ()) for k in kept):
+            return _Moved()  # nobody waits for this reply any more
         dask_worker.update_data(data=kept, stimulus_id=f"multireduce-scan-{plan.label}")
         return {k: sizeof(v) for k, v in kept.items()}
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
+
+
+def _scans_here(plan: ScanPlan, mine, inputs: list, recipe=None) -> dict:
+    """``scan_and_keep``'s work: the chunks are ``inputs`` (in ``mine``'s order), or made by ``recipe`` from
+    them (its inputs, in its order)."""
+    if recipe is None:
+        blocks = zip((in_key for in_key, _, _ in mine), inputs)
+    else:
+        blocks = zip(recipe.chunks, recipe.make(dict(zip(recipe.inputs, inputs))))
+    seeds = {in_key: (out_key, carry) for in_key, out_key, carry in mine}
+    kept = {}
+    for in_key, block in blocks:
+        out_key, carry = seeds[in_key]
+        kept[out_key] = _call_where_held(block, lambda b: _scan_seeded(plan, b, carry, 0 if carry is None else 1))
+    return kept
+
+
+def _name_of(key):
+    return key[0] if isinstance(key, tuple) else key
+
+
+# Per worker: the names of scans whose outputs ``drop_kept`` dropped, newest last. Its run can reach a
+# worker before the scan's own run is done with it (the scans run in a thread; a stalled worker reads
+# both once it resumes): the scan then keeps nothing.
+_abandoned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ABANDONED_MAX = 256
 
 
 class _Moved:
@@ -231,24 +281,51 @@ def _release_registered(keys: list, client_id: str, dask_scheduler=None):
         dask_scheduler.client_releases_keys(keys=known, client=client_id, stimulus_id="multireduce-scan-failed")
 
 
-def _drop_kept_on_live(client, workers: list, keys: list) -> None:
+def _drop_kept_on_live(client, workers: list, keys: list, unanswered=()) -> None:
     """``drop_kept`` on those of ``workers`` still alive, given up on as soon as one of them leaves: a
     run that names a dead address would hold the call for the scheduler's whole connect timeout (30 s).
-    A worker that left took its outputs with it."""
+    A worker that left took its outputs with it. Workers that do not answer (``unanswered``, or found
+    so now) are handed to the scheduler, which drops their outputs once they answer again."""
     live = set(client.sync(client.scheduler.identity)["workers"])
-    alive = [w for w in workers if w in live]
+    alive = [w for w in workers if w in live and w not in unanswered]
+    silent = [w for w in workers if w in live and w in unanswered]
     if alive:
-        _run(client, alive, drop_kept, keys)  # None (a worker left meanwhile) is as good as done
+        try:
+            _run(client, alive, drop_kept, keys)  # None (a worker left meanwhile) is as good as done
+        except _Unanswered as error:
+            silent += error.workers
+    timeout = placement.setting("multireduce.direct-connect-timeout")
+    for worker in silent:
+        client.run_on_scheduler(_drop_when_answering, worker, keys, timeout, wait=False)
 
 
 def drop_kept(keys: list, dask_worker=None):
     """Forget outputs ``scan_and_keep`` kept here when the scan as a whole failed (the scheduler never
-    heard of them)."""
+    heard of them), and keep none of that scan that is still running here."""
     from distributed.worker_state_machine import FreeKeysEvent
 
+    names = _abandoned.setdefault(dask_worker, {})
+    names.update(dict.fromkeys({_name_of(k) for k in keys}))
+    while len(names) > _ABANDONED_MAX:
+        names.pop(next(iter(names)))
     mine = [k for k in keys if k in dask_worker.state.tasks]
     if mine:
         dask_worker.handle_stimulus(FreeKeysEvent(keys=mine, stimulus_id="multireduce-scan-failed"))
+
+
+async def _drop_when_answering(address: str, keys: list, timeout: float, dask_scheduler=None):
+    """Runs on the scheduler in the background: ``drop_kept`` on the worker at ``address`` once it answers
+    again, given up when it leaves. A worker that stalled during a scan finishes it when it resumes; the
+    scheduler, which every worker reaches, outlives the client's call."""
+    message = _run_message(drop_kept, keys)
+    pause = timeout
+    while address in dask_scheduler.workers:
+        try:
+            await _fresh_call(address, message, timeout, dask_scheduler.connection_args)
+            return
+        except (OSError, asyncio.TimeoutError):
+            await asyncio.sleep(pause)  # each try leaves a connection in a stopped process's backlog
+            pause = min(2 * pause, 30.0)
 
 
 def _placement_errors() -> tuple[type[BaseException], ...]:
@@ -263,58 +340,192 @@ class WorkerGone(LookupError):
     """A worker the run waits on left the cluster while it ran."""
 
 
-async def _run_while_alive(client, workers, interval: float, direct: bool, fn, *args):
-    """``fn(*args)`` on ``workers`` (None: every worker the scheduler has), abandoned (WorkerGone) as
-    soon as one of them is no longer in the scheduler's worker list: a dead address would otherwise hold
-    the call for its whole connect timeout (30 s). ``direct``: the client calls each worker itself
-    (``_call_each``); else the scheduler broadcasts (``client.run``). For a run on every worker, the
-    workers waited on are those the scheduler lists at the first check."""
-    call = _call_each(client, workers, fn, *args) if direct else client._run(fn, *args, workers=workers)
-    run = asyncio.ensure_future(call)
-    waited = set(workers) if workers is not None else None
+class WorkerStalled(TimeoutError):
+    """Workers holding chunks that a held result's ``.compute()`` / ``.persist()`` needs did not answer
+    within ``multireduce.direct-connect-timeout`` (stopped, swapping, cut off), and no other worker holds
+    those chunks."""
+
+
+class _Unanswered(Exception):
+    """Workers a run waited on that did not answer a liveness probe within the connect timeout. Not a
+    placement error: the scheduler's broadcast or the graph would wait for them as long."""
+
+    def __init__(self, workers):
+        super().__init__(sorted(workers))
+        self.workers = sorted(workers)
+
+
+def _stalled(counts: dict, total: int, name: str, timeout: float) -> WorkerStalled:
+    """The error for workers (worker -> how many of the ``total`` chunks of ``name`` only it holds) that
+    did not answer."""
+    which = ", ".join(f"{w} ({n} of the {total} chunks)" for w, n in sorted(counts.items()))
+    return WorkerStalled(
+        f"worker{'s' if len(counts) > 1 else ''} {which} of {name!r} did not answer within {timeout:g} s "
+        f"(dask.config 'multireduce.direct-connect-timeout'): stopped, swapping or cut off, and no other worker "
+        f"holds those chunks. Raise the setting to wait longer, or use the graph (client.compute / "
+        f"client.persist of the result), which waits for the worker as Dask does.")
+
+
+def _run_message(fn, *args) -> dict:
+    """The message a worker's ``run`` handler takes (what the scheduler's broadcast sends) for ``fn(*args)``
+    run by ``_unpickled_in_a_thread``."""
+    from distributed.protocol.pickle import dumps
+
+    return dict(op="run", function=dumps(_unpickled_in_a_thread), args=dumps((_payload(fn, *args),)), wait=True,
+                kwargs=dumps({}))
+
+
+def _payload(fn, *args) -> bytes:
+    from distributed.protocol.pickle import dumps
+
+    return dumps((fn, args))
+
+
+async def _unpickled_in_a_thread(payload: bytes, dask_worker=None):
+    """What every run of this module executes on a worker: ``payload`` (``fn`` and its arguments, pickled)
+    unpickled in a thread, then ``fn(*args, dask_worker=...)`` (awaited where it is a coroutine function).
+    The run handler unpickles its arguments on the worker's event loop, and the first use of an operator
+    imports its module there: seconds in which the worker would not answer a liveness probe."""
+    from distributed.protocol.pickle import loads
+    from distributed.utils import has_arg
+
+    fn, args = await asyncio.to_thread(loads, payload)
+    out = fn(*args, dask_worker=dask_worker) if has_arg(fn, "dask_worker") else fn(*args)
+    return await out if asyncio.iscoroutine(out) else out
+
+
+async def _run_while_alive(client, workers: list, interval: float, timeout: float, direct: bool, fn, *args):
+    """``fn(*args)`` on ``workers``: the client calls each worker itself (``direct``, ``_call_one``) or the
+    scheduler broadcasts (``client.run``). Every ``interval`` the scheduler's worker list is checked: a
+    worker that left gives up the run (WorkerGone) at once, where its dead address would hold it for the
+    whole connect timeout (30 s). A reply still pending after ``interval`` starts a liveness probe of the
+    workers not yet answered (``_unanswered``: a fresh connection, from where the call was sent, bounded
+    by ``timeout``), repeated every ``timeout``: those that do not answer it are given up (``_Unanswered``),
+    as the scheduler would give up a worker that missed its heartbeats, but within seconds. Replies taking
+    longer than that from workers that answer the probe are waited for: they are busy, not stalled. A
+    direct call still connecting is not probed: its connect fails within ``timeout`` by itself, and a
+    client that reaches no worker (outside their network) must go through the scheduler, not fail."""
+    loop = asyncio.get_running_loop()
+    connected: set = set()  # direct calls past connecting: a connect not made is bounded by its own timeout
+    if direct:
+        message = _run_message(fn, *args)
+        calls = {w: asyncio.ensure_future(_call_one(client, w, message, timeout, connected)) for w in workers}
+    else:
+        run = asyncio.ensure_future(client._run(_unpickled_in_a_thread, _payload(fn, *args), workers=workers))
+        calls = dict.fromkeys(workers, run)
+    probe, probe_due = None, loop.time() + interval
     try:
         while True:
-            done, _ = await asyncio.wait({run}, timeout=interval)
-            if done:
-                return run.result()
+            for call in calls.values():
+                if call.done() and call.exception() is not None:
+                    raise call.exception()
+            pending = {c for c in calls.values() if not c.done()}
+            if not pending:
+                return {w: c.result() for w, c in calls.items()} if direct else run.result()
+            await asyncio.wait(pending, timeout=interval, return_when=asyncio.FIRST_EXCEPTION)
+            if all(c.done() for c in pending):
+                continue
             live = (await client.scheduler.identity())["workers"]
-            if waited is None:
-                waited = set(live)
-            elif any(w not in live for w in waited):
-                raise WorkerGone(f"a worker of {sorted(waited)} left the cluster")
+            if any(w not in live for w in workers):
+                raise WorkerGone(f"a worker of {sorted(workers)} left the cluster")
+            if probe is not None and probe.done():
+                silent = [w for w in probe.result() if not calls[w].done()]
+                if silent:
+                    raise _Unanswered(silent)
+                probe = None
+            if probe is None and loop.time() >= probe_due:
+                waiting = [w for w, c in calls.items() if not c.done() and (w in connected or not direct)]
+                if waiting:
+                    probe = asyncio.ensure_future(_unanswered(client, waiting, timeout, direct))
+                    probe_due = loop.time() + timeout
     finally:
-        run.cancel()  # nothing when it is done; a call abandoned here must not linger
+        for call in (*calls.values(), probe):
+            if call is not None:
+                call.cancel()  # nothing when it is done; a call abandoned here must not linger
+
+
+async def _unanswered(client, workers: list, timeout: float, direct: bool) -> list:
+    """Those of ``workers`` that do not answer a liveness probe within ``timeout``: from the client for a
+    direct call, from the scheduler for its broadcast (a client outside the workers' network reaches
+    none of them itself)."""
+    if direct:
+        return await _silent(workers, timeout, client.connection_args)
+    return await client._run_on_scheduler(_silent_to_the_scheduler, workers, timeout)
+
+
+async def _silent(workers: list, timeout: float, connection_args: dict) -> list:
+    answers = await asyncio.gather(*(_answers(w, timeout, connection_args) for w in workers))
+    return [w for w, answered in zip(workers, answers) if not answered]
+
+
+async def _silent_to_the_scheduler(workers: list, timeout: float, dask_scheduler=None) -> list:
+    return await _silent(workers, timeout, dask_scheduler.connection_args)
+
+
+async def _answers(address: str, timeout: float, connection_args: dict) -> bool:
+    """Whether the worker at ``address`` answers a new connection (never a pooled one: a stopped process's
+    socket takes what is written to it and never replies) and an ``identity`` request within ``timeout``.
+    Its event loop answers while it runs our work in a thread, or the graph's tasks in its own."""
+    try:
+        await _fresh_call(address, {"op": "identity"}, timeout, connection_args)
+        return True
+    except (OSError, asyncio.TimeoutError):
+        return False
+
+
+async def _fresh_call(address: str, message: dict, timeout: float, connection_args: dict):
+    """The reply to ``message`` from ``address`` over a new connection, closed after, all within ``timeout``:
+    distributed's ``connect`` bounds the TCP connect by its timeout, but not the handshake that follows,
+    which a stopped process never answers (its kernel accepts the connection)."""
+    from distributed.comm import connect
+    from distributed.core import send_recv
+
+    comm = None
+
+    async def call():
+        nonlocal comm
+        comm = await connect(address, timeout=timeout, **connection_args)
+        return await send_recv(comm, **message)
+
+    try:
+        return await asyncio.wait_for(call(), timeout)
+    finally:
+        if comm is not None:
+            comm.abort()
+
+
+async def _call_one(client, address: str, message: dict, timeout: float, connected: set | None = None):
+    """What the worker at ``address`` replies to ``message`` (a run), sent over the client's own pooled
+    connections with its security settings, one round trip instead of the scheduler's two (a no-op: 1.9 ms
+    through the scheduler on 4 x H200, 2026-11-26). Connecting is bounded by ``timeout``
+    (``multireduce.direct-connect-timeout``) so an unreachable worker is soon given up on (``_run`` then
+    asks the scheduler). ``connected``: ``address`` is added once connected."""
+    from distributed.core import clean_exception, send_recv
+
+    # distributed bounds the TCP connect, not the handshake after it, which a stopped worker never answers
+    comm = await asyncio.wait_for(client.rpc.connect(address, timeout=timeout), timeout)
+    _last_direct_connect[client] = time.monotonic()  # the client reaches its workers
+    if connected is not None:
+        connected.add(address)
+    try:
+        reply = await send_recv(comm, **message)
+    except BaseException:
+        comm.abort()  # a reply half read must not reach the pool's next user
+        raise
+    finally:
+        client.rpc.reuse(address, comm)  # a closed comm gives its slot back, an open one returns to the pool
+    if reply.get("status") != "OK":  # the worker could not run fn at all (our functions catch their own)
+        _, error, tb = clean_exception(**reply)
+        raise error.with_traceback(tb)
+    return reply["result"]
 
 
 async def _call_each(client, workers: list, fn, *args) -> dict:
-    """What ``client.run(fn, *args, workers=workers)`` returns, without the scheduler in between: the
-    client sends each worker the message the scheduler's broadcast would (the worker's ``run``
-    handler, over the client's own pooled connections with its security settings), one round trip
-    instead of two (a no-op: 1.9 ms through the scheduler on 4 x H200, 2026-11-26). Connecting is
-    bounded by ``multireduce.direct-connect-timeout`` so an unreachable worker is soon given up on
-    (``_run`` then asks the scheduler)."""
-    from distributed.core import clean_exception, send_recv
-    from distributed.protocol.pickle import dumps
-
-    message = dict(op="run", function=dumps(fn), args=dumps(args), wait=True, kwargs=dumps({}))
-    timeout = placement.config_seconds("multireduce.direct-connect-timeout", "2s", positive=True)
-
-    async def one(address):
-        comm = await client.rpc.connect(address, timeout=timeout)
-        _last_direct_connect[client] = time.monotonic()  # the client reaches its workers
-        try:
-            reply = await send_recv(comm, **message)
-        except BaseException:
-            comm.abort()  # a reply half read must not reach the pool's next user
-            raise
-        finally:
-            client.rpc.reuse(address, comm)  # a closed comm gives its slot back, an open one returns to the pool
-        if reply.get("status") != "OK":  # the worker could not run fn at all (our functions catch their own)
-            _, error, tb = clean_exception(**reply)
-            raise error.with_traceback(tb)
-        return reply["result"]
-
-    calls = [asyncio.ensure_future(one(w)) for w in workers]
+    """What ``client.run(fn, *args, workers=workers)`` returns, each worker called by the client itself
+    (``_call_one``); one failed call cancels the others."""
+    message = _run_message(fn, *args)
+    timeout = placement.setting("multireduce.direct-connect-timeout")
+    calls = [asyncio.ensure_future(_call_one(client, w, message, timeout)) for w in workers]
     try:
         replies = await asyncio.gather(*calls)
     finally:
@@ -323,9 +534,8 @@ async def _call_each(client, workers: list, fn, *args) -> dict:
     return dict(zip(workers, replies))
 
 
-# Per client: the workers the last run on every worker answered from (so the next one can call them
-# itself), and whether calling workers directly failed where the scheduler's broadcast reached them.
-_known_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Per client: whether calling workers directly failed where the scheduler's broadcast reached them, and
+# when a direct connection last succeeded.
 _direct_unreachable: weakref.WeakSet = weakref.WeakSet()
 _last_direct_connect: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> monotonic time
 
@@ -335,46 +545,41 @@ def _goes_direct(client) -> bool:
     client's own ``direct_to_workers`` when set; else yes unless it failed before, since a client that
     cannot reach its workers is one outside the cluster's network, where distributed's default
     (through the scheduler) is the safe one and that fallback costs one bounded connect attempt once."""
-    chosen = dask.config.get("multireduce.direct-to-workers", None)
+    chosen = placement.setting("multireduce.direct-to-workers")
     if chosen is not None:
-        return bool(chosen)
+        return chosen
     if getattr(client, "direct_to_workers", None) is not None:
         return bool(client.direct_to_workers)
     return client not in _direct_unreachable
 
 
-def _run(client, workers, fn, *args, complete=None):
-    """``fn(*args)`` on ``workers`` (None: every worker) from the client's thread: the replies, None on
-    a placement error; a worker's own error (``_Failed``) is raised. Workers are called directly where
-    ``_goes_direct`` (for every worker: those that answered last time); a direct call that fails on
-    placement (an address gone, unreachable), or whose replies ``complete(replies)`` rejects (a worker
-    that joined since, holding chunks), is made once more through the scheduler, whose broadcast
-    reaches every worker it has now."""
-    interval = placement.config_seconds("multireduce.direct-check-interval", "250ms", positive=True)
-    targets = workers if workers is not None else _known_workers.get(client)
+def _run(client, workers: list, fn, *args):
+    """``fn(*args)`` on ``workers`` from the client's thread: {worker: reply}, None on a placement error
+    (a worker gone, unreachable); a worker's own error (``_Failed``) is raised, and so is ``_Unanswered``
+    for workers that did not answer (``_run_while_alive``). Workers are called directly where
+    ``_goes_direct``; a direct call that fails on placement is made once more through the scheduler."""
+    interval = placement.setting("multireduce.direct-check-interval")
+    timeout = placement.setting("multireduce.direct-connect-timeout")
     unreached = None
     started = time.monotonic()
-    if targets and _goes_direct(client):
+    if _goes_direct(client):
         try:
-            replies = client.sync(_run_while_alive, client, list(targets), interval, True, fn, *args)
-        except (*_placement_errors(), OSError):  # distributed's connect raises a bare OSError on its timeout
-            unreached = set(targets)
+            replies = client.sync(_run_while_alive, client, workers, interval, timeout, True, fn, *args)
+        except WorkerGone:  # the scheduler cannot reach it either
+            return None
+        except (*_placement_errors(), OSError):  # distributed's connect raises a bare OSError on its timeout,
+            unreached = set(workers)  # ours a TimeoutError
         else:  # a worker's own error (_Failed, possibly a TimeoutError) is raised here, never taken for placement
-            replies = _unpacked(replies)
-            if complete is None or complete(replies):
-                return replies
+            return _unpacked(replies)
     try:
-        replies = client.sync(_run_while_alive, client, workers, interval, False, fn, *args)
+        replies = client.sync(_run_while_alive, client, workers, interval, timeout, False, fn, *args)
     except (*_placement_errors(), OSError):  # the scheduler's connect times out with a bare OSError too
         return None
-    replies = _unpacked(replies)
     # the scheduler reached every worker the client could not, and no direct connection of the client
     # succeeded meanwhile (under TLS a worker busy past the connect timeout fails a handshake it would pass later)
     if unreached and unreached <= set(replies) and _last_direct_connect.get(client, float("-inf")) < started:
         _direct_unreachable.add(client)
-    if workers is None:
-        _known_workers[client] = sorted(replies)
-    return replies
+    return _unpacked(replies)
 
 
 def _unpacked(replies: dict) -> dict:
@@ -386,32 +591,59 @@ def _unpacked(replies: dict) -> dict:
 
 
 def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None):
-    """({key: per_chunk(chunk)}, {key: worker}) for the chunks ``keys`` of a persisted ``x``, each
-    computed by a worker holding it (host values; a replicated chunk is taken from the first worker
-    by address); None where some chunk is in no worker's memory or a worker left while it ran (the
-    caller computes the graph instead). The reduction's own errors are raised."""
+    """({key: per_chunk(chunk)}, {key: worker}) for the chunks ``keys`` (every chunk) of a persisted ``x``,
+    each computed by one worker holding it (host values), and only those workers called: where the
+    chunks were seen last (``placement.recently_seen``), else where the scheduler says they are (one
+    ``who_has``). A placement gone stale (a chunk not where it was, a worker gone) is looked up again and
+    run once more; a chunk replicated on a worker that does not answer is taken from another copy.
+    None where some chunk is in no worker's memory or a worker left (the caller computes the graph
+    instead). The reduction's own errors are raised, and ``WorkerStalled`` for a worker that does not
+    answer and holds chunks no other worker has."""
     client = placement.default_client()
-    if client is None or not dask.config.get("multireduce.placement", True) or not placement.is_persisted(x):
+    if client is None or not placement.setting("multireduce.placement") or not placement.is_persisted(x):
         return None
     if not keys:
         return {}, {}
-    wanted = set(keys)
+    holder, fresh, silent, work = placement.recently_seen(x, client), False, set(), {}
+    for _ in range(3):  # the placement seen last, then looked up, then without workers that did not answer
+        if holder is None:
+            who = placement.who_holds(x, client, avoid=silent)
+            if who is None and silent:
+                raise _stalled_holding(client, x, keys, silent, work)
+            if who is None:
+                return None
+            holder, fresh = {k: w[0] for k, w in who.items()}, True
+        work = {}
+        for k in keys:
+            work.setdefault(holder[k], []).append(k)
+        try:
+            replies = _run(client, sorted(work), values_of_held, per_chunk, work, only_where, extra)
+        except _Unanswered as error:
+            silent.update(error.workers)
+            holder = None
+            continue
+        values = {k: v for reply in (replies or {}).values() for k, v in reply.items()}
+        if replies is not None and len(values) == len(keys):
+            placement.remember(x, holder, client)  # the next result over x needs no placement lookup
+            return values, {k: holder[k] for k in keys}
+        if fresh:
+            return None
+        holder = None
+    if silent:
+        raise _stalled_holding(client, x, keys, silent, work)
+    return None
 
-    def complete(replies):
-        return wanted <= {k for reply in replies.values() for k in reply}
 
-    replies = _run(client, None, values_of_held, per_chunk, keys, only_where, extra, complete=complete)
-    if replies is None:
-        return None
-    values, holder = {}, {}
-    for worker in sorted(replies):
-        for k, v in replies[worker].items():
-            if k not in values:
-                values[k], holder[k] = v, worker
-    if len(values) != len(keys):
-        return None
-    placement.remember(x, holder, client)  # the next result over x needs no placement lookup
-    return values, holder
+def _stalled_holding(client, x, keys: list, silent: set, asked: dict) -> WorkerStalled:
+    """``WorkerStalled`` for the workers ``silent``, with how many of ``keys`` no other worker holds (where
+    some chunk is in no memory now: how many each was asked for, ``asked``)."""
+    who = placement.who_holds(x, client)
+    if who is None:
+        counts = {w: len(asked.get(w, ())) for w in silent}
+    else:
+        counts = {w: sum(1 for k in keys if w in who[k] and set(who[k]) <= silent) for w in silent}
+    counts = {w: n for w, n in counts.items() if n} or counts
+    return _stalled(counts, len(keys), x.name, placement.setting("multireduce.direct-connect-timeout"))
 
 
 def chunk_offsets(x) -> dict:
@@ -487,7 +719,11 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
             work.setdefault(holder[(x.name, *idx)], []).append(((x.name, *idx), (name, *idx), carry))
     out_keys = [(name, *idx) for _, index in lanes for idx in index]
     try:
-        kept = _run(client, list(work), scan_and_keep, plan, work, recipes)
+        kept = _run(client, sorted(work), scan_and_keep, plan, work, recipes)
+    except _Unanswered as error:  # nothing of this scan may stay behind, on these workers either
+        _drop_kept_on_live(client, list(work), out_keys, unanswered=error.workers)
+        raise _stalled({w: len(work[w]) for w in error.workers}, len(keys), x.name,
+                       placement.setting("multireduce.direct-connect-timeout")) from None
     except BaseException:  # a worker's own error: nothing of this scan may stay behind
         _drop_kept_on_live(client, list(work), out_keys)
         raise
@@ -599,7 +835,7 @@ class ScanOfHeld(_GraphOnDemand, _OfHeld):
 def is_held(x) -> bool:
     """``x`` is persisted (every chunk a future of the default distributed client) and placement is on:
     its whole reductions take ``whole_of_held`` and its scans ``scan_of_held``."""
-    return bool(x.npartitions) and dask.config.get("multireduce.placement", True) and placement.is_persisted(x) \
+    return bool(x.npartitions) and placement.setting("multireduce.placement") and placement.is_persisted(x) \
         and placement.default_client() is not None
 
 
@@ -643,7 +879,7 @@ def held_sources(x):
     """``recipes.ChunkSources`` of ``x`` where every chunk of it can be made on one worker from chunks that
     worker holds: a persisted array, or elementwise steps (arithmetic, ``map_blocks``, ``astype``,
     ``where``, constants) over persisted arrays. None otherwise (the graph serves ``x``)."""
-    if not x.npartitions or not dask.config.get("multireduce.placement", True) or placement.default_client() is None:
+    if not x.npartitions or not placement.setting("multireduce.placement") or placement.default_client() is None:
         return None
     from .recipes import ChunkSources
 
@@ -651,22 +887,19 @@ def held_sources(x):
     return sources if sources.held_only else None
 
 
-def values_of_recipes(per_chunk, recipes: dict, extra=None, dask_worker=None):
+async def values_of_recipes(per_chunk, recipes: dict, extra=None, dask_worker=None):
     """Runs on the workers named in ``recipes`` (worker -> ``recipes.Recipe``): each chunk of this worker's
     recipe made from the chunks it holds, one at a time, and ``per_chunk(chunk, *extra[key])`` of it on
-    the GPU holding it, brought to the host together. ``_Moved`` where a held chunk the recipe reads is
-    no longer here."""
+    the GPU holding it, brought to the host together (in a thread, as ``values_of_held``). ``_Moved``
+    where a held chunk the recipe reads is no longer here."""
     recipe = recipes.get(dask_worker.address)
     if recipe is None:
         return _Packed({})
     if any(k not in dask_worker.data for k in recipe.inputs):
         return _Moved()
     try:
-        extra = extra or {}
-        made = recipe.make({k: dask_worker.data[k] for k in recipe.inputs})
-        computed = [_call_where_held(chunk, per_chunk, *extra.get(key, ())) for key, chunk in zip(recipe.chunks, made)]
-        columns = _PartialColumns.of(recipe.chunks, computed)
-        return _Packed(columns if columns is not None else dict(zip(recipe.chunks, _to_host_together(computed))))
+        made = recipe.make({k: dask_worker.data[k] for k in recipe.inputs})  # runs in the thread, as consumed
+        return await asyncio.to_thread(values_here, per_chunk, recipe.chunks, made, frozenset(), extra or {})
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
 
@@ -707,7 +940,11 @@ def recipe_values(sources, per_chunk, extra=None, recipes=None):
             return None
         recipes = planned[0]
     work = recipes
-    replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra)
+    try:
+        replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra)
+    except _Unanswered as error:
+        raise _stalled({w: len(work[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
+                       placement.setting("multireduce.direct-connect-timeout")) from None
     if replies is None or any(isinstance(r, _Moved) for r in replies.values()):
         return None
     values = {k: v for reply in replies.values() for k, v in reply.items()}

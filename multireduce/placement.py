@@ -7,7 +7,8 @@ pinned: if a worker dies, Dask recomputes its chunks elsewhere and the same grap
 
 Placement is known only for arrays persisted through a ``distributed.Client`` (their graph holds
 futures); for lazy arrays the default contiguous groups apply and Dask places the tasks.
-Set ``dask.config.set({"multireduce.placement": False})`` to turn the lookup off.
+Set ``dask.config.set({"multireduce.placement": False})`` to turn the lookup off. Every multireduce
+setting is read by ``setting``, as dask reads its own from YAML files and environment variables.
 """
 
 from __future__ import annotations
@@ -54,42 +55,40 @@ def is_persisted(x) -> bool:
 
 def holders(x, client=None) -> dict[Hashable, str] | None:
     """Chunk key -> address of a worker holding it, for a persisted ``x``; None when unknown."""
-    if not dask.config.get("multireduce.placement", True) or not is_persisted(x):
+    if not setting("multireduce.placement") or not is_persisted(x):
         return None
     client = client or default_client()
     return None if client is None else _looked_up(x, client)
 
 
 def _looked_up(x, client) -> dict[Hashable, str] | None:
-    """``holders`` of a persisted ``x`` with a client, from the scheduler (one ``who_has``)."""
-    keys = chunk_keys(x)
+    """``holders`` of a persisted ``x`` with a client, from the scheduler (one ``who_has``); a chunk on
+    several workers: the first by address."""
+    who = who_holds(x, client)
+    return None if who is None else {k: w[0] for k, w in who.items()}
+
+
+def who_holds(x, client, avoid=frozenset()) -> dict[Hashable, list[str]] | None:
+    """Chunk key -> every worker holding it (sorted by address, leaving out those in ``avoid``), from the
+    scheduler (one ``who_has``); None when some chunk is in the memory of no such worker."""
     graph = x.__dask_graph__()
-    who = client.who_has([graph[k] for k in keys])  # who_has takes futures, not bare keys
-    found = {k: sorted(who.get(k) or who.get(str(k)) or ()) for k in keys}
+    return who_holds_futures({k: graph[k] for k in chunk_keys(x)}, client, avoid)
+
+
+def who_holds_futures(futures: dict, client, avoid=frozenset()) -> dict[Hashable, list[str]] | None:
+    """``who_holds`` for {key: Future} (who_has takes futures, not bare keys)."""
+    who = client.who_has(list(futures.values()))
+    found = {k: sorted(set(who.get(k) or who.get(str(k)) or ()) - set(avoid)) for k in futures}
     if any(not w for w in found.values()):
         return None  # some chunk is not in memory yet: let Dask place the work
-    return {k: w[0] for k, w in found.items()}
+    return found
 
 
 def holders_of(futures: dict, client) -> dict[Hashable, str] | None:
-    """Key -> a worker holding it, for {key: Future}; None if some is in no worker's memory."""
-    who = client.who_has(list(futures.values()))
-    found = {k: sorted(who.get(k) or who.get(str(k)) or ()) for k in futures}
-    if any(not w for w in found.values()):
-        return None
-    return {k: w[0] for k, w in found.items()}
-
-
-def config_number(name: str, default: float) -> float:
-    """The positive number set as ``dask.config`` ``name``; a ValueError naming the setting otherwise."""
-    given = dask.config.get(name, default)
-    try:
-        value = float(given) if not isinstance(given, bool) else None
-    except (TypeError, ValueError):
-        value = None
-    if value is None or not 0 < value < float("inf"):
-        raise ValueError(f"dask.config {name!r}: expected a number above 0 such as {default!r}, got {given!r}")
-    return value
+    """Key -> a worker holding it (the first by address), for {key: Future}; None if some is in no
+    worker's memory."""
+    who = who_holds_futures(futures, client)
+    return None if who is None else {k: w[0] for k, w in who.items()}
 
 
 def by_worker(holder: dict[Hashable, str], commutative: bool) -> Grouping:
@@ -127,19 +126,66 @@ _seen_lock = threading.Lock()
 _SEEN_MAX = 64
 
 
-def config_seconds(name: str, default: str, positive: bool = False) -> float:
-    """The duration set as ``dask.config`` ``name`` (a number of seconds or a string such as "250ms"), in
-    seconds; a ValueError naming the setting for anything else (negative, or not above 0 if ``positive``)."""
+# Every multireduce setting, its kind and its default. Settings arrive as Python values
+# (``dask.config.set``), YAML (real booleans and numbers, or quoted strings) or environment variables
+# (``DASK_MULTIREDUCE__PLACEMENT=false``: dask turns "false", "true", "none" and Python literals into
+# values, anything else stays a string), so strings are read as those sources would read them.
+_SETTINGS = {
+    "multireduce.placement": ("flag", True),
+    "multireduce.direct-to-workers": ("flag or None", None),
+    "multireduce.direct-connect-timeout": ("duration above 0", "2s"),
+    "multireduce.direct-check-interval": ("duration above 0", "250ms"),
+    "multireduce.placement-reuse": ("duration", "10s"),
+    "multireduce.tasks-per-thread": ("number above 0", 2),
+}
+# the words YAML 1.1 (dask's config files) reads as booleans, and what dask's environment parsing gives
+_FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def setting(name: str):
+    """The multireduce setting ``name`` read from ``dask.config``: True/False for a flag (also the strings
+    "true"/"false", "yes"/"no", "on"/"off", "1"/"0" in any case, and the integers 1/0), None too where None
+    means "decide by itself" (also "none"/"null"), seconds (a float) for a duration (a number or a string
+    such as "250ms", as ``dask.utils.parse_timedelta`` reads it). Anything else raises a ValueError naming
+    the setting, what it expects and what it was given."""
+
     from dask.utils import parse_timedelta
 
+    kind, default = _SETTINGS[name]
     given = dask.config.get(name, default)
-    try:
-        seconds = parse_timedelta(given) if given is not None and not isinstance(given, bool) else None
-    except (KeyError, ValueError, TypeError, AttributeError):  # parse_timedelta's errors for what it cannot read
-        seconds = None
-    if seconds is None or not seconds >= 0 or seconds == float("inf") or (positive and seconds == 0):
-        wanted = "a duration above 0" if positive else "a duration (0 turns it off)"
-        raise ValueError(f"dask.config {name!r}: expected {wanted} such as {default!r}, got {given!r}")
+    if kind == "number above 0":
+        try:
+            value = float(given) if not isinstance(given, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not 0 < value < math.inf:
+            raise ValueError(f"dask.config {name!r}: expected a number above 0 such as {default!r}, got {given!r}")
+        return value
+    if kind.startswith("flag"):
+        if kind == "flag or None" and (given is None or isinstance(given, str) and given.strip().lower() in
+                                       ("none", "null")):
+            return None
+        if isinstance(given, bool):
+            return given
+        if type(given) is int and given in (0, 1):
+            return bool(given)
+        if isinstance(given, str) and given.strip().lower() in _FLAG_WORDS:
+            return _FLAG_WORDS[given.strip().lower()]
+        wanted = "True or False" + (" or None" if kind == "flag or None" else "")
+        raise ValueError(f"dask.config {name!r}: expected {wanted} (or a string such as 'true', 'false', "
+                         f"'yes', 'no', '1', '0'), got {given!r}")
+    seconds = None
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
+        seconds = float(given)
+    elif isinstance(given, str) and given.strip():
+        try:
+            seconds = float(parse_timedelta(given.strip()))
+        except (KeyError, ValueError, TypeError, IndexError):  # what parse_timedelta raises for what it cannot read
+            seconds = None
+    if seconds is None or not 0 <= seconds < math.inf or (kind == "duration above 0" and seconds == 0):
+        wanted = "a duration above 0" if kind == "duration above 0" else "a duration (0 turns it off)"
+        raise ValueError(f"dask.config {name!r}: expected {wanted}, a number of seconds or a string such as "
+                         f"{default!r}, got {given!r}")
     return seconds
 
 
@@ -158,7 +204,7 @@ def remember(x, holder: dict, client=None) -> None:
 def recently_seen(x, client=None) -> dict | None:
     """``x``'s placement as recorded by ``remember`` within ``multireduce.placement-reuse`` (default
     10 s; 0: never), if it covers every chunk of ``x``; else None."""
-    reuse = config_seconds("multireduce.placement-reuse", "10s")
+    reuse = setting("multireduce.placement-reuse")
     client = client or default_client()
     if not reuse or client is None:
         return None
@@ -187,7 +233,7 @@ def _placement_token(holder: dict, commutative: bool) -> str:
 def grouping_for(x, commutative: bool, sources=None) -> Grouping | None:
     """The grouping the graph should use for ``x`` (None: the default contiguous groups), from where its
     chunks were seen last (``recently_seen``) or looked up now."""
-    if not dask.config.get("multireduce.placement", True):
+    if not setting("multireduce.placement"):
         return None
     client = default_client()
     if client is None:
@@ -218,7 +264,7 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     from .recipes import ChunkSources
 
     n = len(chunk_keys(x))
-    per_thread = config_number("multireduce.tasks-per-thread", 2)
+    per_thread = setting("multireduce.tasks-per-thread")
     tasks = max(1, math.ceil(_threads(client) * per_thread))
     sources = sources if sources is not None else ChunkSources(x)
     if not sources.ok:

@@ -106,6 +106,7 @@ class ChunkSources:
             from distributed import Future
         except ImportError:  # no distributed: nothing is held
             Future = ()
+        self.name = x.name
         self.keys = list(flatten(x.__dask_keys__()))
         graph = dict(x.__dask_graph__())
         self.futures = {k: v for k, v in graph.items() if Future and isinstance(v, Future)}

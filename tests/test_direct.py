@@ -409,13 +409,11 @@ def _failing_broadcast(*args, **kwargs):
     raise AssertionError("the scheduler's broadcast was used")
 
 
-def test_workers_are_called_without_the_scheduler_once_known(client, monkeypatch):
-    """After one run on every worker the client calls the workers itself (one round trip instead of two):
-    with the scheduler's broadcast broken, the eager sum, the held sum and the held scan still run, no task."""
+def test_workers_are_called_without_the_scheduler(client, monkeypatch):
+    """The client calls the workers holding the chunks itself (one round trip instead of two): with the
+    scheduler's broadcast broken, the eager sum, the held sum and the held scan still run, no task."""
     x = np.arange(1, 6001, dtype=np.int64)
     d = _spread(client, x, 1000, [0, 1, 2, 0, 1, 2])
-    assert mr.sum(d, compute=True) == x.sum()  # learns the workers
-    assert sorted(direct._known_workers[client]) == sorted(client.scheduler_info()["workers"])
     monkeypatch.setattr(client, "_run", _failing_broadcast)
     got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
     assert got == x.sum() and tasks == 0
@@ -429,56 +427,97 @@ def test_workers_are_called_without_the_scheduler_once_known(client, monkeypatch
 def test_direct_calls_can_be_turned_off(client, monkeypatch):
     d = _spread(client, np.arange(60.0), 10, [0, 1, 2, 0, 1, 2])
     assert mr.sum(d, compute=True) == 1770.0
-    monkeypatch.setattr(direct, "_call_each", _failing_broadcast)
+    monkeypatch.setattr(direct, "_call_one", _failing_broadcast)
     with dask.config.set({"multireduce.direct-to-workers": False}):
         assert mr.sum(d, compute=True) == 1770.0
 
 
-def test_a_worker_that_joined_since_is_asked_through_the_scheduler(client):
-    """The client's list of workers predates a worker holding chunks: the direct call misses its chunks,
-    so the run is made again through the scheduler (no graph), and the list is brought up to date."""
+def _calls_to(monkeypatch) -> list:
+    """The workers each run of ``values_of_held`` is sent to, in order."""
+    sent, real_run = [], direct._run
+
+    def recording(c, workers, fn, *args, **kwargs):
+        if fn is direct.values_of_held:
+            sent.append(sorted(workers))
+        return real_run(c, workers, fn, *args, **kwargs)
+
+    monkeypatch.setattr(direct, "_run", recording)
+    return sent
+
+
+def test_only_the_workers_holding_the_chunks_are_called(client, monkeypatch):
+    """Two of three workers hold the chunks: the third is never called; each chunk is computed once,
+    also where it has a copy on another worker."""
+    from multireduce import placement
+
+    x = np.arange(1, 6001, dtype=np.int64)
+    d = _spread(client, x, 1000, [0, 1, 0, 1, 0, 1])
+    everyone = sorted(client.scheduler_info()["workers"])
+    sent = _calls_to(monkeypatch)
+    assert mr.sum(d, compute=True) == x.sum() and mr.sum(d).compute() == x.sum()
+    assert sent == [everyone[:2], everyone[:2]]
+    client.replicate(distributed.futures_of(d), n=3)
+    sent.clear()
+    with dask.config.set({"multireduce.placement-reuse": 0}):  # where the chunks are now
+        got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
+    assert got == x.sum() and tasks == 0 and sent == [everyone[:1]]  # each chunk once, from one copy
+    assert set(placement.recently_seen(d, client).values()) == {everyone[0]}
+
+
+def test_a_placement_gone_stale_is_looked_up_and_run_again(client, monkeypatch):
+    """Where the chunks were seen last no longer holds them all (as if they had moved): the first run
+    misses chunks, the placement is looked up and the run made once more, still without the graph."""
+    from multireduce import placement
+
     x = np.arange(1.0, 61.0)
     d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2])
-    assert mr.sum(d, compute=True) == x.sum()
     everyone = sorted(client.scheduler_info()["workers"])
-    direct._known_workers[client] = everyone[:1]  # as if the other two had joined after the last run
+    placement.remember(d, {k: everyone[0] for k in placement.chunk_keys(d)}, client)
+    sent = _calls_to(monkeypatch)
     got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
     assert got == x.sum() and tasks == 0
-    assert sorted(direct._known_workers[client]) == everyone
+    assert sent == [everyone[:1], everyone]
+    assert placement.recently_seen(d, client) == placement.holders(d, client)
     assert client not in direct._direct_unreachable
 
 
-def test_a_listed_worker_that_is_gone_costs_one_fallback_not_a_timeout(client):
+def test_a_remembered_worker_that_is_gone_costs_one_lookup_not_a_timeout(client, monkeypatch):
+    from multireduce import placement
+
     x = np.arange(1.0, 61.0)
     d = _spread(client, x, 10, [0, 1, 2, 0, 1, 2])
-    assert mr.sum(d, compute=True) == x.sum()
     everyone = sorted(client.scheduler_info()["workers"])
     gone = "tcp://127.0.0.1:9" if everyone[0].startswith("tcp") else everyone[0].rsplit("/", 1)[0] + "/999999"
-    direct._known_workers[client] = [*everyone, gone]
+    keys = placement.chunk_keys(d)
+    placement.remember(d, {**placement.holders(d, client), keys[0]: gone}, client)
+    sent = _calls_to(monkeypatch)
     t0 = time.monotonic()
     got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
     assert got == x.sum() and tasks == 0 and time.monotonic() - t0 < 5
-    assert sorted(direct._known_workers[client]) == everyone
+    assert sent == [sorted([*everyone, gone]), everyone]  # the direct call given up, not sent through the scheduler
     assert client not in direct._direct_unreachable  # the address is gone, not unreachable
 
 
 def test_workers_the_client_cannot_reach_are_asked_through_the_scheduler_from_then_on(client, monkeypatch):
     """A client outside the workers' network (it reaches only the scheduler): the first direct call fails,
     the broadcast answers, and later runs go through the scheduler without trying again."""
+    from multireduce import placement
+
     d = _spread(client, np.arange(60.0), 10, [0, 1, 2, 0, 1, 2])
     assert mr.sum(d, compute=True) == 1770.0
     tries = []
 
-    async def unreachable(c, workers, fn, *args):
-        tries.append(workers)
+    async def unreachable(c, worker, *args):
+        tries.append(worker)
         raise OSError("no route to host")
 
-    monkeypatch.setattr(direct, "_call_each", unreachable)
+    monkeypatch.setattr(direct, "_call_one", unreachable)
     monkeypatch.setattr(direct, "_direct_unreachable", direct.weakref.WeakSet())
+    holding = sorted(set(placement.holders(d, client).values()))
     assert mr.sum(d, compute=True) == 1770.0
-    assert len(tries) == 1 and client in direct._direct_unreachable
+    assert sorted(tries) == holding and client in direct._direct_unreachable  # each holder tried once, at once
     assert mr.sum(d, compute=True) == 1770.0 and mr.cumsum(d).persist().compute()[-1] == 1770.0
-    assert len(tries) == 1
+    assert sorted(tries) == holding
 
 
 def _no_who_has(*args, **kwargs):
@@ -554,14 +593,3 @@ def test_bad_duration_settings_name_the_setting(client, name, value):
     with dask.config.set({name: value}), pytest.raises(ValueError, match=f"dask.config '{name}': expected"):
         mr.sum(d, compute=True)
         mr.sum(d).compute()
-
-
-def test_zero_turns_placement_reuse_off_but_is_no_timeout(client):
-    from multireduce import placement
-
-    with dask.config.set({"multireduce.placement-reuse": 0}):
-        assert placement.config_seconds("multireduce.placement-reuse", "10s") == 0
-    with dask.config.set({"multireduce.direct-connect-timeout": "0s"}), pytest.raises(ValueError, match="above 0"):
-        placement.config_seconds("multireduce.direct-connect-timeout", "2s", positive=True)
-    with dask.config.set({"multireduce.direct-check-interval": "100ms"}):
-        assert placement.config_seconds("multireduce.direct-check-interval", "250ms", positive=True) == 0.1

@@ -1,6 +1,6 @@
 """Defects a hostile review found in the direct path's calls to the workers (2026-11-26), each shown on a
 real cluster or, where a real failure cannot be arranged on one machine, with the one call that fails
-replaced. All three are fixed in ``direct._call_each`` / ``direct._run``; these tests keep them fixed."""
+replaced. All three are fixed in ``direct._call_one`` / ``direct._run``; these tests keep them fixed."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def test_a_broadcast_that_cannot_connect_falls_back_to_the_graph(client, monkeyp
     async def cannot_connect(*args, **kwargs):
         raise OSError("Timed out trying to connect to tcp://10.0.0.9:40000 after 30 s")
 
-    monkeypatch.setattr(direct, "_call_each", cannot_connect)
+    monkeypatch.setattr(direct, "_call_one", cannot_connect)
     monkeypatch.setattr(direct, "_direct_unreachable", direct.weakref.WeakSet())
     monkeypatch.setattr(client, "_run", cannot_connect)
     assert mr.sum(d, compute=True) == x.sum()

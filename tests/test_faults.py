@@ -190,8 +190,9 @@ def test_lazy_inputs_stream_on_a_memory_limited_cluster():
 
         x = da.random.default_rng(11).standard_normal(48 * 2**20, chunks=2**20)
         total, scanned = mr.sum(x), mr.cumsum(x)
-        assert set(_chunk_inputs(total, x.name, "sum-partial")) == {1}
-        assert set(_chunk_inputs(scanned, x.name, "cumsum-totals")) == {1}
+        # no task takes more than one chunk of x as an input (tasks following recipes make theirs one at a time)
+        assert set(_chunk_inputs(total, x.name, "sum-partial")) <= {0, 1}
+        assert set(_chunk_inputs(scanned, x.name, "cumsum-totals")) <= {0, 1}
         try:
             ref_total, ref_scan = client.compute([x.sum(), da.cumsum(x)[::2**16].sum()], sync=True)
         except distributed.scheduler.KilledWorker as exc:  # pragma: no cover - a machine too small
