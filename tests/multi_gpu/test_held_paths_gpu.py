@@ -1,0 +1,116 @@
+"""The notebook paths on several GPUs (a LocalCUDACluster, one worker per GPU): expressions over persisted
+CuPy chunks and reductions over some of their axes run where the chunks are with no task, lazily made
+chunks take a few tasks per worker, several results computed together read the chunks once, and every
+path gives the bits of the graph of one task per chunk. The same logic runs on CPU clusters in
+tests/test_held_paths.py and tests/test_recipes.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+dask_cuda = pytest.importorskip("dask_cuda", reason="dask-cuda is not installed")
+pytestmark = pytest.mark.multi_gpu
+
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+import distributed  # noqa: E402
+
+import multireduce as mr  # noqa: E402
+from multireduce.cluster import gpu_count, local_cluster  # noqa: E402
+
+
+def _make_block(seed, block_info=None):
+    import cupy
+
+    loc = block_info[None]["chunk-location"]
+    shape = block_info[None]["chunk-shape"]
+    flat = int(np.ravel_multi_index(loc, block_info[None]["num-chunks"]))
+    return cupy.random.default_rng(seed + flat).random(shape, dtype=cupy.float32) - 0.5
+
+
+def _gpu_array(shape, chunks, seed):
+    return da.map_blocks(_make_block, seed, chunks=da.core.normalize_chunks(chunks, shape), dtype=np.float32,
+                         meta=cupy.empty((0,) * len(shape), dtype=np.float32))
+
+
+@pytest.fixture(scope="module")
+def client():
+    if gpu_count() < 2:
+        pytest.skip(f"needs 2 or more GPUs; {gpu_count()} visible")
+    with local_cluster(n_workers=min(gpu_count(), 4), gpu=True) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def _graph(fn, x):
+    with dask.config.set({"multireduce.placement": False}):
+        return fn(x).compute()
+
+
+def _tasks(client, fn):
+    with distributed.get_task_stream(client) as stream:
+        value = fn()
+    return value, len(stream.data)
+
+
+def _same(a, b):
+    a, b = cupy.asnumpy(cupy.asarray(a)), cupy.asnumpy(cupy.asarray(b))
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+
+
+EXPRESSIONS = {
+    "sum": lambda v: mr.sum(v * 2), "var": lambda v: mr.var(v + 1), "argmax": lambda v: mr.argmax(abs(v)),
+    "exact": lambda v: mr.sum(v * 3, exact=True), "mean_axis0": lambda v: mr.mean(v, axis=0),
+    "sum_axis1": lambda v: mr.sum(v * 2, axis=1), "max_axis0": lambda v: mr.max(v - 1, axis=0, keepdims=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPRESSIONS))
+def test_expressions_and_axes_of_held_chunks_run_where_they_are(client, name):
+    fn = EXPRESSIONS[name]
+    x = client.persist(_gpu_array((40_000, 96), (2_500, 96), seed=7))
+    distributed.wait(x)
+    value, tasks = _tasks(client, lambda: fn(x).compute())
+    assert tasks == 0  # one call to the workers holding the chunks
+    assert _same(value, _graph(fn, x))
+    assert _same(client.compute(fn(x)).result(), value)  # the graph over held chunks: same bits
+
+
+def test_axis_mean_against_numpy(client):
+    x = client.persist(_gpu_array((4_000, 7, 9), (250, 7, 9), seed=3))
+    distributed.wait(x)
+    got = cupy.asnumpy(mr.mean(x, axis=0).compute())
+    host = cupy.asnumpy(x.compute()).astype(np.float64)
+    np.testing.assert_allclose(got, host.mean(axis=0), rtol=1e-4, atol=1e-6)
+
+
+def test_held_expression_scan_keeps_outputs_on_their_gpu(client):
+    x = client.persist(_gpu_array((2**22,), (2**18,), seed=5))
+    distributed.wait(x)
+    out, tasks = _tasks(client, lambda: mr.cumsum(x * 2).persist())
+    assert tasks == 0
+    assert _same(out.compute(), _graph(lambda v: mr.cumsum(v * 2), x))
+
+
+@pytest.mark.parametrize("what", ["sum", "cumsum", "var"])
+def test_lazy_chunks_take_a_few_tasks_per_worker(client, what):
+    lazy = _gpu_array((2**23,), (2**17,), seed=9)  # 64 chunks made in the graph
+    fn = {"sum": mr.sum, "cumsum": mr.cumsum, "var": mr.var}[what]
+    value, tasks = _tasks(client, lambda: fn(lazy).compute())
+    workers = len(client.scheduler_info()["workers"])
+    if what != "cumsum":
+        assert tasks <= 2 * workers + 1  # two tasks per worker thread and the aggregate
+    assert _same(value, _graph(fn, lazy))
+    if what == "sum":
+        host = cupy.asnumpy(lazy.compute()).astype(np.float64)
+        assert abs(float(value) - host.sum()) <= 1e-5 * np.abs(host).sum()
+
+
+def test_several_results_read_the_chunks_once(client):
+    x = client.persist(_gpu_array((2**22,), (2**18,), seed=11))
+    distributed.wait(x)
+    fns = (mr.sum, mr.max, mr.var, lambda v: mr.sum(v, exact=True))
+    together = dask.compute(*(fn(x * 2) for fn in fns))
+    for got, fn in zip(together, fns):
+        assert _same(got, _graph(fn, x * 2))
