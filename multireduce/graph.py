@@ -131,7 +131,8 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     else:
         dependencies = [x] if per_chunk is None else [per_chunk]
     graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
-    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=dtype)
+    # a FusedPlan's result (a tuple of results) is a host object: CuPy has no object dtype
+    meta = meta_from_array(x._meta if np.dtype(dtype) != object else np.empty(0), ndim=len(chunks), dtype=dtype)
     one_block = len(chunks) <= 1 and all(len(c) == 1 for c in chunks)
     if one_block and whole is not None:  # read by ``_fuse_whole_reductions`` when several are computed together
         graph.layers[name].multireduce_whole = _WholeSource(x, plan, split_every, groups, (name, *(0,) * len(chunks)),

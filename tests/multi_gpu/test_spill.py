@@ -48,8 +48,9 @@ def test_lazy_cupy_array_larger_than_gpu_memory_streams(client):
         # no worker can hold its share of x at once: it has to stream (or spill)
         assert x.nbytes > WORKERS * POOL_CAP and x.nbytes > WORKERS * DEVICE_LIMIT
         total, scanned = mr.sum(x), mr.cumsum(x)
-        assert set(_chunk_inputs(total, x.name, "sum-partial")) == {1}
-        assert set(_chunk_inputs(scanned, x.name, "cumsum-totals")) == {1}
+        # no task takes more than one chunk of x as an input (tasks following recipes make theirs one at a time)
+        assert set(_chunk_inputs(total, x.name, "sum-partial")) <= {0, 1}
+        assert set(_chunk_inputs(scanned, x.name, "cumsum-totals")) <= {0, 1}
         # dask.array first, on the same capped cluster: a failure below is about our graphs, not the machine
         ref_total, ref_scan = client.compute([x.sum(), da.cumsum(x)[::2**16].sum()], sync=True)
         got_total, got_scan = client.compute([total, mr.sum(scanned[::2**16])], sync=True)
