@@ -84,8 +84,8 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from . import placement
 from .backends import on_device_of
 from .core import ScanPlan
-from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fold_in_order, reduction, scan,
-                    stage_token)
+from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, fold_in_order, reduction,
+                    scan, stage_token)
 
 
 class _Failed:
@@ -151,13 +151,22 @@ async def values_of_held(per_chunk, work: dict, only_where=frozenset(), extra=No
         return _Failed(error, dask_worker.address)
 
 
-def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), extra=None) -> _Packed:
-    """``values_of_held``'s work on the chunks ``blocks`` (named ``keys``) of this worker."""
+def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), extra=None, folds=None) -> _Packed:
+    """``values_of_held``'s work on the chunks ``blocks`` (named ``keys``) of this worker. ``folds`` (a
+    combine function and groups of keys): each group's host values combined here, in order, and sent as
+    one value under its first key; the client would combine exactly those values in that order (the
+    first level of ``fold_in_order``), so the bits are the same and less crosses the network."""
     extra = extra or {}
     computed = [None if k in only_where else _call_where_held(b, per_chunk, *extra.get(k, ()))
                 for k, b in zip(keys, blocks)]
     columns = _PartialColumns.of(keys, computed)  # the common case: no per-chunk work on the host
-    return _Packed(columns if columns is not None else dict(zip(keys, _to_host_together(computed))))
+    if not folds or not folds[1]:
+        return _Packed(columns if columns is not None else dict(zip(keys, _to_host_together(computed))))
+    values = columns.expand() if columns is not None else dict(zip(keys, _to_host_together(computed)))
+    combine, groups = folds
+    for group in groups:
+        values[group[0]] = combine(*(values.pop(k) for k in group))
+    return _Packed(values)
 
 
 class _Packed:
@@ -887,11 +896,12 @@ def held_sources(x):
     return sources if sources.held_only else None
 
 
-async def values_of_recipes(per_chunk, recipes: dict, extra=None, dask_worker=None):
+async def values_of_recipes(per_chunk, recipes: dict, extra=None, folds=None, dask_worker=None):
     """Runs on the workers named in ``recipes`` (worker -> ``recipes.Recipe``): each chunk of this worker's
     recipe made from the chunks it holds, one at a time, and ``per_chunk(chunk, *extra[key])`` of it on
     the GPU holding it, brought to the host together (in a thread, as ``values_of_held``). ``_Moved``
-    where a held chunk the recipe reads is no longer here."""
+    where a held chunk the recipe reads is no longer here. ``folds``: (combine, {worker: groups of keys})
+    combined here (``values_here``)."""
     recipe = recipes.get(dask_worker.address)
     if recipe is None:
         return _Packed({})
@@ -899,7 +909,8 @@ async def values_of_recipes(per_chunk, recipes: dict, extra=None, dask_worker=No
         return _Moved()
     try:
         made = recipe.make({k: dask_worker.data[k] for k in recipe.inputs})  # runs in the thread, as consumed
-        return await asyncio.to_thread(values_here, per_chunk, recipe.chunks, made, frozenset(), extra or {})
+        mine = (folds[0], folds[1].get(dask_worker.address, ())) if folds else None
+        return await asyncio.to_thread(values_here, per_chunk, recipe.chunks, made, frozenset(), extra or {}, mine)
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
 
@@ -929,26 +940,40 @@ def _recipes_by_worker(sources, client):
     return work, where
 
 
-def recipe_values(sources, per_chunk, extra=None, recipes=None):
+def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None):
     """{chunk key: per_chunk(chunk)} for every chunk of ``sources`` (host values), each made and computed
     by the worker holding what it is made from (``recipes``, else ``_recipes_by_worker``), in one call;
-    None where the graph must run instead."""
+    None where the graph must run instead. ``fold_groups`` (a combine function and groups of keys): a
+    group whose chunks one worker makes comes back combined there, under its first key, its other keys
+    absent."""
     client = placement.default_client()
     if recipes is None:
         planned = _recipes_by_worker(sources, client)
         if planned is None:
             return None
-        recipes = planned[0]
+        recipes, where = planned
+    else:
+        where = {k: w for w, recipe in recipes.items() for k in recipe.chunks}
+    folds = None
+    if fold_groups is not None:
+        combine, groups = fold_groups
+        local: dict = {}
+        for group in groups:
+            workers = {where[k] for k in group}
+            if len(group) > 1 and len(workers) == 1:
+                local.setdefault(workers.pop(), []).append(list(group))
+        folds = (combine, local) if local else None
     work = recipes
     try:
-        replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra)
+        replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra, folds)
     except _Unanswered as error:
         raise _stalled({w: len(work[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
                        placement.setting("multireduce.direct-connect-timeout")) from None
     if replies is None or any(isinstance(r, _Moved) for r in replies.values()):
         return None
     values = {k: v for reply in replies.values() for k, v in reply.items()}
-    return values if len(values) == len(sources.keys) else None
+    folded = sum(len(g) - 1 for groups in (folds[1].values() if folds else ()) for g in groups)
+    return values if len(values) + folded == len(sources.keys) else None
 
 
 def reduce_held(x, plan, split_every: int, located=None, sources=None):
@@ -963,19 +988,27 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
         sources = held_sources(x)
         if sources is None:
             return None
-    if located is None:
-        values = recipe_values(sources, plan.partial)
-    else:
-        values = recipe_values(sources, functools.partial(_partial_of_located, plan, located), chunk_offsets(x))
+    lanes = [(kept, [(x.name, *i) for i in index]) for kept, index in _lanes(x, plan.axes)]
+    # the first level of each lane's tree: a group of chunks one worker makes is combined there
+    groups = [g for _, keys in lanes for g in first_level(split_every, keys)]
+    per_chunk = plan.partial if located is None else functools.partial(_partial_of_located, plan, located)
+    values = recipe_values(sources, per_chunk, chunk_offsets(x) if located is not None else None,
+                           fold_groups=(plan.combine, groups))
     if values is None:
         return None
     on_device = type(x._meta).__module__.startswith("cupy")
-    if whole:
-        return fold_in_order(plan, split_every, [values[k] for k in sources.keys])
     blocks = {}
-    for kept_index, index in _lanes(x, plan.axes):
-        value = fold_in_order(plan, split_every, [values[(x.name, *i)] for i in index])
-        blocks[tuple(index[0]) if plan.keepdims else tuple(kept_index)] = _device(on_device, value)
+    for kept, keys in lanes:
+        level = first_level(split_every, keys)
+        if level:  # each group combined where its chunks were, or here: the same combine in the same order
+            parts = [values[g[0]] if all(k not in values for k in g[1:]) else plan.combine(*(values[k] for k in g))
+                     for g in level]
+        else:
+            parts = [values[k] for k in keys]
+        value = fold_in_order(plan, split_every, parts)
+        if whole:
+            return value
+        blocks[tuple(keys[0][1:]) if plan.keepdims else tuple(kept)] = _device(on_device, value)
     return _laid_out(blocks)
 
 

@@ -504,6 +504,14 @@ def _block_partial(block, plan):
     return _host_partial(plan, block)
 
 
+def first_level(split_every: int, items: list) -> list[list]:
+    """The groups ``fold_in_order`` combines first (contiguous runs of ``split_every``), or [] where it
+    combines nothing before the aggregate (``split_every`` items or fewer)."""
+    if len(items) <= split_every:
+        return []
+    return [list(items[j : j + split_every]) for j in range(0, len(items), split_every)]
+
+
 def fold_in_order(plan, split_every: int, partials):
     """Per-chunk partials, in chunk order, through the tree the lazy graph builds (contiguous combines of
     ``split_every`` while more remain, then the aggregate): one shape for a given chunk count, so the

@@ -42,6 +42,9 @@ AXES = {
     "max0k": lambda v: mr.max(v, axis=0, keepdims=True), "var0": lambda v: mr.var(v, axis=0),
     "nanmean0": lambda v: mr.nanmean(v, axis=0), "exact0": lambda v: mr.sum(v, axis=0, exact=True),
     "prod2": lambda v: mr.prod(v / 4 + 1, axis=2), "count1": lambda v: mr.count_nonzero(v > 0, axis=1),
+    # trees of several levels: groups of chunks one worker holds are combined there
+    "mean0_fan3": lambda v: mr.mean(v, axis=0, split_every=3), "var0_fan2": lambda v: mr.var(v, axis=0, split_every=2),
+    "sum_fan2": lambda v: mr.sum(v * 2, split_every=2), "exact_fan2": lambda v: mr.sum(v, axis=0, exact=True, split_every=2),
 }
 
 
@@ -95,6 +98,19 @@ def test_scans_of_held_expressions_keep_outputs_where_inputs_are(cpu_client, fie
     out, stream = _no_tasks(cpu_client, lambda: fn(x).persist())
     assert stream == []
     assert np.array_equal(out.compute(), _graph(fn, x), equal_nan=True)
+
+
+def test_groups_combined_where_their_chunks_are(cpu_client):
+    """Contiguous runs on one worker: most first-level groups are combined on their worker; the bits are
+    the graph's whatever the spread."""
+    a = np.random.default_rng(5).standard_normal(24 * 50 * 6).reshape(24 * 50, 6)
+    for owners in ([0] * 8 + [1] * 8 + [2] * 8, [0, 1, 2] * 8, [0] * 5 + [1] * 14 + [2] * 5):
+        flat, _ = persist_spread(cpu_client, a.ravel(), 300, owners)
+        x = flat.reshape(24 * 50, 6)
+        for fn in (lambda v: mr.mean(v, axis=0, split_every=4), lambda v: mr.sum(v * 3, split_every=3)):
+            value, stream = _no_tasks(cpu_client, lambda: fn(x).compute())
+            assert np.array_equal(value, _graph(fn, x))
+        np.testing.assert_allclose(mr.mean(x, axis=0, split_every=4).compute(), a.mean(axis=0), rtol=1e-12)
 
 
 def test_chunks_read_from_several_workers_take_the_graph(cpu_client):
