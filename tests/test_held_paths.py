@@ -122,3 +122,15 @@ def test_chunks_read_from_several_workers_take_the_graph(cpu_client):
     assert stream  # the graph ran: Dask moves one side of each product
     assert value == _graph(mr.sum, x * y)
     assert value == pytest.approx(float((a * b).sum()), rel=1e-12)
+
+
+def test_large_partials_over_some_axes_take_the_graph(cpu_client, field, monkeypatch):
+    """Partials of a lane's chunks that would cross to the client in bulk meet on a worker instead."""
+    from multireduce import direct
+
+    a, x = field
+    fn = AXES["mean0"]
+    monkeypatch.setattr(direct, "DIRECT_PARTIAL_BYTES", 64)
+    value, stream = _no_tasks(cpu_client, lambda: fn(x).compute())
+    assert stream  # the graph ran
+    assert np.array_equal(value, _graph(fn, x), equal_nan=True)
