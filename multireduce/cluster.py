@@ -14,7 +14,15 @@ import importlib.util
 
 
 def gpu_count() -> int:
-    """CUDA devices visible to this process (0 without CuPy or a driver)."""
+    """CUDA devices visible to this process (0 without CuPy or a driver).
+
+    Examples
+    --------
+    >>> from multireduce.cluster import gpu_count
+    >>> n = gpu_count()  # 0 on a machine without a GPU or without CuPy
+    >>> isinstance(n, int) and n >= 0
+    True
+    """
     if importlib.util.find_spec("cupy") is None:
         return 0
     try:
@@ -56,7 +64,20 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, **kwarg
     names another address (``processes=False`` without either: Dask's in-process transport, and the workers'
     HTTP endpoints on loopback); one that is not loopback ("", "0.0.0.0" and "::" included) needs
     ``security=distributed.Security(...)`` with TLS, checked before anything starts. Extra keyword arguments
-    go to the cluster class."""
+    go to the cluster class.
+
+    Worker processes import the script that starts the cluster again: start it under
+    ``if __name__ == "__main__":`` (README, "Several GPUs, several nodes").
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, distributed, multireduce as mr
+    >>> from multireduce.cluster import local_cluster
+    >>> with local_cluster(n_workers=2, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
+    ...     x = client.persist(da.from_array(np.arange(10.0), chunks=5))  # a chunk on each worker
+    ...     print(type(cluster).__name__, len(client.scheduler_info()["workers"]), mr.sum(x, compute=True))
+    LocalCluster 2 45.0
+    """
     _check_exposure(kwargs)
     kwargs.setdefault("scheduler_port", 0)
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
