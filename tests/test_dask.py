@@ -33,7 +33,8 @@ CHUNKINGS = [
 ]
 
 
-@pytest.mark.parametrize("split_every", [2, 4, 1000])
+# fan-in 2: the deepest tree, uneven groups at every level; 1000: one level
+@pytest.mark.parametrize("split_every", [2, 1000])
 @pytest.mark.parametrize("shape,chunks", CHUNKINGS, ids=str)
 @pytest.mark.parametrize("opname", ["sum", "prod", "min", "max", "mean"])
 @pytest.mark.parametrize("dtype", [np.int32, np.float32, np.uint8, np.bool_], ids=lambda d: np.dtype(d).name)

@@ -32,11 +32,9 @@ def sh(*args, timeout=120, check=True):
     return proc
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("certs")
-    sh("bash", DEPLOY / "make-certs.sh", d)
-    return d
+@pytest.fixture
+def certs(tls_certs):
+    return tls_certs
 
 
 def _config(tmp_path, certs, **scheduler):

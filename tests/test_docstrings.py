@@ -101,11 +101,14 @@ EXAMPLES = _examples()
 
 @pytest.fixture
 def restore_operators():
-    """An example that registers an operator or a check leaves the registry as it found it."""
+    """Examples run as in a new session, with the built-in operators only (other tests may have left theirs),
+    and an example that registers an operator or a check leaves the registry as it found it."""
     import importlib
 
     operators = importlib.import_module("multireduce.operators")
     registry, checks = dict(operators._REGISTRY), list(operators._CHECKS)
+    operators._REGISTRY.clear()
+    operators._REGISTRY.update(operators._BUILTINS)
     yield
     operators._REGISTRY.clear()
     operators._REGISTRY.update(registry)
