@@ -365,14 +365,237 @@ _PARAMETERS = {
 }
 
 
-def document(fn, params: tuple[str, ...], returns: str, summary: str | None = None):
+# Examples, one per function (multireduce.statistics' too), run by tests/test_docstrings.py: small NumPy and
+# Dask arrays, scalars printed so that the text reads the same under every NumPy version
+_IMPORT = ">>> import numpy as np, dask.array as da, multireduce as mr\n"
+_EXAMPLES = {name: _IMPORT + text.lstrip("\n") for name, text in {
+    "sum": """
+>>> x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int8)
+>>> print(mr.sum(x), mr.sum(x).dtype)  # small integers sum into int64, as in NumPy
+21 int64
+>>> mr.sum(x, axis=0)
+array([5, 7, 9])
+>>> d = da.from_array(np.arange(10.0), chunks=3)
+>>> mr.sum(d)  # lazy, like dask.array.sum
+dask.array<sum-aggregate, shape=(), dtype=float64, chunksize=(), chunktype=numpy.ndarray>
+>>> print(mr.sum(d).compute(), mr.sum(d, compute=True))
+45.0 45.0
+>>> y = np.array([0.1, 0.2, 0.3])
+>>> print(mr.sum(y), mr.sum(y, exact=True))  # exact: the correctly rounded sum, for any chunking
+0.6000000000000001 0.6""",
+    "prod": """
+>>> x = np.array([1, 2, 3, 4], dtype=np.int16)
+>>> print(mr.prod(x), mr.prod(x).dtype)
+24 int64
+>>> mr.prod(np.array([[1.0, 2.0], [3.0, 4.0]]), axis=1)
+array([ 2., 12.])
+>>> print(mr.prod(da.from_array(np.arange(1, 7), chunks=4)).compute())
+720""",
+    "min": """
+>>> x = np.array([[3, 1, 4], [1, 5, 9]])
+>>> print(mr.min(x))
+1
+>>> mr.min(x, axis=1)
+array([1, 1])
+>>> print(mr.min(np.array([2.0, np.nan, 1.0])))  # NaN propagates, as in NumPy
+nan
+>>> mr.min(da.from_array(x, chunks=(1, 2)), axis=0).compute()
+array([1, 1, 4])""",
+    "max": """
+>>> x = np.array([[3, 1, 4], [1, 5, 9]])
+>>> print(mr.max(x))
+9
+>>> mr.max(x, axis=0, keepdims=True)
+array([[3, 5, 9]])
+>>> mr.max(da.from_array(x, chunks=(1, 2)), axis=1).compute()
+array([4, 9])""",
+    "mean": """
+>>> x = np.array([[1, 2], [3, 4]], dtype=np.int32)
+>>> print(mr.mean(x))  # integers are averaged in float64
+2.5
+>>> mr.mean(x, axis=0)
+array([2., 3.])
+>>> print(mr.mean(da.from_array(np.arange(12.0), chunks=5)).compute())
+5.5""",
+    "reduce": """
+>>> x = np.array([3, 1, 4, 1, 5])
+>>> print(mr.reduce(x, "max"), mr.reduce(x, "sum"))
+5 14
+>>> op = mr.register_operator("bitxor_example", identity=0, cpu=np.bitwise_xor, cuda="a ^ b",
+...                           commutative=True, kinds="biu")
+>>> print(mr.reduce(np.array([1, 2, 4, 8, 3], dtype=np.uint32), "bitxor_example"))
+12
+>>> mr.unregister_operator("bitxor_example")""",
+    "cumsum": """
+>>> mr.cumsum(np.array([1, 2, 3, 4], dtype=np.int8))  # int8 accumulates in int64, as in NumPy
+array([ 1,  3,  6, 10])
+>>> mr.cumsum(np.array([[1, 2], [3, 4]]), axis=0)
+array([[1, 2],
+       [4, 6]])
+>>> d = da.from_array(np.arange(1.0, 7.0), chunks=2)
+>>> mr.cumsum(d).compute()  # each chunk starts from the carry of the chunks before it
+array([ 1.,  3.,  6., 10., 15., 21.])""",
+    "cumprod": """
+>>> mr.cumprod(np.array([1, 2, 3, 4]))
+array([ 1,  2,  6, 24])
+>>> mr.cumprod(da.from_array(np.array([1.0, 2.0, 0.5, 4.0]), chunks=2)).compute()
+array([1., 2., 1., 4.])""",
+    "scan": """
+>>> x = np.array([3, 1, 4, 1, 5])
+>>> mr.scan(x, "max")
+array([3, 3, 4, 4, 5])
+>>> mr.scan(x, "sum", inclusive=False)  # exclusive: starts from the identity
+array([0, 3, 4, 8, 9])
+>>> mr.scan(da.from_array(x, chunks=2), "min").compute()
+array([3, 1, 1, 1, 1])""",
+    "argmax": """
+>>> x = np.array([[1, 9, 3], [9, 2, 7]])
+>>> print(mr.argmax(x))  # the flat index of the first largest element
+1
+>>> mr.argmax(x, axis=0)
+array([1, 0, 1])
+>>> print(mr.argmax(da.from_array(x.ravel(), chunks=4)).compute())  # the index across chunks
+1""",
+    "argmin": """
+>>> x = np.array([[4, 1, 3], [1, 2, 0]])
+>>> print(mr.argmin(x))
+5
+>>> mr.argmin(x, axis=1)
+array([1, 2])
+>>> print(mr.argmin(da.from_array(x.ravel(), chunks=4)).compute())
+5""",
+    "nanargmax": """
+>>> x = np.array([1.0, np.nan, 3.0, 2.0])
+>>> print(mr.nanargmax(x), mr.argmax(x))  # argmax: the first NaN wins
+2 1
+>>> print(mr.nanargmax(da.from_array(x, chunks=2)).compute())
+2""",
+    "nanargmin": """
+>>> x = np.array([4.0, np.nan, 3.0, 2.0])
+>>> print(mr.nanargmin(x), mr.argmin(x))
+3 1
+>>> print(mr.nanargmin(da.from_array(x, chunks=2)).compute())
+3""",
+    "var": """
+>>> x = np.array([1.0, 2.0, 3.0, 4.0])
+>>> print(mr.var(x), mr.var(x, ddof=1))
+1.25 1.6666666666666667
+>>> mr.var(np.array([[1, 2], [3, 5]]), axis=0)  # integers give float64
+array([1. , 2.25])
+>>> print(mr.var(da.from_array(x, chunks=3)).compute())  # one pass over the chunks
+1.25""",
+    "std": """
+>>> x = np.array([1.0, 2.0, 3.0, 4.0])
+>>> print(mr.std(x))
+1.118033988749895
+>>> print(mr.std(da.from_array(x, chunks=3), ddof=1).compute())
+1.2909944487358056""",
+    "nanvar": """
+>>> x = np.array([1.0, np.nan, 3.0])
+>>> print(mr.nanvar(x), mr.var(x))
+1.0 nan
+>>> print(mr.nanvar(da.from_array(x, chunks=2)).compute())
+1.0""",
+    "nanstd": """
+>>> x = np.array([1.0, np.nan, 5.0])
+>>> print(mr.nanstd(x))
+2.0
+>>> mr.nanstd(np.array([[1.0, np.nan], [3.0, 4.0]]), axis=0)
+array([1., 0.])""",
+    "nanmean": """
+>>> x = np.array([1.0, np.nan, 3.0])
+>>> print(mr.nanmean(x), mr.mean(x))
+2.0 nan
+>>> print(mr.nanmean(da.from_array(x, chunks=2)).compute())
+2.0""",
+    "nanmin": """
+>>> x = np.array([[2.0, np.nan], [1.0, 4.0]])
+>>> print(mr.nanmin(x))
+1.0
+>>> mr.nanmin(x, axis=0)
+array([1., 4.])""",
+    "nanmax": """
+>>> x = np.array([[2.0, np.nan], [1.0, 4.0]])
+>>> print(mr.nanmax(x))
+4.0
+>>> mr.nanmax(da.from_array(x, chunks=1), axis=1).compute()
+array([2., 4.])""",
+    "nansum": """
+>>> x = np.array([1.0, np.nan, 2.5])
+>>> print(mr.nansum(x), mr.sum(x))
+3.5 nan
+>>> print(mr.nansum(da.from_array(x, chunks=2)).compute())
+3.5""",
+    "nanprod": """
+>>> x = np.array([2.0, np.nan, 2.5])
+>>> print(mr.nanprod(x))
+5.0
+>>> mr.nanprod(np.array([[np.nan, 3.0], [2.0, 4.0]]), axis=0)
+array([ 2., 12.])""",
+    "nancumsum": """
+>>> x = np.array([1.0, np.nan, 2.5])
+>>> mr.nancumsum(x)
+array([1. , 1. , 3.5])
+>>> mr.nancumsum(da.from_array(x, chunks=2)).compute()
+array([1. , 1. , 3.5])""",
+    "nancumprod": """
+>>> x = np.array([2.0, np.nan, 2.5])
+>>> mr.nancumprod(x)
+array([2., 2., 5.])
+>>> mr.nancumprod(da.from_array(x, chunks=2)).compute()
+array([2., 2., 5.])""",
+    "any": """
+>>> x = np.array([[0, 0], [0, 3]])
+>>> print(mr.any(x))
+True
+>>> mr.any(x, axis=0)
+array([False,  True])
+>>> print(mr.any(np.array([0.0, np.nan])))  # NaN is not zero
+True""",
+    "all": """
+>>> x = np.array([[1, 2], [0, 3]])
+>>> print(mr.all(x))
+False
+>>> mr.all(x, axis=1)
+array([ True, False])
+>>> print(mr.all(da.from_array(x, chunks=1)[0]).compute())
+True""",
+    "count_nonzero": """
+>>> x = np.array([[0, 1, 2], [3, 0, 0]])
+>>> print(mr.count_nonzero(x))
+3
+>>> mr.count_nonzero(x, axis=0)
+array([1, 1, 1])
+>>> print(mr.count_nonzero(da.from_array(x, chunks=1)).compute())
+3""",
+    "segment_reduce": """
+>>> x = np.arange(1, 9)  # 1 .. 8
+>>> mr.segment_reduce(x, [0, 3, 3, 5])  # [1 2 3], [], [4 5], [6 7 8]: an empty segment gives 0
+array([ 6,  0,  9, 21])
+>>> mr.segment_reduce(x, [0, 3, 5], op="max")
+array([3, 5, 8])
+>>> mr.segment_reduce(da.from_array(x, chunks=3), [0, 2, 5]).compute()  # segments across chunks
+array([ 3, 12, 21])""",
+    "segment_scan": """
+>>> x = np.arange(1, 9)
+>>> mr.segment_scan(x, [0, 3, 5])  # restarts at 3 and at 5
+array([ 1,  3,  6,  4,  9,  6, 13, 21])
+>>> mr.segment_scan(da.from_array(x, chunks=3), [0, 3, 5], op="max").compute()
+array([1, 2, 3, 4, 5, 6, 7, 8])""",
+}.items()}
+
+
+def document(fn, params: tuple[str, ...], returns: str, summary: str | None = None, examples: str | None = None):
     """Give ``fn`` a NumPy-style docstring: ``summary`` (default: ``fn``'s own docstring), then the shared
-    texts of ``params`` and ``returns``. Returns ``fn``."""
+    texts of ``params`` and ``returns``, then ``examples`` (default: ``_EXAMPLES`` under ``fn``'s name, if
+    any). Returns ``fn``."""
     import inspect
 
     summary = inspect.cleandoc(fn.__doc__ or "") if summary is None else summary
     body = "\n".join(_PARAMETERS[p] for p in params)
-    fn.__doc__ = f"{summary}\n\nParameters\n----------\n{body}\n\nReturns\n-------\n{returns}\n"
+    examples = _EXAMPLES.get(fn.__name__) if examples is None else examples
+    tail = f"\nExamples\n--------\n{examples.strip()}\n" if examples else ""
+    fn.__doc__ = f"{summary}\n\nParameters\n----------\n{body}\n\nReturns\n-------\n{returns}\n{tail}"
     return fn
 
 

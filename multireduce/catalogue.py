@@ -69,6 +69,18 @@ def algorithms(family: str | None = None) -> list[str]:
     -------
     names : list of str
         "auto" first, then the catalogue's kernels in ladder order.
+
+    Examples
+    --------
+    >>> import numpy as np, multireduce as mr
+    >>> mr.algorithms("scan")
+    ['auto', 'hillis_steele', 'blelloch', 'decoupled_lookback']
+    >>> mr.algorithms("reduce")[:4]
+    ['auto', 'neighbored', 'neighbored_compact', 'interleaved']
+    >>> mr.sum(np.arange(5), algorithm="warp_shuffle")
+    Traceback (most recent call last):
+    ...
+    ValueError: multireduce.sum: argument 'algorithm' is 'warp_shuffle', a GPU kernel, but 'x' holds NumPy data; ...
     """
     if family not in (None, "reduce", "scan"):
         raise ValueError(f"algorithms: argument 'family' must be 'reduce', 'scan' or None; got {family!r}")

@@ -32,7 +32,15 @@ _RMM_OPTIONS = ("rmm_pool_size", "rmm_async", "rmm_managed_memory")
 
 
 def gpu_count() -> int:
-    """CUDA devices visible to this process (0 without CuPy or a driver)."""
+    """CUDA devices visible to this process (0 without CuPy or a driver).
+
+    Examples
+    --------
+    >>> from multireduce.cluster import gpu_count
+    >>> n = gpu_count()  # 0 on a machine without a GPU or without CuPy
+    >>> isinstance(n, int) and n >= 0
+    True
+    """
     if importlib.util.find_spec("cupy") is None:
         return 0
     try:
@@ -142,7 +150,20 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_
     allocator. None (the default) for all three: ``DEFAULT_RMM`` decides (CuPy's own pool unless it is
     set). They need the ``rmm`` package (``rmm-cu13`` or ``rmm-cu12``) and GPU workers: on a CPU cluster
     they are refused, not ignored, so a script that asked for RMM never runs without it unnoticed. Every
-    argument is checked before anything starts."""
+    argument is checked before anything starts.
+
+    Worker processes import the script that starts the cluster again: start it under
+    ``if __name__ == "__main__":`` (README, "Several GPUs, several nodes").
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, distributed, multireduce as mr
+    >>> from multireduce.cluster import local_cluster
+    >>> with local_cluster(n_workers=2, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
+    ...     x = client.persist(da.from_array(np.arange(10.0), chunks=5))  # a chunk on each worker
+    ...     print(type(cluster).__name__, len(client.scheduler_info()["workers"]), mr.sum(x, compute=True))
+    LocalCluster 2 45.0
+    """
     rmm = _check_rmm({"rmm_pool_size": rmm_pool_size, "rmm_async": rmm_async,
                       "rmm_managed_memory": rmm_managed_memory}, "local_cluster")
     rmm_given = [*rmm, *(k for k in kwargs if k.startswith("rmm_"))]  # DEFAULT_RMM then stays out

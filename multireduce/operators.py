@@ -30,6 +30,16 @@ class Operator:
 
     ``family`` selects NumPy's dtype rules: "sum" (sum, prod: small integers promote),
     "order" (min, max: result keeps the input dtype, empty input is an error), "user".
+
+    Examples
+    --------
+    >>> import numpy as np, multireduce as mr
+    >>> from multireduce.operators import get_operator
+    >>> op = get_operator("min")
+    >>> op.name, op.family, op.commutative
+    ('min', 'order', True)
+    >>> print(op.identity(np.dtype(np.int8)))
+    127
     """
 
     name: str
@@ -178,7 +188,21 @@ _CHECKS: list[Callable[[Operator], None]] = []
 
 def on_register(check: Callable[[Operator], None]) -> None:
     """Run ``check(op)`` on every new operator before it is registered; it raises to refuse the operator.
-    Layers above (the GPU) add checks here, so this module needs none of them."""
+    Layers above (the GPU) add checks here, so this module needs none of them.
+
+    Examples
+    --------
+    >>> import numpy as np, multireduce as mr
+    >>> from multireduce.operators import on_register
+    >>> def no_floats(op):
+    ...     if "f" in op.kinds:
+    ...         raise ValueError(f"{op.name}: floating-point operators are not allowed here")
+    >>> on_register(no_floats)  # for the rest of the process
+    >>> mr.register_operator("fmax_example", identity=-np.inf, cpu=np.fmax, commutative=True, kinds="f")
+    Traceback (most recent call last):
+    ...
+    ValueError: fmax_example: floating-point operators are not allowed here
+    """
     _CHECKS.append(check)
 
 
@@ -381,6 +405,23 @@ def register_operator(
 
     These are checks on 64 random samples per kind (in the widest dtype of the kind), not proofs: an
     operator can pass them and still be wrong on values the samples miss.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, multireduce as mr
+    >>> op = mr.register_operator("bitor_example", identity=0, cpu=np.bitwise_or, cuda="a | b",
+    ...                           commutative=True, kinds="biu")
+    >>> x = np.array([1, 4, 2, 4], dtype=np.uint8)
+    >>> print(mr.reduce(x, "bitor_example"))
+    7
+    >>> mr.scan(da.from_array(x, chunks=2), op).compute()
+    array([1, 5, 7, 7], dtype=uint8)
+    >>> mr.register_operator("bitor_example", identity=1, cpu=np.bitwise_or, commutative=True, kinds="iu",
+    ...                      replace=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: register_operator: argument 'identity' is 1, which is not an identity of operator 'bitor_example' ...
+    >>> mr.unregister_operator("bitor_example")
     """
     if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name):
         raise ValueError(f"register_operator: argument 'name' must be a Python identifier; got {name!r}")
@@ -444,6 +485,16 @@ def unregister_operator(name: str) -> None:
     name : str
         A name given to ``register_operator``; the built-in operators cannot be unregistered
         (ValueError).
+
+    Examples
+    --------
+    >>> import numpy as np, multireduce as mr
+    >>> op = mr.register_operator("gcd_example", identity=0, cpu=np.gcd, commutative=True, kinds="u")
+    >>> "gcd_example" in mr.operators()
+    True
+    >>> mr.unregister_operator("gcd_example")
+    >>> "gcd_example" in mr.operators()
+    False
     """
     if name in _BUILTINS:
         raise ValueError(f"unregister_operator: {name!r} is a built-in operator")
@@ -451,11 +502,32 @@ def unregister_operator(name: str) -> None:
 
 
 def operators() -> list[str]:
-    """Names of every operator known to ``reduce`` and ``scan``."""
+    """Names of every operator known to ``reduce`` and ``scan``, sorted: the built-in ones and those
+    registered with ``register_operator``.
+
+    Examples
+    --------
+    >>> import multireduce as mr
+    >>> [name for name in mr.operators() if not name.startswith("nan")][:4]
+    ['max', 'min', 'prod', 'sum']
+    """
     return sorted(_REGISTRY)
 
 
 def get_operator(op: str | Operator, *, caller: str = "multireduce") -> Operator:
+    """The Operator registered under the name ``op`` (an Operator is returned as it is); an unknown name
+    raises ValueError naming ``caller`` and the known operators.
+
+    Examples
+    --------
+    >>> from multireduce.operators import get_operator
+    >>> get_operator("prod").family
+    'sum'
+    >>> get_operator("median", caller="mr.reduce")
+    Traceback (most recent call last):
+    ...
+    ValueError: mr.reduce: argument 'op' must be one of 'max', ...; got 'median'
+    """
     if isinstance(op, Operator):
         return op
     if isinstance(op, str) and op in _REGISTRY:

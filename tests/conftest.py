@@ -36,3 +36,16 @@ def cpu_client():
     # local_cluster: every listener (the workers' HTTP endpoints too) on loopback
     with local_cluster(n_workers=3, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def tls_certs(tmp_path_factory):
+    """deploy/make-certs.sh's CA and certificates, made once (four RSA-3072 keys take seconds) for every
+    test that only reads them; its CA key is in the sibling folder ``certs-ca``."""
+    import subprocess
+    from pathlib import Path
+
+    d = tmp_path_factory.mktemp("tls") / "certs"
+    script = Path(__file__).resolve().parent.parent / "deploy" / "make-certs.sh"
+    subprocess.run(["bash", str(script), str(d)], check=True, capture_output=True, text=True, timeout=300)
+    return d

@@ -107,6 +107,16 @@ def matmul2x2(a, b):
     return c00 | (c01 << s16) | (c10 << s32) | (c11 << s48)
 
 
+def matmul2x2_scalar(a: int, b: int) -> int:
+    """``matmul2x2`` of two Python ints, without NumPy: the CPU replays of the kernels combine one pair at a
+    time, where a NumPy call per pair costs 30x more than the arithmetic (tests/test_segments.py checks
+    that the two agree)."""
+    a00, a01, a10, a11 = a & 0xFFFF, a >> 16 & 0xFFFF, a >> 32 & 0xFFFF, a >> 48 & 0xFFFF
+    b00, b01, b10, b11 = b & 0xFFFF, b >> 16 & 0xFFFF, b >> 32 & 0xFFFF, b >> 48 & 0xFFFF
+    return ((a00 * b00 + a01 * b10) & 0xFFFF | ((a00 * b01 + a01 * b11) & 0xFFFF) << 16
+            | ((a10 * b00 + a11 * b10) & 0xFFFF) << 32 | ((a10 * b01 + a11 * b11) & 0xFFFF) << 48)
+
+
 MATMUL_CUDA_PREAMBLE = r"""
 __device__ __forceinline__ unsigned long long mm2(unsigned long long a, unsigned long long b) {
   const unsigned long long m = 0xFFFFull;

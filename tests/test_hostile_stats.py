@@ -420,6 +420,12 @@ def test_nanmean_of_integers_equals_numpy(dtype, n):
 MOMENT_NAMES = ["var", "std", "nanvar", "nanstd", "nanmean", "mean"]
 
 
+# _chunkings((3, 4, 5)) holds 125 chunks (empty ones around each half on every axis); here each axis has
+# one empty chunk, at its start, middle or end (18 chunks), beside the whole array, one row per chunk and
+# uneven splits
+AXIS_CHUNKINGS = [((3,), (4,), (5,)), ((1, 1, 1), (4,), (5,)), ((0, 1, 2), (2, 0, 2), (5, 0)), ((1, 2), (1, 3), (1, 4))]
+
+
 @pytest.mark.parametrize("name", MOMENT_NAMES)
 @pytest.mark.parametrize("axis", [None, 0, 2, (0, 2), (2, 0), (-1, -2), ()])
 @pytest.mark.parametrize("keepdims", [False, True])
@@ -430,8 +436,8 @@ def test_axis_tuples_and_keepdims(name, axis, keepdims):
     x[2, :, 3] = NAN
     if not name.startswith("nan"):
         x = np.nan_to_num(x, nan=0.5)
-    check(name, x, axis=axis, keepdims=keepdims, ddof=1, rtol=1e-12) if "var" in name or "std" in name else \
-        check(name, x, axis=axis, keepdims=keepdims, rtol=1e-12)
+    ddof = {"ddof": 1} if "var" in name or "std" in name else {}
+    check(name, x, axis=axis, keepdims=keepdims, rtol=1e-12, chunkings=AXIS_CHUNKINGS, **ddof)
 
 
 @pytest.mark.parametrize("name", MOMENT_NAMES + ["nansum", "nanprod", "nanmax", "nanmin", "nanargmax", "argmin",

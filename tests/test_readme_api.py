@@ -107,3 +107,34 @@ def test_python_dash_m_runs_the_cli(tmp_path, capsys):
         main(["--help"])
     assert exited.value.code == 0
     assert run.stdout == capsys.readouterr().out
+
+
+def _several_gpus_snippet() -> str:
+    text = README.read_text()
+    section = text[text.index("## Several GPUs, several nodes"):]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_several_gpus_snippet_runs_as_a_script(tmp_path):
+    """The README's cluster snippet, saved as a file and run: its worker processes import the file again,
+    so it must start the cluster only under ``__main__``. Its four numbers are NumPy's sum of its data."""
+    import os
+    import subprocess
+    import sys
+
+    import dask.array as da
+    import numpy as np
+
+    snippet = _several_gpus_snippet()
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet)
+    env = dict(os.environ, PYTHONPATH=str(README.parent))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-5000:]
+    values = [float(v) for v in run.stdout.split()]
+    data = re.search(r"^\s*x = (da\.random\.[^#\n]*?)\s*(?:#.*)?$", snippet, flags=re.M).group(1)
+    x = np.asarray(eval(data, {"da": da}).compute(scheduler="synchronous"))
+    expected = np.sum(x, dtype=np.float64)
+    assert len(values) == 4 and values[:3] == [values[0]] * 3, values
+    np.testing.assert_allclose(values, expected, rtol=1e-12)

@@ -9,7 +9,7 @@ import pytest
 
 import multireduce as mr
 
-from .helpers import matmul_operator, random_matrices, sequential_fold, sequential_scan
+from .helpers import matmul2x2_scalar, matmul_operator, random_matrices, sequential_fold, sequential_scan
 
 pytestmark = pytest.mark.usefixtures("synchronous_scheduler")
 
@@ -235,6 +235,15 @@ def _replay_segment_kernels(x, offsets, op, identity, block, items, carry_block=
     return out
 
 
+def test_the_replays_scalar_operator_is_the_registered_one():
+    """The replays below combine with ``matmul2x2_scalar``: bit for bit the operator's own ``cpu``."""
+    op = matmul_operator()
+    rng = np.random.default_rng(11)
+    a, b = random_matrices(rng, 500), random_matrices(rng, 500)
+    a[:2], b[1:3] = np.uint64(2**64 - 1), np.uint64(2**64 - 1)  # every entry 0xFFFF: the widest products
+    assert [matmul2x2_scalar(int(p), int(q)) for p, q in zip(a, b)] == op.combine(a, b).tolist()
+
+
 @pytest.mark.parametrize("block,items,carry_block,carry_items", [(1, 1, 1, 1), (2, 3, 2, 2), (4, 2, 2, 3), (8, 4, 4, 1),
                                                                  (1, 1, 3, 2), (1, 2, 8, 8)])
 @pytest.mark.parametrize("n,m", [(1, 1), (1, 4), (31, 5), (33, 40), (97, 12), (200, 3), (257, 257)])
@@ -245,12 +254,8 @@ def test_kernel_decomposition_replayed_on_cpu(n, m, block, items, carry_block, c
     for offsets in (_offsets(rng, n, m), np.sort(rng.integers(n // 2, n + 1, m)), np.full(m, n // 3),
                     np.arange(min(m, n + 1))):
         offsets = offsets.astype(np.int64)
-
-        def mul(left, right):
-            return int(op.combine(np.asarray([left], np.uint64), np.asarray([right], np.uint64))[0])
-
-        got = _replay_segment_kernels(x, offsets, mul, int(op.identity(np.dtype(np.uint64))), block, items,
-                                      carry_block, carry_items)
+        got = _replay_segment_kernels(x, offsets, matmul2x2_scalar, int(op.identity(np.dtype(np.uint64))), block,
+                                      items, carry_block, carry_items)
         ends = np.append(offsets[1:], n)
         assert got == [sequential_fold(x[s:e]) for s, e in zip(offsets, ends)]
 
@@ -427,10 +432,7 @@ def test_segment_scan_kernel_replayed_on_cpu(n, block, items, window, lookback, 
     rng = np.random.default_rng(n * 13 + block + window)
     op = matmul_operator()  # non-commutative: any reordering shows
     x = [int(v) for v in random_matrices(rng, n)]
-
-    def mul(left, right):
-        return int(op.combine(np.asarray([left], np.uint64), np.asarray([right], np.uint64))[0])
-
+    mul = matmul2x2_scalar
     identity = int(op.identity(np.dtype(np.uint64)))
     layouts = (np.sort(rng.integers(0, n + 1, max(1, n // 5))), np.zeros(0, np.int64), np.array([n // 2] * 7 + [n] * 3),
                np.arange(n), np.sort(rng.integers(n // 2, n + 1, 4)))

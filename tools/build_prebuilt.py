@@ -9,10 +9,12 @@ mangled name, read from the relocations of the host object that takes every kern
 stub of a kernel has the device kernel's mangled name). At run time ``kernels.get_kernels`` loads a fatbin
 only when that hash matches the current source; otherwise it compiles with NVRTC as before.
 
-    python tools/build_prebuilt.py [--jobs 2]
+    python tools/build_prebuilt.py [--jobs 2] [--no-check]
 
 Rebuild after any change to kernels/*.cuh, the operators' functors or the policy: tests/test_packaging.py
-fails until the index matches.
+fails until the index matches. After building, it compiles every instantiation (the catalogue and the
+sweep's tiles too) with tools/compile_kernels.py, which records the sources it compiled in
+tools/kernels-compiled.json (tests/test_packaging.py fails until that matches too); ``--no-check`` skips it.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
+    parser.add_argument("--no-check", action="store_true", help="skip compile_kernels.py's full check")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
     groups = [(op, exprs) for op, entry, exprs in kernels.all_instantiations(policy(9), candidates=False)
@@ -146,7 +149,12 @@ def main(argv=None) -> int:
     for op, entry in built.items():
         size = (OUT / entry["file"]).stat().st_size
         print(f"{op}: {len(entry['mangled'])} kernels, {size / 1e6:.2f} MB")
-    return 0
+    if args.no_check:
+        return 0
+    import compile_kernels  # beside this file
+
+    check = ["--jobs", str(args.jobs), "--nvcc", args.nvcc] + (["--nvrtc"] if compile_kernels.find_nvrtc() else [])
+    return compile_kernels.main(check)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,22 @@
 """Compile every kernel instantiation the dtype table produces with nvcc, for each target architecture.
 
-CI has nvcc but no GPU: this is how a kernel that does not compile fails CI. The source is the same text
-CuPy compiles (``multireduce.kernels.module_text``); each operator's instantiations form one translation
-unit, compiled in parallel.
+The source is the same text CuPy compiles (``multireduce.kernels.module_text``); each operator's
+instantiations form one translation unit, compiled in parallel.
 
-    python tools/compile_kernels.py --arch sm_80 --arch sm_90 [--jobs 2] [--only segment]
+    python tools/compile_kernels.py [--arch sm_80 --arch sm_90] [--jobs 2] [--nvrtc] [--only segment]
+
+A full run (every unit, at least sm_80 and sm_90) that compiles everything writes ``kernels-compiled.json``
+beside this file: the hash of every translation unit's text (sources, functors and the instantiation
+list) and the compiler that took them. That file is committed; tests/test_packaging.py fails when the
+kernels no longer hash to it, so a kernel change is compiled in full once, where nvcc is, and not again
+on every test run (this takes 5-20 minutes on two cores). tools/build_prebuilt.py runs it after building.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -17,10 +24,15 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from multireduce import kernels
 from multireduce.operators import get_operator
 from multireduce.tuning import policy
+
+STAMP = Path(__file__).resolve().parent / "kernels-compiled.json"
+# the architectures the prebuilt binaries carry cubins for; a run for fewer does not vouch for the sources
+STAMP_ARCHS = ("sm_80", "sm_90")
 
 
 def unit_name(opname: str, entry: str) -> str:
@@ -49,6 +61,27 @@ def translation_units() -> list[tuple[str, str, list[str]]]:
             f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
         units.append((f"{opname}-segment", text, expressions))
     return units
+
+
+def units_key(units: list[tuple[str, str, list[str]]]) -> str:
+    """SHA-256 over every unit's name and text (the text ends with its instantiation table)."""
+    digest = hashlib.sha256()
+    for name, text, _ in units:
+        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def read_stamp() -> dict:
+    """The committed record of the last full run that compiled everything ({} where there is none)."""
+    try:
+        return json.loads(STAMP.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    return next((line.strip() for line in out.splitlines() if "release" in line), out.strip()[-80:])
 
 
 def find_nvrtc() -> str | None:
@@ -89,6 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
     parser.add_argument("--nvrtc", action="store_true", help="also compile through NVRTC, as CuPy does")
     parser.add_argument("--only", default="", help="units whose name contains this (e.g. segment, stats)")
+    parser.add_argument("--no-stamp", action="store_true", help=f"leave {STAMP.name} as it is")
     args = parser.parse_args(argv)
     archs = args.arch or ["sm_80", "sm_90"]
     units = [u for u in translation_units() if args.only in u[0]]
@@ -133,6 +167,11 @@ def main(argv=None) -> int:
                 print(proc.stderr[-20000:], file=sys.stderr)
     print(f"compiled {total} kernel instantiations for {', '.join(archs)}: {failed} translation units failed")
     shutil.rmtree(work, ignore_errors=True)
+    if not failed and not args.only and not args.no_stamp and set(STAMP_ARCHS) <= set(archs):
+        stamp = {"key": units_key(units), "archs": sorted(archs), "nvcc": nvcc_version(args.nvcc),
+                 "nvrtc": bool(nvrtc_lib), "units": len(units), "instantiations": sum(len(u[2]) for u in units)}
+        STAMP.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {STAMP}: these sources compiled in full")
     return 1 if failed else 0
 
 
