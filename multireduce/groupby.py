@@ -506,4 +506,12 @@ api.document(groupby_reduce, ("x", "by", "groupby_func", "expected_groups", "gro
              summary="""One reduction per group of labels along an axis, as ``flox.groupby_reduce`` with one ``by``.
 
 Groups may straddle Dask chunks and labels need not be sorted; NumPy input is reduced now on the CPU, CuPy
-input on its GPU, and Dask input gives a lazy array of the same chunk type.""")
+input on its GPU, and Dask input gives a lazy array of the same chunk type.""",
+             examples="""
+>>> import numpy as np, dask.array as da, multireduce as mr
+>>> x = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+>>> mr.groupby_reduce(x, np.array([0, 1, 0, 1, 2, 2]), "sum")
+(array([ 4.,  6., 11.]), array([0, 1, 2]))
+>>> means, groups = mr.groupby_reduce(da.from_array(x, chunks=4), np.array([0, 1, 0, 1, 2, 2]), "mean")
+>>> means.compute()  # groups straddle the chunks
+array([2. , 3. , 5.5])""")

@@ -70,6 +70,17 @@ def persist(*arrays, balanced: bool = True, client=None):
     chunks are recomputed by Dask on the workers left (the module docstring says how). A lazy array whose
     chunks are already in the cluster's memory under the same keys (the same array persisted and still
     referenced) keeps those chunks where they are: persist the persisted array instead, which moves them.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, distributed, multireduce as mr
+    >>> from multireduce.cluster import local_cluster
+    >>> with local_cluster(n_workers=2, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
+    ...     x = mr.persist(da.from_array(np.arange(40.0), chunks=5))  # chunks 0-3 on one worker, 4-7 on the other
+    ...     _ = distributed.wait(x)
+    ...     held = sorted(len(keys) for keys in client.has_what().values())
+    ...     print(held, float(mr.sum(x, compute=True)))
+    [4, 4] 780.0
     """
     if not arrays:
         raise TypeError(f"{_CALLER}: expected one or more dask arrays; got none")
