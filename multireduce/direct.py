@@ -893,7 +893,7 @@ def held_sources(x):
         return None
     from .recipes import ChunkSources
 
-    sources = ChunkSources(x)
+    sources = ChunkSources.of(x)
     return sources if sources.held_only else None
 
 

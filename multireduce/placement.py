@@ -266,7 +266,7 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     n = len(chunk_keys(x))
     per_thread = setting("multireduce.tasks-per-thread")
     tasks = max(1, math.ceil(_threads(client) * per_thread))
-    sources = sources if sources is not None else ChunkSources(x)
+    sources = sources if sources is not None else ChunkSources.of(x)
     if not sources.ok:
         return None
     if sources.held_only:

@@ -140,6 +140,19 @@ class ChunkSources:
         # that Dask would run once and recipes would run per group
         self.ok = all(n == 1 or not _dependencies(self.graph[key]) for key, n in counts.items())
 
+    @classmethod
+    def of(cls, x) -> "ChunkSources":
+        """``ChunkSources(x)``, read once per array: a dask array's graph never changes, and one call may
+        ask several times (is it held? how is it grouped?)."""
+        found = getattr(x, "_multireduce_sources", None)
+        if found is None:
+            found = cls(x)
+            try:
+                x._multireduce_sources = found
+            except AttributeError:  # an array type without room for it: read again next time
+                pass
+        return found
+
     @property
     def held_only(self) -> bool:
         """Every chunk reads held data and nothing but constants besides (an expression over persisted
