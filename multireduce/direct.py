@@ -424,6 +424,8 @@ async def _run_while_alive(client, workers: list, interval: float, timeout: floa
         run = asyncio.ensure_future(client._run(_unpickled_in_a_thread, _payload(fn, *args), workers=workers))
         calls = dict.fromkeys(workers, run)
     probe, probe_due = None, loop.time() + interval
+    begun, known = loop.time(), _answered.get(client, ())
+    grace = _first_contact_grace()
     try:
         while True:
             for call in calls.values():
@@ -439,7 +441,10 @@ async def _run_while_alive(client, workers: list, interval: float, timeout: floa
             if any(w not in live for w in workers):
                 raise WorkerGone(f"a worker of {sorted(workers)} left the cluster")
             if probe is not None and probe.done():
-                silent = [w for w in probe.result() if not calls[w].done()]
+                # a worker never called before may still be importing this module on its event loop (the
+                # run's message is read there): it is given distributed's own connect timeout to answer
+                silent = [w for w in probe.result() if not calls[w].done()
+                          and (w in known or loop.time() - begun >= grace)]
                 if silent:
                     raise _Unanswered(silent)
                 probe = None
@@ -563,6 +568,18 @@ def _goes_direct(client) -> bool:
     return client not in _direct_unreachable
 
 
+# Per client: the workers that have answered one of this module's runs (so they have imported it).
+_answered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _first_contact_grace() -> float:
+    """How long a worker that never answered a run may take before a silent probe counts: distributed's
+    ``distributed.comm.timeouts.connect`` (30 s by default)."""
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect", "30s")))
+
+
 def _run(client, workers: list, fn, *args):
     """``fn(*args)`` on ``workers`` from the client's thread: {worker: reply}, None on a placement error
     (a worker gone, unreachable); a worker's own error (``_Failed``) is raised, and so is ``_Unanswered``
@@ -580,6 +597,7 @@ def _run(client, workers: list, fn, *args):
         except (*_placement_errors(), OSError):  # distributed's connect raises a bare OSError on its timeout,
             unreached = set(workers)  # ours a TimeoutError
         else:  # a worker's own error (_Failed, possibly a TimeoutError) is raised here, never taken for placement
+            _answered.setdefault(client, set()).update(replies)
             return _unpacked(replies)
     try:
         replies = client.sync(_run_while_alive, client, workers, interval, timeout, False, fn, *args)
@@ -589,6 +607,7 @@ def _run(client, workers: list, fn, *args):
     # succeeded meanwhile (under TLS a worker busy past the connect timeout fails a handshake it would pass later)
     if unreached and unreached <= set(replies) and _last_direct_connect.get(client, float("-inf")) < started:
         _direct_unreachable.add(client)
+    _answered.setdefault(client, set()).update(replies)
     return _unpacked(replies)
 
 

@@ -147,6 +147,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 def test_multigpu_paths_on_a_cpu_cluster(tmp_path):
     """The new paths at the smallest size (4 chunks) on two CPU workers: each row's value right, each
     comparison row's dask.array peer in the same configuration, the tables' rows as wide as their headers.

@@ -85,6 +85,7 @@ def _other_ca_client(d: Path) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_secured_cluster_start_use_stop(tmp_path, certs):
     config = _config(tmp_path, certs)
     cfg = deploy.load(config)

@@ -227,6 +227,7 @@ def _tls_handshake_without_certificate(address: str, ca_file: str) -> None:
             raise ConnectionResetError(f"{address} closed the connection")
 
 
+@pytest.mark.slow
 def test_scripted_cluster_listens_on_loopback_and_refuses_plain_tcp(tmp_path, certs):
     config = _tls_config(tmp_path, certs)
     run = tmp_path / "run"

@@ -287,7 +287,7 @@ def test_dropping_kept_outputs_skips_workers_that_left(client):
     client.run(lambda dask_worker: dask_worker.update_data(data={key: np.ones(3)}), workers=[live[0]])
     t0 = time.monotonic()
     direct._drop_kept_on_live(client, ["tcp://127.0.0.1:9", live[0]], [key])
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 20  # not the 30 s connect timeout
     assert not client.run(_kept_keys, "kept-by-a-failed-scan")[live[0]]
 
 
@@ -493,7 +493,7 @@ def test_a_remembered_worker_that_is_gone_costs_one_lookup_not_a_timeout(client,
     sent = _calls_to(monkeypatch)
     t0 = time.monotonic()
     got, tasks = _tasks_during(client, lambda: mr.sum(d, compute=True))
-    assert got == x.sum() and tasks == 0 and time.monotonic() - t0 < 5
+    assert got == x.sum() and tasks == 0 and time.monotonic() - t0 < 20
     assert sent == [sorted([*everyone, gone]), everyone]  # the direct call given up, not sent through the scheduler
     assert client not in direct._direct_unreachable  # the address is gone, not unreachable
 

@@ -154,6 +154,7 @@ def _tls(certs: Path, role: str):
     return distributed.Security(**kw)
 
 
+@pytest.mark.slow
 def test_a_busy_worker_under_tls_does_not_turn_direct_calls_off_for_good(sleepy, tmp_path, monkeypatch):
     """Two threads on one TLS client: one direct call keeps worker 0 busy (3 s in the operator); the
     other needs a new connection to worker 0 meanwhile. Both values are right, and the client still

@@ -17,7 +17,8 @@ distributed = pytest.importorskip("distributed")
 import multireduce as mr  # noqa: E402
 from multireduce import direct, placement  # noqa: E402
 
-BOUND_S = 3.0
+# far under the 30 s a dead worker's connect would hold a call for, far over what a loaded machine needs
+BOUND_S = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +172,7 @@ def _set_memory_limit(limit, dask_worker=None, dask_scheduler=None):
     return limit
 
 
+@pytest.mark.slow
 def test_lazy_inputs_stream_on_a_memory_limited_cluster():
     """48 chunks of 8 MiB (384 MiB) on 4 workers, each limited to its own resting RSS plus 128 MiB: only a
     streaming graph fits. The limit follows the worker's measured RSS (a GPU box's worker, with CuPy imported,

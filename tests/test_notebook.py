@@ -41,6 +41,7 @@ def _run(path: Path, monkeypatch) -> nbformat.NotebookNode:
     return nb
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_notebook_runs(name, monkeypatch):
     pytest.importorskip("ipykernel")

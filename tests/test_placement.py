@@ -110,6 +110,7 @@ def _slow_add(a, b):
     return np.add(a, b)
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_reduction_recomputes():
     """A worker process dies while the reduction runs: Dask recomputes, the answer is right, nothing hangs."""
     mr.register_operator("slow_add", identity=0, cpu=_slow_add, commutative=True, kinds="i", replace=True)

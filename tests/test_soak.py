@@ -25,6 +25,7 @@ api = importlib.import_module("multireduce.api")
 operators = importlib.import_module("multireduce.operators")
 
 
+@pytest.mark.slow
 def test_soak_cpu_small():
     # one size class (1 KB) keeps the warm-up at one request per (dtype, operation)
     out = soak.run(clients=2, requests=9, rounds=3, min_bytes=1, max_bytes=1024, cpu=True, seed=3,
