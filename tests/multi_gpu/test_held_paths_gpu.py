@@ -18,7 +18,8 @@ import dask.array as da  # noqa: E402
 import distributed  # noqa: E402
 
 import multireduce as mr  # noqa: E402
-from multireduce.cluster import gpu_count, local_cluster  # noqa: E402
+
+from .test_multi_gpu import client  # noqa: E402, F401 - the module's cluster of one worker per GPU
 
 
 def _make_block(seed, block_info=None):
@@ -33,14 +34,6 @@ def _make_block(seed, block_info=None):
 def _gpu_array(shape, chunks, seed):
     return da.map_blocks(_make_block, seed, chunks=da.core.normalize_chunks(chunks, shape), dtype=np.float32,
                          meta=cupy.empty((0,) * len(shape), dtype=np.float32))
-
-
-@pytest.fixture(scope="module")
-def client():
-    if gpu_count() < 2:
-        pytest.skip(f"needs 2 or more GPUs; {gpu_count()} visible")
-    with local_cluster(n_workers=min(gpu_count(), 4), gpu=True) as cluster, distributed.Client(cluster) as c:
-        yield c
 
 
 def _graph(fn, x):
