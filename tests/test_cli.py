@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "multireduce.cli", *args], capture_output=True, text=True,
@@ -19,6 +21,7 @@ def test_info_lists_versions_devices_and_cache():
     assert "GPUs seen:" in proc.stdout and "kernel cache:" in proc.stdout and "decoupled_lookback" in proc.stdout
 
 
+@pytest.mark.slow
 def test_demo_prints_a_verified_table():
     proc = run("demo", "--size", "3000001", "--chunk", "250000", "--backend", "cpu")
     assert proc.returncode == 0, proc.stdout + proc.stderr

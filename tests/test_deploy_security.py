@@ -139,6 +139,7 @@ def test_ca_dir_inside_cert_dir_is_refused(tmp_path):
     assert not (tmp_path / "c" / "ca" / "ca-key.pem").exists()
 
 
+@pytest.mark.slow
 def test_ca_dir_option_reuses_the_ca_and_refuses_bad_use(tmp_path):
     first, second, cadir = tmp_path / "first", tmp_path / "second", tmp_path / "keep" / "ca"
     sh("bash", DEPLOY / "make-certs.sh", first, "--ca-dir", cadir, "node1")

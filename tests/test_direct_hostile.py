@@ -105,6 +105,7 @@ def _kill_later(pid: int, after: float) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_a_worker_killed_during_a_direct_call_leaves_the_pool_whole(sleepy):
     """Worker 0 sleeps in the operator while worker 1 is SIGKILLed: the direct call is abandoned, the
     run falls back (the value is right), and the connection pool has every slot back."""

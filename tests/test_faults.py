@@ -80,6 +80,7 @@ def test_killed_worker(cluster, client):
     _check_sum(x, ref)
 
 
+@pytest.mark.slow
 def test_restart_and_persist_under_the_same_name(cluster, client):
     x, ref = _persisted(client, seed=9)
     assert np.isclose(mr.sum(x, compute=True), ref.sum())

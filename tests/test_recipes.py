@@ -173,6 +173,7 @@ SCANS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SCANS))
 def test_scans_of_lazy_inputs_and_held_expressions(cpu_client, name):
     fn = SCANS[name]

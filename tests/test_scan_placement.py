@@ -136,6 +136,7 @@ def test_persist_with_arguments_or_lazy_input_runs_the_graph(client):
     np.testing.assert_array_equal(lazy_input.persist().compute(), np.cumsum(x))
 
 
+@pytest.mark.slow
 def test_worker_lost_after_placement_lookup():
     """The graph names groups by the worker that held them when it was built; that worker is killed
     before the graph runs. Dask recomputes the lost chunks elsewhere and every result is right (within
