@@ -86,7 +86,7 @@ from . import placement
 from .backends import on_device_of
 from .core import ScanPlan
 from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, fold_in_order, reduction,
-                    scan, stage_token)
+                    scan, stage_token, to_host_together)
 
 
 class _Failed:
@@ -107,33 +107,6 @@ class _Failed:
 def _call_where_held(block, fn, *args):
     with on_device_of(block):  # run on the GPU that holds the chunk
         return fn(block, *args)
-
-
-def _to_host_together(values: list) -> list:
-    """``values`` (CuPy arrays, or objects whose ``value`` is one, such as ``Partial``) with every CuPy
-    array brought to the host in one copy per device and dtype: a copy per chunk waits on the GPU and
-    pays the copy's fixed cost each time (2.5 ms for 32 chunks on an H100). Anything else is kept."""
-    import dataclasses
-
-    found: dict = {}
-    for i, v in enumerate(values):
-        a = getattr(v, "value", v)
-        if type(a).__module__.startswith("cupy"):
-            found.setdefault((a.device.id, a.dtype.str), []).append((i, a))
-    if not found:
-        return values
-    import cupy
-
-    out = list(values)
-    for (device, _), items in found.items():
-        with cupy.cuda.Device(device):
-            flat = cupy.concatenate([a.ravel() for _, a in items]).get()
-        at = 0
-        for i, a in items:
-            host = flat[at : at + a.size].reshape(a.shape)
-            at += a.size
-            out[i] = dataclasses.replace(out[i], value=host) if out[i] is not a else host
-    return out
 
 
 async def values_of_held(per_chunk, work: dict, only_where=frozenset(), extra=None, dask_worker=None):
@@ -162,8 +135,8 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
                 for k, b in zip(keys, blocks)]
     columns = _PartialColumns.of(keys, computed)  # the common case: no per-chunk work on the host
     if not folds or not folds[1]:
-        return _Packed(columns if columns is not None else dict(zip(keys, _to_host_together(computed))))
-    values = columns.expand() if columns is not None else dict(zip(keys, _to_host_together(computed)))
+        return _Packed(columns if columns is not None else dict(zip(keys, to_host_together(computed))))
+    values = columns.expand() if columns is not None else dict(zip(keys, to_host_together(computed)))
     combine, groups = folds
     for group in groups:
         values[group[0]] = combine(*(values.pop(k) for k in group))

@@ -529,8 +529,37 @@ def _chunk_partials(plan, *blocks):
 
 def _recipe_partials(plan, recipe, *inputs):
     """Each chunk's own partial (host values), in the group's order, made from the recipe one chunk at a
-    time: a chunk is dropped as soon as its partial is taken."""
-    return [_host_partial(plan, b) for b in recipe.make(dict(zip(recipe.inputs, inputs)))]
+    time: a chunk is dropped as soon as its partial is taken, and the partials come to the host together
+    at the end (a copy per chunk would wait on the GPU between chunks)."""
+    return to_host_together([plan.partial(b) for b in recipe.make(dict(zip(recipe.inputs, inputs)))])
+
+
+def to_host_together(values: list) -> list:
+    """``values`` (CuPy arrays, or objects whose ``value`` is one, such as ``Partial``) with every CuPy
+    array brought to the host in one copy per device and dtype: a copy per chunk waits on the GPU and
+    pays the copy's fixed cost each time (2.5 ms for 32 chunks on an H100). Anything else is kept."""
+    import dataclasses
+
+    found: dict = {}
+    for i, v in enumerate(values):
+        a = getattr(v, "value", v)
+        if type(a).__module__.startswith("cupy"):
+            found.setdefault((a.device.id, a.dtype.str), []).append((i, a))
+    if not found:
+        return values
+    import cupy
+
+    out = list(values)
+    for (device, _), items in found.items():
+        with cupy.cuda.Device(device):
+            flat = cupy.concatenate([a.ravel() for _, a in items]).get()
+        at = 0
+        for i, a in items:
+            host = flat[at : at + a.size].reshape(a.shape)
+            at += a.size
+            out[i] = dataclasses.replace(out[i], value=host) if out[i] is not a else host
+    return out
+
 
 
 def _recipe_whole_in_order(plan, on_device: bool, split_every: int, recipe, *inputs):
