@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import pickle
 import time
 import traceback
@@ -1051,8 +1052,6 @@ DIRECT_PARTIAL_BYTES = 64 << 20
 
 
 def _partials_fit(x, plan) -> bool:
-    import math
-
     per_lane = math.prod(x.numblocks[d] for d in plan.axes)
     out = math.prod(x.shape[d] for d in range(x.ndim) if d not in plan.axes)
     return per_lane * out * max(np.dtype(plan.out_dtype).itemsize, 4) <= DIRECT_PARTIAL_BYTES

@@ -147,8 +147,7 @@ def setting(name: str):
     "true"/"false", "yes"/"no", "on"/"off", "1"/"0" in any case, and the integers 1/0), None too where None
     means "decide by itself" (also "none"/"null"), seconds (a float) for a duration (a number or a string
     such as "250ms", as ``dask.utils.parse_timedelta`` reads it). Anything else raises a ValueError naming
-    the setting, what it expects and what it was given."""
-
+    the setting, what it expects and what it was given (a number above 0: a float)."""
     from dask.utils import parse_timedelta
 
     kind, default = _SETTINGS[name]
