@@ -513,11 +513,16 @@ def test_workers_the_client_cannot_reach_are_asked_through_the_scheduler_from_th
 
     monkeypatch.setattr(direct, "_call_one", unreachable)
     monkeypatch.setattr(direct, "_direct_unreachable", direct.weakref.WeakSet())
-    holding = sorted(set(placement.holders(d, client).values()))
     assert mr.sum(d, compute=True) == 1770.0
-    assert sorted(tries) == holding and client in direct._direct_unreachable  # each holder tried once, at once
+    # Each worker tried once, at once, and only holders of chunks; under load the scheduler may have copied
+    # chunks elsewhere, so the tried set is checked against every copy rather than one holder per chunk.
+    who = placement.who_holds(d, client)
+    first_tries = list(tries)
+    assert len(first_tries) == len(set(first_tries)) and client in direct._direct_unreachable
+    assert set(first_tries) <= {w for holders in who.values() for w in holders}
+    assert all(set(holders) & set(first_tries) for holders in who.values())
     assert mr.sum(d, compute=True) == 1770.0 and mr.cumsum(d).persist().compute()[-1] == 1770.0
-    assert sorted(tries) == holding
+    assert tries == first_tries  # not tried again
 
 
 def _no_who_has(*args, **kwargs):
