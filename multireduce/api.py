@@ -183,9 +183,21 @@ def _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, *, caller, 
     return x
 
 
+def _read_through_steps(x, plans):
+    """(x, plans), or, where the elementwise steps at the top of ``x`` can be read into one plan's loads
+    (``fusion``), the array they read and that plan over it."""
+    if len(plans) != 1:
+        return x, plans
+    from . import fusion
+
+    found = fusion.fused(x, plans[0])
+    return (x, plans) if found is None else (found[0], (found[1],))
+
+
 def _lazy_reduction(x, plans, keepdims, axes, fan_in, op):
     from . import direct, graph, placement
 
+    x, plans = _read_through_steps(x, plans)
     if len(plans) == 1:
         # chunks held by workers (a persisted array, or an expression over persisted arrays): the
         # result's .compute() reduces them where they are (direct), and the graph is built only if
@@ -205,6 +217,7 @@ def _computed_now(x, plans, keepdims, axes, fan_in, op):
     the graph."""
     from . import direct
 
+    x, plans = _read_through_steps(x, plans)
     value = direct.reduce_held(x, plans[0], fan_in) if len(plans) == 1 else None
     if value is None:
         import dask
@@ -262,6 +275,7 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         # one totals task per worker holding chunks: each chunk's total is kept, so order survives any placement
         from . import direct, graph, placement
 
+        x, (plan,) = _read_through_steps(x, (plan,))
         held = direct.held_scan(x, plan, fan_in)  # .persist() scans held chunks where they are, with no task
         if held is not None:
             return held

@@ -137,6 +137,7 @@ _SETTINGS = {
     "multireduce.direct-check-interval": ("duration above 0", "250ms"),
     "multireduce.placement-reuse": ("duration", "10s"),
     "multireduce.tasks-per-thread": ("number above 0", 2),
+    "multireduce.fuse-elementwise": ("flag", True),
 }
 # the words YAML 1.1 (dask's config files) reads as booleans, and what dask's environment parsing gives
 _FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}

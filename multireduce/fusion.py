@@ -1,0 +1,351 @@
+"""Elementwise steps read into a reduction's or scan's loads: ``mr.sum(x * 2)`` reads ``x`` once.
+
+Over CuPy chunks, ``mr.sum(x * 2 + 1)`` would otherwise make each chunk of ``x * 2 + 1`` in device memory
+(one elementwise kernel per step, each reading and writing the chunk) and then reduce it. When the steps
+at the top of the array's graph are elementwise, one chunk in, one chunk out, with Python numbers as the
+only other operands, the reduction runs over the chunks they read instead, and every element is made
+from its input as the kernel loads it (an operator's load transform, ``kernels/common.cuh``): one read
+of the input, no chunk of the expression at all, one kernel launch per chunk however long the chain.
+
+The bits are those of the unfused path. Every step keeps the input's dtype (checked with NumPy's own
+promotion) and is computed in it, with CUDA's correctly rounded intrinsics (``__fmul_rn`` & co.): NVRTC
+would otherwise contract ``x * 2 + 1`` into one fused multiply-add, which CuPy's one-kernel-per-step
+evaluation never does. Transcendental functions, powers and mixed dtypes are left to CuPy (their
+results need not match CuPy's bit for bit), as is anything whose input dtype the graph leaves
+ambiguous. Each new expression is compiled once per device (NVRTC, cached on disk by CuPy);
+``multireduce.fuse-elementwise: false`` turns this off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import operator
+import struct
+import threading
+
+import numpy as np
+
+from .operators import Operator, get_operator
+
+# Task function -> step name. Comparisons give booleans, which only ``where`` may read.
+_ARITHMETIC = {
+    operator.add: "add", np.add: "add",
+    operator.sub: "subtract", np.subtract: "subtract",
+    operator.mul: "multiply", np.multiply: "multiply",
+    operator.truediv: "divide", np.true_divide: "divide",
+    operator.neg: "negative", np.negative: "negative",
+    operator.pos: "positive", np.positive: "positive",
+    operator.abs: "absolute", abs: "absolute", np.absolute: "absolute",
+    np.sqrt: "sqrt",
+}
+_COMPARISONS = {
+    operator.gt: "greater", np.greater: "greater", operator.ge: "greater_equal", np.greater_equal: "greater_equal",
+    operator.lt: "less", np.less: "less", operator.le: "less_equal", np.less_equal: "less_equal",
+    operator.eq: "equal", np.equal: "equal", operator.ne: "not_equal", np.not_equal: "not_equal",
+}
+_STEPS = {**_ARITHMETIC, **_COMPARISONS, np.where: "where"}
+_ARITY = {"negative": 1, "positive": 1, "absolute": 1, "sqrt": 1, "where": 3}
+_NUMPY = {name: getattr(np, name) for name in set(_ARITHMETIC.values()) | set(_COMPARISONS.values())}
+_NUMPY["where"] = np.where
+
+# CUDA for each step on float / double operands: correctly rounded and never contracted
+_CUDA_BINARY = {
+    ("add", "float"): "__fadd_rn({}, {})", ("add", "double"): "__dadd_rn({}, {})",
+    ("subtract", "float"): "__fsub_rn({}, {})", ("subtract", "double"): "__dsub_rn({}, {})",
+    ("multiply", "float"): "__fmul_rn({}, {})", ("multiply", "double"): "__dmul_rn({}, {})",
+    ("divide", "float"): "__fdiv_rn({}, {})", ("divide", "double"): "__ddiv_rn({}, {})",
+}
+_CUDA_UNARY = {
+    ("negative", "float"): "(-{})", ("negative", "double"): "(-{})",
+    ("positive", "float"): "({})", ("positive", "double"): "({})",
+    ("absolute", "float"): "fabsf({})", ("absolute", "double"): "fabs({})",
+    ("sqrt", "float"): "__fsqrt_rn({})", ("sqrt", "double"): "__dsqrt_rn({})",
+}
+_CUDA_COMPARE = {"greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=", "equal": "==",
+                 "not_equal": "!="}
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+# every dtype a chunk could have: an input dtype is taken as known only where no other gives the same result
+_CANDIDATES = [np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+                                     np.int64, np.uint64, np.float16, np.float32, np.float64)]
+
+LEAF = ("input",)
+
+
+class Steps:
+    """Elementwise steps over one input chunk: a tree of tuples, ``LEAF`` for the input element,
+    ``("constant", value)`` for a Python number, ``(step, *operands)`` otherwise."""
+
+    __slots__ = ("tree",)
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __eq__(self, other):
+        return isinstance(other, Steps) and _same(self.tree, other.tree)
+
+    def __hash__(self):
+        return hash(repr(self.tree))
+
+    def __repr__(self):
+        return f"Steps({self.tree!r})"
+
+    def evaluate(self, x):
+        """The steps applied to ``x`` (NumPy or CuPy) with NumPy's rules: what the unfused graph computes."""
+        return _evaluate(self.tree, x)
+
+    def dtype_of(self, dtype: np.dtype, keeping: bool = False) -> np.dtype | None:
+        """NumPy's result dtype for an input of ``dtype``; None where NumPy refuses it, or, ``keeping``, where
+        a step gives numbers of another dtype (comparisons give booleans)."""
+        try:
+            return _dtype_of(self.tree, np.dtype(dtype), keeping)
+        except (TypeError, ValueError, OverflowError):
+            return None
+
+    def cuda(self, ctype: str, element: str = "e") -> str:
+        """A CUDA expression of ``element`` (a ``ctype``) computing the steps."""
+        return _cuda(self.tree, ctype, element)
+
+
+def _same(a, b) -> bool:
+    if a[0] == "constant" or b[0] == "constant":
+        return a[0] == b[0] and type(a[1]) is type(b[1]) and (a[1] == b[1] or (a[1] != a[1] and b[1] != b[1]))
+    return a[0] == b[0] and len(a) == len(b) and all(_same(p, q) for p, q in zip(a[1:], b[1:]))
+
+
+def _evaluate(tree, x):
+    if tree[0] == "input":
+        return x
+    if tree[0] == "constant":
+        return tree[1]
+    return _NUMPY[tree[0]](*(_evaluate(t, x) for t in tree[1:]))
+
+
+def _dtype_of(tree, dtype: np.dtype, keeping: bool):
+    """Result dtype of ``tree`` over an input of ``dtype``, from NumPy's promotion of one-element samples
+    (Python numbers are weak, as in the unfused graph)."""
+    sample = np.ones(1, dtype)
+
+    def walk(t):
+        if t[0] == "input":
+            return sample
+        if t[0] == "constant":
+            return t[1]
+        args = [walk(a) for a in t[1:]]
+        with np.errstate(all="ignore"):
+            out = _NUMPY[t[0]](*args)
+        kind = np.asarray(out).dtype
+        if keeping and kind != (np.bool_ if t[0] in _CUDA_COMPARE else dtype):
+            raise TypeError("a step changes the dtype")
+        return out
+
+    return np.asarray(walk(tree)).dtype
+
+
+def _literal(value, ctype: str) -> str:
+    """``value`` as the unfused step sees it (a Python number taken in the input's dtype), bit for bit."""
+    if ctype == "float":
+        bits = struct.unpack("<I", np.float32(value).tobytes())[0]
+        return f"__int_as_float(0x{bits:08x})"
+    bits = struct.unpack("<Q", np.float64(value).tobytes())[0]
+    return f"__longlong_as_double(0x{bits:016x}LL)"
+
+
+def _cuda(tree, ctype: str, element: str) -> str:
+    if tree[0] == "input":
+        return element
+    if tree[0] == "constant":
+        return _literal(tree[1], ctype)
+    args = [_cuda(t, ctype, element) for t in tree[1:]]
+    step = tree[0]
+    if step == "where":
+        return f"(({args[0]}) ? ({args[1]}) : ({args[2]}))"
+    if step in _CUDA_COMPARE:
+        return f"(({args[0]}) {_CUDA_COMPARE[step]} ({args[1]}))"
+    if len(args) == 1:
+        return _CUDA_UNARY[step, ctype].format(*args)
+    return _CUDA_BINARY[step, ctype].format(*args)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading the steps from a Dask graph
+# ------------------------------------------------------------------------------------------------
+def _python_number(value) -> bool:
+    return type(value) in (int, float, bool)
+
+
+def _steps_of_chunk(graph: dict, key, index: tuple):
+    """(input array name, Steps) of the elementwise steps that make chunk ``key`` from the chunk at the same
+    position ``index`` of one other array, with Python numbers as the only other operands: the longest
+    such chain from the top (a step reading anything else is the input). None where there is no step."""
+    from dask._task_spec import DataNode, Task, TaskRef
+
+    def as_input(k):
+        if not (isinstance(k, tuple) and tuple(k[1:]) == index):
+            raise _NotFusable
+        return LEAF, {k[0]}
+
+    def walk(k, depth):
+        node = graph.get(k)
+        if not isinstance(node, Task) or node.func not in _STEPS or node.kwargs \
+                or len(node.args) != _ARITY.get(_STEPS[node.func], 2):
+            if depth:
+                return as_input(k)
+            raise _NotFusable
+        operands, inputs = [], set()
+        try:
+            for arg in node.args:
+                if isinstance(arg, TaskRef):
+                    tree, found = walk(arg.key, depth + 1)
+                    operands.append(tree)
+                    inputs |= found
+                elif isinstance(arg, DataNode) and _python_number(arg.value):
+                    operands.append(("constant", arg.value))
+                elif _python_number(arg):
+                    operands.append(("constant", arg))
+                else:
+                    raise _NotFusable
+        except _NotFusable:
+            if depth:
+                return as_input(k)
+            raise
+        if len(inputs) > 1:  # a step over several arrays: it is the input of the steps above it
+            if depth:
+                return as_input(k)
+            raise _NotFusable
+        return (_STEPS[node.func], *operands), inputs
+
+    try:
+        tree, inputs = walk(key, 0)
+    except (_NotFusable, RecursionError):
+        return None
+    if len(inputs) != 1:
+        return None
+    return inputs.pop(), Steps(tree)
+
+
+class _NotFusable(Exception):
+    pass
+
+
+def split_steps(x):
+    """(the array the elementwise steps at the top of ``x``'s graph read, Steps) where every chunk of ``x``
+    is made by the same steps from the chunk at its position of one other array, with Python numbers as
+    the only other operands, and that array's dtype is ``x``'s (float32 or float64) whatever it could have
+    been; None otherwise."""
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+    from dask.highlevelgraph import HighLevelGraph
+
+    from .recipes import ChunkSources
+
+    dtype = np.dtype(x.dtype)
+    if dtype not in _CTYPES or not x.npartitions:
+        return None
+    sources = ChunkSources.of(x)
+    if not sources.ok:
+        return None
+    found = None
+    for key in sources.keys:
+        this = _steps_of_chunk(sources.graph, key, tuple(key[1:]))
+        if this is None or (found is not None and (this[0] != found[0] or this[1] != found[1])):
+            return None
+        found = this
+    name, steps = found
+    # the input's dtype is not in the graph: it is taken as x's only where the steps keep x's dtype and no
+    # other input dtype would give x's dtype
+    if steps.dtype_of(dtype, keeping=True) != dtype or any(steps.dtype_of(d) == dtype for d in _CANDIDATES
+                                                          if d != dtype):
+        return None
+    graph = x.__dask_graph__()
+    if not isinstance(graph, HighLevelGraph) or name not in graph.layers:
+        return None
+    below = graph.cull_layers([name])
+    meta = meta_from_array(x._meta, ndim=x.ndim, dtype=dtype)
+    return da.Array(below, name, x.chunks, meta=meta), steps
+
+
+# ------------------------------------------------------------------------------------------------
+# The operator that reads through the steps
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, eq=False)
+class FusedOperator(Operator):
+    """``plain`` (a built-in operator) reading each input element through ``steps`` (input dtype
+    ``dtype``): the steps then the plain operator's own load (NaN masking for the nan-family), in the
+    kernels' load transform; partial results folded by the plain operator's partials."""
+
+    steps: Steps | None = None
+    dtype: np.dtype | None = None
+    plain: str = "sum"
+
+    def load(self, x):
+        return get_operator(self.plain).load(self.steps.evaluate(x))
+
+    def cuda_source(self) -> str:
+        ctype = _CTYPES[np.dtype(self.dtype)]
+        plain = get_operator(self.plain)
+        folds = get_operator(plain.partials.name).cuda
+        return (
+            "namespace mr_user {\n"
+            f"struct op_{self.name} : {folds} {{\n"
+            "  template <class A>\n"
+            "  __device__ __forceinline__ static A load(const A& v) {\n"
+            f"    const {ctype} e = static_cast<{ctype}>(v);  // exact: v is an input element, widened\n"
+            f"    return mr::load_transform<{plain.cuda}>(static_cast<A>({self.steps.cuda(ctype)}), 0);\n"
+            "  }\n"
+            "};\n"
+            "}  // namespace mr_user\n"
+        )
+
+    def __dask_tokenize__(self):
+        return ("multireduce.FusedOperator", self.plain, repr(self.steps), str(self.dtype))
+
+
+_fused_operators: dict = {}
+_lock = threading.Lock()
+
+
+def fused_operator(plain: Operator, steps: Steps, dtype: np.dtype) -> FusedOperator:
+    """The one FusedOperator of (built-in ``plain``, ``steps``, ``dtype``): kernels and plans cached per
+    operator are then shared by every call with the same expression."""
+    key = (plain.name, steps, np.dtype(dtype))
+    with _lock:
+        found = _fused_operators.get(key)
+        if found is None:
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+            folds = plain.partials
+            found = FusedOperator(
+                f"fused_{plain.name}_{digest}", plain.family, plain.cpu, steps.cuda(_CTYPES[np.dtype(dtype)]),
+                plain.commutative, plain.kinds,
+                plain.identity_value, _identity_fn=plain._identity_fn, base=folds.name,
+                steps=steps, dtype=np.dtype(dtype), plain=plain.name)
+            if len(_fused_operators) >= 1024:
+                _fused_operators.clear()
+            _fused_operators[key] = found
+    return found
+
+
+def worth_fusing(x) -> bool:
+    """Over CuPy chunks each step is a kernel reading and writing the chunk; NumPy's steps run in the same
+    process either way, so NumPy chunks keep them."""
+    return type(x._meta).__module__.startswith("cupy")
+
+
+def fused(x, plan):
+    """(the array to reduce or scan instead of ``x``, the plan reading it through the steps) where ``x`` is
+    CuPy-backed elementwise steps over another array (``split_steps``) and ``plan`` runs a built-in
+    operator with the production kernels; None otherwise."""
+    from .placement import setting
+
+    op = plan.op
+    if (not setting("multireduce.fuse-elementwise") or not op.builtin or plan.algorithm != "auto"
+            or not worth_fusing(x)):
+        return None
+    found = split_steps(x)
+    if found is None:
+        return None
+    below, steps = found
+    return below, dataclasses.replace(plan, op=fused_operator(op, steps, x.dtype))
+
+
+__all__ = ["Steps", "FusedOperator", "split_steps", "fused_operator", "fused"]

@@ -1,0 +1,102 @@
+"""Elementwise steps read into the production kernels' loads (multireduce.fusion) on the GPU: the generated
+operator compiles, and every reduction and scan reading through the steps gives the bits of the unfused
+path (CuPy's kernels for each step, then ours), on awkward sizes, with NaN, signed zeros and infinities.
+The same logic runs on the CPU in tests/test_fusion.py."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+pytestmark = pytest.mark.gpu
+
+import multireduce as mr  # noqa: E402
+from multireduce import fusion  # noqa: E402
+
+SIZES = [1, 31, 1025, (1 << 20) + 3, (1 << 24) + 7]
+
+
+def _chunks(n):
+    return tuple(c for c in (n // 3, 0, n // 3 + 1, n - 2 * (n // 3) - 1) if c >= 0)
+
+
+def _data(n, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 1e3).astype(dtype)
+    x[:: max(1, n // 7)] = np.inf if n > 3 else x[0]
+    x[1 % n] = -0.0
+    x[n // 2] = np.nan
+    return x
+
+
+def _bits(a):
+    a = cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else np.asarray(a)
+    return a.dtype, a.shape, a.tobytes()
+
+
+EXPRESSIONS = {
+    "x * 2 + 1": lambda x: x * 2 + 1,
+    "(x + 0.1) / 3": lambda x: (x + 0.1) / 3,
+    "where(x > 0, x, -0.0)": lambda x: da.where(x > 0, x, -0.0),
+    "abs(x) * 3 - x": lambda x: abs(x) * 3 - x,
+}
+CALLS = {
+    "sum": lambda e: mr.sum(e).compute(),
+    "mean": lambda e: mr.mean(e).compute(),
+    "max": lambda e: mr.max(e).compute(),
+    "nansum": lambda e: mr.nansum(e).compute(),
+    "prod": lambda e: mr.prod(e).compute(),
+    "cumsum": lambda e: mr.cumsum(e).compute(),
+    "nancumsum": lambda e: mr.nancumsum(e).compute(),
+}
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", list(EXPRESSIONS))
+def test_fused_reductions_and_scans_give_the_unfused_bits(name, n, monkeypatch):
+    made = []
+    make = fusion.fused_operator
+    monkeypatch.setattr(fusion, "fused_operator", lambda *a: made.append(a) or make(*a))
+    xn = _data(n, np.float32, n)
+    x = da.from_array(cupy.asarray(xn), chunks=(_chunks(n),), asarray=False)
+    e = EXPRESSIONS[name](x)
+    assert fusion.split_steps(e) is not None
+    with np.errstate(all="ignore"), dask.config.set(scheduler="sync"):
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = {k: _bits(call(e)) for k, call in CALLS.items()}
+        assert not made
+        got = {k: _bits(call(e)) for k, call in CALLS.items()}
+    assert len(made) == len(CALLS)  # every call read through the steps
+    assert got == want
+
+
+def test_float64_and_a_two_dimensional_axis_reduction():
+    rng = np.random.default_rng(7)
+    xn = rng.standard_normal((1000, 257))
+    x = da.from_array(cupy.asarray(xn), chunks=((300, 700), (100, 157)), asarray=False)
+    e = x * 3 - 1
+    assert fusion.split_steps(e) is not None
+    with dask.config.set(scheduler="sync"):
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = [_bits(mr.sum(e, axis=0).compute()), _bits(mr.min(e, axis=1).compute()),
+                    _bits(mr.cumsum(e, axis=1).compute())]
+        got = [_bits(mr.sum(e, axis=0).compute()), _bits(mr.min(e, axis=1).compute()),
+               _bits(mr.cumsum(e, axis=1).compute())]
+    assert got == want
+    np.testing.assert_allclose(cupy.asnumpy(mr.sum(e, axis=0).compute()), (xn * 3 - 1).sum(axis=0), rtol=1e-12)
+
+
+def test_the_fused_kernel_is_compiled_once_per_expression():
+    x = da.from_array(cupy.asarray(_data(4099, np.float32, 3)), chunks=1000, asarray=False)
+    from multireduce import kernels
+
+    with dask.config.set(scheduler="sync"):
+        mr.sum(x * 5 + 2).compute()
+        before = len(kernels._modules)
+        mr.sum(x * 5 + 2).compute()  # the same expression again: the same operator and module
+        assert len(kernels._modules) == before
+        mr.sum(x * 6 + 2).compute()  # another constant: another module
+        assert len(kernels._modules) == before + 1

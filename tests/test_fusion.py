@@ -1,0 +1,159 @@
+"""Elementwise steps read into a reduction's or scan's loads (multireduce.fusion), on the CPU: which graphs
+are read, what the steps compute, and that a plan reading through them gives the unfused bits on every
+path (the graph, ``compute=True``, held chunks on a cluster, scans). On NumPy chunks the steps are
+normally left to NumPy; these tests route them through the fused operator's NumPy load, the same logic
+the GPU kernels run (tests/gpu/test_gpu_fusion.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import multireduce as mr
+from multireduce import api, fusion
+from multireduce.operators import get_operator
+
+RNG = np.random.default_rng(20261126)
+CHUNKS = (100, 333, 0, 567, 31, 1, 1023)  # awkward, one empty
+N = sum(CHUNKS)
+
+
+def _data(dtype=np.float32, n=N):
+    x = (RNG.standard_normal(n) * 1e3).astype(dtype)
+    x[::97] = -x[::97]
+    x[7] = -0.0
+    return x
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.dtype, a.shape, a.tobytes()
+
+
+EXPRESSIONS = {
+    "x * 2 + 1": lambda x: x * 2 + 1,
+    "(x + 0.1) / 3": lambda x: (x + 0.1) / 3,
+    "where(x > 0, x, -0.0)": lambda x: da.where(x > 0, x, -0.0),
+    "abs(x) * 3": lambda x: abs(x) * 3,
+    "x * x + x": lambda x: x * x + x,
+    "-x - 1e30": lambda x: -x - 1e30,
+}
+
+
+@pytest.mark.parametrize("name", list(EXPRESSIONS))
+def test_the_steps_are_read_and_compute_what_dask_computes(name):
+    xn = _data()
+    x = da.from_array(xn, chunks=(CHUNKS,))
+    e = EXPRESSIONS[name](x)
+    below, steps = fusion.split_steps(e)
+    assert below.name == x.name and below.chunks == x.chunks and below.dtype == x.dtype
+    with np.errstate(all="ignore"):
+        assert _bits(steps.evaluate(xn)) == _bits(e.compute())
+    code = steps.cuda("float")
+    assert "*" not in code.replace("(-", "") or "__fmul_rn" in code  # every product rounded on its own
+    assert " + " not in code and " / " not in code  # no operator NVRTC could contract into a multiply-add
+
+
+def test_only_one_input_at_each_chunks_position_with_python_numbers_is_read():
+    x = da.from_array(_data(), chunks=(CHUNKS,))
+    y = da.from_array(_data(), chunks=(CHUNKS,))
+    w = da.from_array(_data(n=N), chunks=N)  # other chunks: a rechunk of y to x's
+    assert fusion.split_steps(x) is None  # no step
+    assert fusion.split_steps(x * y) is None  # two arrays
+    below, steps = fusion.split_steps((x * y) * 2)  # the product is the input of the step above it
+    assert below.name == (x * y).name and steps.tree == ("multiply", fusion.LEAF, ("constant", 2))
+    assert fusion.split_steps(x * np.float32(2)) is None  # a NumPy scalar is not weak: NumPy promotes by it
+    assert fusion.split_steps(x * w) is None
+    assert fusion.split_steps(np.exp(x)) is None  # transcendental: CuPy's bits are CuPy's
+    assert fusion.split_steps(x ** 2) is None
+    assert fusion.split_steps(x.astype(np.float64) * 2) is not None  # float64 times an int: float64 in
+
+
+def test_an_input_dtype_the_graph_leaves_open_is_not_guessed():
+    x64 = da.from_array(_data(np.float64), chunks=(CHUNKS,))
+    i32 = da.from_array(np.arange(N, dtype=np.int32), chunks=(CHUNKS,))
+    assert fusion.split_steps(x64 * 2) is not None
+    # an int32 input divided by 2 is float64 too: the input could be either
+    assert fusion.split_steps(x64 / 2) is None and fusion.split_steps(i32 / 2) is None
+    assert fusion.split_steps(x64 * 0.5) is None
+    assert fusion.split_steps(i32 * 2) is None  # integers: not fused
+    x32 = da.from_array(_data(), chunks=(CHUNKS,))
+    assert fusion.split_steps(x32 * 0.5) is not None  # nothing but float32 gives float32 here
+    assert fusion.split_steps(da.sqrt(abs(x32))) is None  # int16 input: sqrt gives float32 too
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("func", ["sum", "nansum", "prod", "max", "nanmin", "mean"])
+def test_a_plan_reading_through_the_steps_gives_the_unfused_bits(func, dtype):
+    xn = _data(dtype)
+    xn[5] = np.nan if func.startswith("nan") else xn[5]
+    x = da.from_array(xn, chunks=(CHUNKS,))
+    # a float constant leaves a float64 input open (an integer input would give float64 too)
+    zero = -0.0 if dtype == np.float32 else 0
+    for e in (x * 2 + 1, da.where(x > 0, x, zero), abs(x) * 3):
+        below, steps = fusion.split_steps(e)
+        op = get_operator("sum" if func == "mean" else func)
+        plans, _, _, fan_in = api._resolve_reduction("dask-numpy", op, e.dtype, 1, None, None, False, 4, "auto",
+                                                     func == "mean", None, "test")
+        fused = dataclasses.replace(plans[0], op=fusion.fused_operator(op, steps, e.dtype))
+        from multireduce import graph
+
+        with np.errstate(all="ignore"):
+            assert _bits(graph.reduction(below, fused, fan_in).compute()) == \
+                _bits(graph.reduction(e, plans[0], fan_in).compute())
+
+
+@pytest.fixture
+def fusing(monkeypatch):
+    """The API reads the steps into its plans on NumPy chunks too, and counts the operators it makes."""
+    made = []
+    make = fusion.fused_operator
+    monkeypatch.setattr(fusion, "worth_fusing", lambda x: True)
+    monkeypatch.setattr(fusion, "fused_operator", lambda *a: made.append(a) or make(*a))
+    return made
+
+
+def _calls(e):
+    with np.errstate(all="ignore"):
+        return [mr.sum(e).compute(), mr.mean(e, compute=True), mr.max(e, axis=0).compute(),
+                mr.cumsum(e).compute(), mr.nancumsum(e).compute(), mr.sum(e, split_every=2).compute()]
+
+
+def test_the_api_reads_the_steps_and_gives_the_unfused_bits(fusing):
+    x = da.from_array(_data(), chunks=(CHUNKS,))
+    e = x * 2 + 1
+    with dask.config.set({"multireduce.fuse-elementwise": False}):
+        want = _calls(e)
+    assert not fusing
+    got = _calls(e)
+    assert len(fusing) == len(got)
+    assert [_bits(g) for g in got] == [_bits(w) for w in want]
+
+
+def test_numpy_chunks_keep_their_steps_by_default():
+    x = da.from_array(_data(), chunks=(CHUNKS,))
+    plan = api._resolve_reduction("dask-numpy", get_operator("sum"), x.dtype, 1, None, None, False, 4, "auto",
+                                  False, None, "test")[0][0]
+    assert fusion.fused(x * 2, plan) is None
+
+
+def test_held_chunks_are_reduced_and_scanned_through_the_steps_on_a_cluster(fusing):
+    distributed = pytest.importorskip("distributed")
+    xn = _data()
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None,
+                                  scheduler_port=0) as cluster, distributed.Client(cluster) as client:
+        x = client.persist(da.from_array(xn, chunks=(CHUNKS,)))
+        distributed.wait(x)
+        e = x * 2 + 1
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = [mr.sum(e).compute(), mr.cumsum(e).persist().compute(), client.compute(mr.mean(e)).result()]
+        assert not fusing
+        held = mr.sum(e)
+        assert type(held).__name__ == "WholeOfHeld"  # the held path, over x itself
+        got = [held.compute(), mr.cumsum(e).persist().compute(), client.compute(mr.mean(e)).result()]
+        assert len(fusing) == 3
+        assert [_bits(g) for g in got] == [_bits(w) for w in want]
