@@ -23,6 +23,8 @@ SUITES = {
                                    "(--profile kernels | call)"),
     "exact": ("bench_exact", "exact sums and cumsums against the plain ones, CPU or GPU "
                              "(--profile shapes | terms | ncu | call | scan)"),
+    "fusion": ("bench_fusion", "sums and cumsums of elementwise expressions read through the steps vs unfused, "
+                               "dask.array and the copy roof"),
     "cub": ("bench_cub", "CUB through cuda.compute beside ours, CuPy and torch"),
     "first-call": ("first_call", "first call in a fresh process with empty caches, against CuPy's"),
     "multigpu": ("multigpu", "multireduce vs dask.array across GPUs: held, expression, some-axes, lazy and "

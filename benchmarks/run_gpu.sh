@@ -13,7 +13,8 @@
 # EXACTSWEEP_ARGS="--quick" narrows it; table and JSON in $OUT), exactterms (exact --profile terms),
 # exactcall (exact --profile call), exactscan (exact --profile scan), exactprofile (exact --profile shapes,
 # and ncu on exact --profile ncu), lookback (scan --lookback-only, reduce --accumulate-only), first
-# (first-call, with and without the prebuilt kernels), cub (installs .whl-cccl/ first if it is there;
+# (first-call, with and without the prebuilt kernels), fusion (sums of expressions read through the steps;
+# FUSION_ARGS="--quick" narrows it), cub (installs .whl-cccl/ first if it is there;
 # CUB_ARGS="--quick" or "--sizes 26 --dtypes float32" narrow it).
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -49,6 +50,10 @@ fi
 if has small; then
   timeout 120 python3 -m benchmarks reduce --profile small > "$OUT/profile-small.log" 2>&1 || rc=1
   grep -E "^\|" "$OUT/profile-small.log" || tail -n 20 "$OUT/profile-small.log"
+fi
+if has fusion; then
+  timeout 400 python3 -m benchmarks fusion ${FUSION_ARGS:-} > "$OUT/fusion.log" 2>&1 || rc=1
+  grep -E "^\|" "$OUT/fusion.log" || tail -n 30 "$OUT/fusion.log"
 fi
 if has first; then
   { timeout 400 python3 -m benchmarks first-call; timeout 400 python3 -m benchmarks first-call --no-prebuilt; } \
