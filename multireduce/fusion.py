@@ -281,6 +281,10 @@ class FusedOperator(Operator):
     def load(self, x):
         return get_operator(self.plain).load(self.steps.evaluate(x))
 
+    def unfused(self):
+        """(the steps as a function of a chunk, the plain operator): what this operator computes, apart."""
+        return self.steps.evaluate, get_operator(self.plain)
+
     def cuda_source(self) -> str:
         ctype = _CTYPES[np.dtype(self.dtype)]
         plain = get_operator(self.plain)

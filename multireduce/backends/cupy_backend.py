@@ -208,8 +208,42 @@ def _reduce_columns(x3, op, acc, identity, outer, K, inner, sms, p):
                            sms, p)
 
 
+_unfused_warned: set = set()  # operators whose kernels failed to build: not tried again in this process
+
+
+def _unfused(op: Operator, error: Exception | None = None):
+    """(steps, plain operator) of an operator that reads its input through elementwise steps
+    (``fusion.FusedOperator``) whose kernels failed to build (``error``; None: asks whether they did): the
+    steps are then applied by CuPy and the plain operator's kernels run, the unfused path's bits, slower.
+    None for any other operator."""
+    unfused = getattr(op, "unfused", None)
+    if unfused is None or (error is None and op.name not in _unfused_warned):
+        return None
+    if op.name not in _unfused_warned:
+        _unfused_warned.add(op.name)
+        import warnings
+
+        warnings.warn(f"multireduce: the kernels reading through elementwise steps ({op.cuda}) failed to build; "
+                      f"the steps run as CuPy kernels instead. Set multireduce.fuse-elementwise to False to "
+                      f"skip them. {error}", RuntimeWarning, stacklevel=3)
+    return unfused()
+
+
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
     """Reduce ``axes`` of ``x`` with ``op``, accumulating in ``acc_dtype``; reduced axes kept (size 1)."""
+    found = _unfused(op)
+    if found is None:
+        try:
+            return _reduce(x, op, axes, acc_dtype, algorithm)
+        except _k.KernelError as error:
+            found = _unfused(op, error)
+            if found is None:
+                raise
+    steps, plain = found
+    return _reduce(steps(x), plain, axes, acc_dtype, algorithm)
+
+
+def _reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
     acc = np.dtype(acc_dtype)
     identity = _identity(op, acc)
     keep_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
@@ -455,6 +489,20 @@ def _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm) -
 def scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive: bool = True,
          algorithm: str = "auto"):
     """Scan ``x`` along ``axis``; ``carry`` (keepdims shape, on the device) is folded in on the left."""
+    found = _unfused(op)
+    if found is None:
+        try:
+            return _scan(x, op, axis, acc_dtype, out_dtype, carry, inclusive, algorithm)
+        except _k.KernelError as error:
+            found = _unfused(op, error)
+            if found is None:
+                raise
+    steps, plain = found
+    return _scan(steps(x), plain, axis, acc_dtype, out_dtype, carry, inclusive, algorithm)
+
+
+def _scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusive: bool = True,
+          algorithm: str = "auto"):
     acc, out_dtype = np.dtype(acc_dtype), np.dtype(out_dtype)
     identity = _identity(op, acc)
     out = cupy.empty(x.shape, out_dtype)

@@ -100,3 +100,28 @@ def test_the_fused_kernel_is_compiled_once_per_expression():
         assert len(kernels._modules) == before
         mr.sum(x * 6 + 2).compute()  # another constant: another module
         assert len(kernels._modules) == before + 1
+
+
+def test_kernels_that_fail_to_build_leave_the_steps_to_cupy(monkeypatch):
+    """A compiler that refuses the generated code costs speed, not the result: the steps run as CuPy kernels
+    and the plain operator's kernels reduce them (the unfused bits), with one warning."""
+    from multireduce import kernels
+    from multireduce.backends import cupy_backend
+
+    compiled = kernels._compiled
+
+    def refusing(text, names, what):
+        if "fused_" in what or "mr_user::op_fused_" in " ".join(names.values()):
+            raise kernels.KernelError(f"compiling {what} failed (refused by the test)")
+        return compiled(text, names, what)
+
+    monkeypatch.setattr(kernels, "_compiled", refusing)
+    monkeypatch.setattr(cupy_backend, "_unfused_warned", set())
+    x = da.from_array(cupy.asarray(_data(5003, np.float32, 11)), chunks=1000, asarray=False)
+    e = x * 7 - 3  # an expression no other test compiles
+    with dask.config.set(scheduler="sync"):
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = [_bits(mr.sum(e).compute()), _bits(mr.cumsum(e).compute())]
+        with pytest.warns(RuntimeWarning, match="failed to build"):
+            got = [_bits(mr.sum(e).compute()), _bits(mr.cumsum(e).compute())]
+    assert got == want
