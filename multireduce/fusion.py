@@ -174,11 +174,12 @@ def _python_number(value) -> bool:
     return type(value) in (int, float, bool)
 
 
-def _steps_of_chunk(graph: dict, key, index: tuple):
+def _steps_of_chunk(task_of, key, index: tuple):
     """(input array name, Steps) of the elementwise steps that make chunk ``key`` from the chunk at the same
     position ``index`` of one other array, with Python numbers as the only other operands: the longest
-    such chain from the top (a step reading anything else is the input). None where there is no step."""
-    from dask._task_spec import DataNode, Task, TaskRef
+    such chain from the top (a step reading anything else is the input). None where there is no step.
+    ``task_of(key)``: the task making ``key``, None for anything else (held data, a legacy task)."""
+    from dask._task_spec import DataNode, TaskRef
 
     def as_input(k):
         if not (isinstance(k, tuple) and tuple(k[1:]) == index):
@@ -186,8 +187,8 @@ def _steps_of_chunk(graph: dict, key, index: tuple):
         return LEAF, {k[0]}
 
     def walk(k, depth):
-        node = graph.get(k)
-        if not isinstance(node, Task) or node.func not in _STEPS or node.kwargs \
+        node = task_of(k)
+        if node is None or node.func not in _STEPS or node.kwargs \
                 or len(node.args) != _ARITY.get(_STEPS[node.func], 2):
             if depth:
                 return as_input(k)
@@ -224,11 +225,40 @@ def _steps_of_chunk(graph: dict, key, index: tuple):
     return inputs.pop(), Steps(tree)
 
 
+def _tasks_of(graph):
+    """key -> the Task making it in ``graph`` (a HighLevelGraph), looked up in the key's own layer: only the
+    layers a chain of steps passes through are materialised, not the whole graph (reading all of a lazily
+    made array's graph costs ~1 ms per chunk)."""
+    from dask._task_spec import Task
+
+    def task_of(key):
+        layer = graph.layers.get(key[0] if isinstance(key, tuple) and key else key)
+        node = layer.get(key) if layer is not None else None
+        return node if isinstance(node, Task) else None
+
+    return task_of
+
+
 class _NotFusable(Exception):
     pass
 
 
+_UNREAD = object()
+
+
 def split_steps(x):
+    """``read_steps(x)``, read once per array (a dask array's graph never changes)."""
+    found = getattr(x, "_multireduce_steps", _UNREAD)
+    if found is _UNREAD:
+        found = read_steps(x)
+        try:
+            x._multireduce_steps = found
+        except AttributeError:  # an array type without room for it: read again next time
+            pass
+    return found
+
+
+def read_steps(x):
     """(the array the elementwise steps at the top of ``x``'s graph read, Steps) where every chunk of ``x``
     is made by the same steps from the chunk at its position of one other array, with Python numbers as
     the only other operands, and that array's dtype is ``x``'s (float32 or float64) whatever it could have
@@ -237,17 +267,16 @@ def split_steps(x):
     from dask.array.utils import meta_from_array
     from dask.highlevelgraph import HighLevelGraph
 
-    from .recipes import ChunkSources
+    from dask.core import flatten
 
     dtype = np.dtype(x.dtype)
-    if dtype not in _CTYPES or not x.npartitions:
+    graph = x.__dask_graph__()
+    if dtype not in _CTYPES or not x.npartitions or not isinstance(graph, HighLevelGraph):
         return None
-    sources = ChunkSources.of(x)
-    if not sources.ok:
-        return None
+    task_of = _tasks_of(graph)
     found = None
-    for key in sources.keys:
-        this = _steps_of_chunk(sources.graph, key, tuple(key[1:]))
+    for key in flatten(x.__dask_keys__()):
+        this = _steps_of_chunk(task_of, key, tuple(key[1:]))
         if this is None or (found is not None and (this[0] != found[0] or this[1] != found[1])):
             return None
         found = this
@@ -257,8 +286,7 @@ def split_steps(x):
     if steps.dtype_of(dtype, keeping=True) != dtype or any(steps.dtype_of(d) == dtype for d in _CANDIDATES
                                                           if d != dtype):
         return None
-    graph = x.__dask_graph__()
-    if not isinstance(graph, HighLevelGraph) or name not in graph.layers:
+    if name not in graph.layers:
         return None
     below = graph.cull_layers([name])
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=dtype)
@@ -352,4 +380,4 @@ def fused(x, plan):
     return below, dataclasses.replace(plan, op=fused_operator(op, steps, x.dtype))
 
 
-__all__ = ["Steps", "FusedOperator", "split_steps", "fused_operator", "fused"]
+__all__ = ["Steps", "FusedOperator", "split_steps", "read_steps", "fused_operator", "fused"]
