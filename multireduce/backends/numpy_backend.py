@@ -41,7 +41,7 @@ def _aligned(x):
 
 #: elements per piece of the whole-array passes below and of the statistics (numpy_stats): a float64
 #: piece (512 KiB) stays in L2 while it is read several times, and 2^16 elements keep the Python cost
-#: per piece at a few per cent of its arithmetic (benchmarks/bench_stats.py --cpu)
+#: per piece at a few per cent of its arithmetic (python -m benchmarks stats --cpu)
 PIECE = 1 << 16
 
 

@@ -89,7 +89,8 @@ def arg_merge(left, right, largest: bool):
 # one-element chunks that error reaches var itself (seen: 5e-10 relative).
 def moments_chunk(block, axes, skipnan: bool, xp=np):
     """(count, anchor, offset, M2) of the chunk over ``axes``, float64, corrected two-pass over the
-    chunk (in cache, or on the GPU). ``skipnan``: NaNs do not count."""
+    chunk (on the GPU), or, for a NumPy chunk reduced over every axis, over each piece of PIECE elements
+    (in cache) with the pieces merged as chunks are. ``skipnan``: NaNs do not count."""
     if xp is np and block.dtype.kind in "biuf" and len(axes) == block.ndim and block.size > PIECE:
         flat = flat_view(block)
         pieces = None if flat is None else _moments_pieces(flat, skipnan and block.dtype.kind == "f")
