@@ -7,6 +7,7 @@ benchmarks/bench_segments.py.
 
     python -m benchmarks stats [--quick]     # --quick: 2^24 and 2^26 only
     python -m benchmarks stats --profile call | kernels
+    python -m benchmarks stats --cpu [--quick]   # NumPy input against NumPy, 2^24 (--quick: 2^20); no GPU
 
 The table printed last is one line per (statistic, dtype, n): our ratio to the copy roof and to the
 fastest of CuPy and torch (> 1: faster).
@@ -17,6 +18,12 @@ negligible): "pipelined" is the host time per call of 2000 back-to-back calls (a
 shorter than this is host-bound in this suite's pipelined timing), "latency" the median of single calls
 each followed by a stream synchronize; then cProfile of 2000 calls of argmax, var and nanmax, the 18
 functions with the most own time.
+
+``--cpu``: the CPU backend on NumPy input against NumPy's own function, float32 and float64 at 2^24
+elements: the wall-clock median of CPU_ROUNDS interleaved rounds (ours, NumPy, ours, ...) of one call
+each, every result checked against a float64 reference first; then var and nanmean of a Dask array of
+the same data in 4 chunks under the synchronous scheduler. The last column is NumPy's time over ours
+(>= 1: not slower). Under a minute on a loaded 2-core machine.
 
 ``--profile kernels``: where a whole-array statistic's GPU time goes at 2^26 and 2^28 elements: the rows
 kernel alone (at several grid sizes), rows + fold (what a call launches), the whole call, and our sum
@@ -200,10 +207,113 @@ def profile_kernels() -> list:
     return rows
 
 
+#: interleaved rounds of the CPU rows (each round times ours once and NumPy's once)
+CPU_ROUNDS = 5
+#: (statistic, data kind): 'normal' 3 + N(0, 1), 'nan' the same with 1% NaN, 'sparse' 10% non-zero,
+#: 'zeros1' zeros but one non-zero near the end (any reads everything), 'ones0' ones but one zero near
+#: the end (so does all), 'unique' a unique extreme at a random place
+CPU_STATS = (("var", "normal"), ("std", "normal"), ("mean", "normal"), ("nanmean", "nan"), ("nanvar", "nan"),
+             ("nanstd", "nan"), ("nansum", "nan"), ("nanmin", "nan"), ("nanmax", "nan"), ("argmax", "unique"),
+             ("argmin", "unique"), ("count_nonzero", "sparse"), ("any", "zeros1"), ("all", "ones0"))
+
+
+def _cpu_data(kind, base, rng):
+    """``base`` (3 + N(0, 1), made once per dtype) copied and shaped into ``kind``."""
+    x = base.copy()
+    n = x.size
+    if kind == "nan":
+        x[rng.random(n) < 0.01] = np.nan
+    elif kind == "sparse":
+        x[rng.random(n) < 0.9] = 0
+    elif kind == "zeros1":
+        x[...] = 0
+        x[n - 5] = 1
+    elif kind == "ones0":
+        x[...] = 1
+        x[n - 5] = 0
+    elif kind == "unique":
+        x[int(rng.integers(0, n))] = 100.0
+        x[int(rng.integers(0, n))] = -100.0
+    return x
+
+
+def _cpu_check(name, got, x):
+    """``got`` against NumPy's function of the float64 data: exact for indices, counts and truth values,
+    1e-6 relative (float32 results round once) for the rest."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = getattr(np, name)(x.astype(np.float64))
+    if name in ("argmax", "argmin", "count_nonzero", "any", "all", "nanmin", "nanmax"):
+        return bool(np.asarray(got) == ref)
+    return abs(float(got) - float(ref)) <= 1e-6 * abs(float(ref))
+
+
+def _cpu_time(fns, x):
+    """{label: median ms}: one call of each of ``fns`` per round, in turn, CPU_ROUNDS rounds after a warm-up."""
+    import time
+
+    samples = {label: [] for label in fns}
+    for fn in fns.values():
+        fn(x)
+    for _ in range(CPU_ROUNDS):
+        for label, fn in fns.items():
+            start = time.perf_counter()
+            fn(x)
+            samples[label].append((time.perf_counter() - start) * 1e3)
+    return {label: statistics.median(t) for label, t in samples.items()}
+
+
+def run_cpu(quick: bool) -> list:
+    """``--cpu``: our statistics of NumPy (and Dask) input against NumPy's, one table."""
+    import warnings
+
+    import dask
+    import dask.array as da
+
+    n = 1 << (20 if quick else 24)
+    rng = np.random.default_rng(0)
+    header = ("statistic", "input", "dtype", "n", "multireduce ms", "numpy ms", "x numpy", "ok")
+    rows = []
+    print(h.md_table(header, []), end="")
+
+    def row(name, where, dtype, ms_ours, ms_np, ok):
+        rows.append((name, where, np.dtype(dtype).name, h.log2_text(n), f"{ms_ours:.2f}", f"{ms_np:.2f}",
+                     f"{ms_np / ms_ours:.2f}", ok))
+        print(h.md_table(header, rows[-1:]).splitlines()[-1], flush=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for dtype in (np.float32, np.float64):
+            base = (3.0 + rng.standard_normal(n)).astype(dtype)
+            for name, kind in CPU_STATS:
+                x = _cpu_data(kind, base, rng)
+                ours, theirs = getattr(mr, name), getattr(np, name)
+                ok = _cpu_check(name, ours(x), x)
+                t = _cpu_time({"ours": ours, "numpy": theirs}, x)
+                row(name, "numpy", dtype, t["ours"], t["numpy"], ok)
+            with dask.config.set(scheduler="synchronous"):
+                for name, kind in (("var", "normal"), ("nanmean", "nan")):
+                    x = _cpu_data(kind, base, rng)
+                    d = da.from_array(x, chunks=-(-n // 4))
+                    ours, theirs = getattr(mr, name), getattr(np, name)
+                    ok = _cpu_check(name, ours(d).compute(), x)
+                    t = _cpu_time({"ours": lambda _: ours(d).compute(), "numpy": theirs}, x)
+                    row(name, "dask, 4 chunks", dtype, t["ours"], t["numpy"], ok)
+    return rows
+
+
 def main(argv=None) -> list:
-    return h.run_suite("stats", __doc__, argv, run, quick="2^24 and 2^26 only",
-                       profiles={"call": ("host microseconds of one statistics call, and cProfile", profile_call),
-                                 "kernels": ("the statistics kernels' GPU time, piece by piece", profile_kernels)})
+    profiles = {"call": ("host microseconds of one statistics call, and cProfile", profile_call),
+                "kernels": ("the statistics kernels' GPU time, piece by piece", profile_kernels)}
+    p = h.parser("stats", __doc__, "2^24 and 2^26 only (with --cpu: 2^20)", None,
+                 {k: what for k, (what, _) in profiles.items()})
+    p.add_argument("--cpu", action="store_true", help="NumPy input against NumPy at 2^24, no GPU")
+    args = p.parse_args(argv)
+    if args.cpu:
+        return run_cpu(args.quick)
+    return h.run_suite("stats", __doc__, argv, run, quick="2^24 and 2^26 only", profiles=profiles)
 
 
 def run(args, cupy, torch, env) -> list:

@@ -39,15 +39,76 @@ def _aligned(x):
     return x
 
 
+#: elements per piece of the whole-array passes below and of the statistics (numpy_stats): a float64
+#: piece (512 KiB) stays in L2 while it is read several times, and 2^16 elements keep the Python cost
+#: per piece at a few per cent of its arithmetic (python -m benchmarks stats --cpu)
+PIECE = 1 << 16
+
+
+def flat_view(x):
+    """``x`` as a 1-D view in memory order (reductions over every axis ignore the order), or None where
+    that would need a copy (non-contiguous arrays of several dimensions)."""
+    if type(x) is not np.ndarray:
+        return None
+    if x.ndim == 1:
+        return x
+    if x.flags.c_contiguous or x.flags.f_contiguous:
+        return x.ravel(order="K")
+    return None
+
+
+#: the ufuncs that skip NaN themselves: nanmin/nanmax read NaN as the identity in one pass, no copy
+_NAN_SKIPPING = {"min": np.fmin, "max": np.fmax}
+
+
+def _nan_pieces(flat, op: Operator, acc_dtype):
+    """nansum/nanprod of 1-D float ``flat`` as an ``acc_dtype`` scalar: each piece copied into a buffer in
+    cache, its NaNs set to the identity there, reduced, and the pieces' results reduced (a pairwise tree
+    over pieces, as NumPy's is over the elements), so no full-size copy of the data is made."""
+    ufunc, size = op.ufunc, min(flat.size, PIECE)
+    identity = op.identity(flat.dtype)
+    buf, nan = np.empty(size, flat.dtype), np.empty(size, bool)
+    parts = np.empty(-(-flat.size // PIECE), acc_dtype)
+    for i, start in enumerate(range(0, flat.size, PIECE)):
+        piece = flat[start : start + PIECE]
+        b, mask = (buf, nan) if piece.size == size else (buf[: piece.size], nan[: piece.size])
+        np.isnan(piece, out=mask)
+        np.copyto(b, piece)
+        np.copyto(b, identity, where=mask)
+        parts[i] = ufunc.reduce(b, dtype=acc_dtype)
+    return ufunc.reduce(parts)
+
+
+def _load_reduce(x, op: Operator, acc_dtype, axes=None):
+    """The nan-family's one-pass reductions of float ``x`` (``axes``: None for all; the result keeps the
+    reduced axes unless ``axes`` is None), or None where the load copy is the way (other operators,
+    partial axes of nansum/nanprod, small or non-contiguous data)."""
+    if op.base in _NAN_SKIPPING:
+        return _NAN_SKIPPING[op.base].reduce(x, axis=axes, dtype=acc_dtype, keepdims=axes is not None,
+                                             initial=op.identity(acc_dtype))
+    if x.size <= PIECE or (axes is not None and len(axes) != x.ndim):
+        return None
+    flat = flat_view(x)
+    if flat is None:
+        return None
+    value = _nan_pieces(flat, op, acc_dtype)
+    return value if axes is None else np.full((1,) * x.ndim, value, acc_dtype)
+
+
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
     """Reduce ``axes`` of ``x`` with ``op`` in ``acc_dtype``; the result keeps the reduced axes (size 1).
     Elements are read through ``op.load`` (the nan-family's NaN -> identity).
 
     Non-commutative operators take one axis at a time, so the caller passes one axis for them.
     """
-    x = op.load(_aligned(x))
+    x = _aligned(x)
     acc_dtype = np.dtype(acc_dtype)
     identity = op.identity(acc_dtype)
+    if op.masks_nan and x.dtype.kind == "f" and type(x) is np.ndarray:
+        value = _load_reduce(x, op, acc_dtype, tuple(axes))
+        if value is not None:
+            return value
+    x = op.load(x)
     if op.ufunc is not None:
         return op.ufunc.reduce(x, axis=axes, dtype=acc_dtype, keepdims=True, initial=identity)
     if len(axes) != 1:
@@ -69,7 +130,7 @@ class _Launcher:
     result dtype) with the lookups done once; None for empty input (the general path owns NumPy's
     empty-input rules) and for ndarray subclasses."""
 
-    __slots__ = ("acc", "cast", "divisor", "load", "ufunc")
+    __slots__ = ("acc", "cast", "divisor", "load", "op", "ufunc")
 
     def __init__(self, op: Operator, acc, out, mean=False):
         self.ufunc, self.acc = op.ufunc, np.dtype(acc)
@@ -77,15 +138,20 @@ class _Launcher:
         # the count's type as core.ReductionPlan.finalize divides by it: the same bits as the general path
         self.divisor = division_dtype(self.acc).type if mean else None
         self.load = op.load if op.masks_nan else None
+        self.op = op
 
     def __call__(self, x):
         if type(x) is not np.ndarray or x.size == 0:
             return None
         if not x.flags.aligned:  # as _aligned, inline: this path is timed in microseconds
             x = np.array(x, copy=True, order="K")
-        if self.load is not None:
-            x = self.load(x)
-        value = self.ufunc.reduce(x, axis=None, dtype=self.acc)
+        value = None
+        if self.load is not None and x.dtype.kind == "f":
+            value = _load_reduce(x, self.op, self.acc)
+            if value is None:
+                x = self.load(x)
+        if value is None:
+            value = self.ufunc.reduce(x, axis=None, dtype=self.acc)
         if self.divisor is not None:
             value = value / self.divisor(x.size)
         return value if self.cast is None else value.astype(self.cast)

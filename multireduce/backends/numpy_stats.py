@@ -14,6 +14,8 @@ import warnings
 
 import numpy as np
 
+from .numpy_backend import PIECE, flat_view
+
 
 def _size(block, axes) -> int:
     return math.prod(block.shape[a] for a in axes)
@@ -87,7 +89,14 @@ def arg_merge(left, right, largest: bool):
 # one-element chunks that error reaches var itself (seen: 5e-10 relative).
 def moments_chunk(block, axes, skipnan: bool, xp=np):
     """(count, anchor, offset, M2) of the chunk over ``axes``, float64, corrected two-pass over the
-    chunk (in cache, or on the GPU). ``skipnan``: NaNs do not count."""
+    chunk (on the GPU), or, for a NumPy chunk reduced over every axis, over each piece of PIECE elements
+    (in cache) with the pieces merged as chunks are. ``skipnan``: NaNs do not count."""
+    if xp is np and block.dtype.kind in "biuf" and len(axes) == block.ndim and block.size > PIECE:
+        flat = flat_view(block)
+        pieces = None if flat is None else _moments_pieces(flat, skipnan and block.dtype.kind == "f")
+        if pieces is not None:
+            kept = (1,) * block.ndim
+            return tuple(p.reshape(kept) for p in _merge_all(pieces, moments_merge))
     complex_ = block.dtype.kind == "c"  # complex: the mean is complex, M2 sums |x - mean|^2 (NumPy's var)
     x = block.astype(np.complex128 if complex_ else np.float64)
     kept = _kept_shape(block, axes)
@@ -122,6 +131,60 @@ def moments_chunk(block, axes, skipnan: bool, xp=np):
             m2 = xp.where(wide, np.inf, m2)
         m2 = xp.maximum(m2, 0.0)  # the correction may round below zero; NaN stays NaN
     return count, anchor, offset, m2
+
+
+def _moments_pieces(flat, skipnan: bool):
+    """(count, anchor, offset, M2) arrays of 1-D real NumPy ``flat``, one entry per piece of PIECE
+    elements: the corrected two-pass of ``moments_chunk`` on each piece, converted to float64 in a buffer
+    that stays in cache, so the data is read from memory once and no full-size temporary is made. None as
+    soon as a piece's sum of squares is not finite (inf or NaN data, overflow): ``moments_chunk``'s general
+    path owns those rules."""
+    size = min(flat.size, PIECE)
+    k = -(-flat.size // PIECE)
+    count, anchor, total, squares = (np.empty(k) for _ in range(4))
+    buf = np.empty(size)
+    nan = np.empty(size, bool) if skipnan else None
+    add = np.add.reduce
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, start in enumerate(range(0, flat.size, PIECE)):
+            piece = flat[start : start + PIECE]
+            m = piece.size
+            b = buf if m == size else buf[:m]
+            np.copyto(b, piece)
+            holes = 0
+            if nan is not None:
+                mask = nan if m == size else nan[:m]
+                np.isnan(b, out=mask)
+                holes = int(np.count_nonzero(mask))
+                if holes:
+                    np.copyto(b, 0.0, where=mask)
+            valid = m - holes
+            a = add(b) / max(valid, 1)
+            np.subtract(b, a, out=b)
+            if holes:
+                np.copyto(b, 0.0, where=mask)
+            t = add(b)
+            np.multiply(b, b, out=b)
+            q = add(b)
+            if not math.isfinite(q):
+                return None
+            count[i], anchor[i], total[i], squares[i] = valid, a, t, q
+    offset = total / np.maximum(count, 1.0)
+    return count, anchor, offset, np.maximum(squares - offset * total, 0.0)
+
+
+def _merge_all(parts, merge):
+    """One partial from partials stacked along axis 0 (a tuple of arrays): a balanced pairwise tree,
+    neighbours (0, 1), (2, 3), ... merged a level at a time, each level one vectorised ``merge``, as
+    ``StatPlan.combine`` merges chunks' partials."""
+    while parts[0].shape[0] > 1:
+        k = parts[0].shape[0]
+        even = k - k % 2
+        merged = merge(tuple(p[0:even:2] for p in parts), tuple(p[1:even:2] for p in parts))
+        if k % 2:
+            merged = tuple(np.concatenate([m, p[-1:]]) for m, p in zip(merged, parts))
+        parts = merged
+    return parts
 
 
 def _square(d, xp):
@@ -208,7 +271,35 @@ def extreme_merge(left, right, largest: bool):
     return value, na + nb
 
 
+def _nonzero_pieces(block, axes, xp):
+    """The 1-D view of ``block`` for the piecewise any/all/count_nonzero (every axis, NumPy, larger than a
+    piece), else None."""
+    if xp is not np or len(axes) != block.ndim or block.size <= PIECE or block.dtype.kind not in "biufc":
+        return None
+    return flat_view(block)
+
+
+def _nonzero_masks(flat):
+    """``flat != 0`` piece by piece into one bool buffer that stays in cache (NumPy's any/all/count_nonzero
+    of numbers make no SIMD pass over them; comparing and then reading bools does)."""
+    buf = np.empty(min(flat.size, PIECE), bool)
+    for start in range(0, flat.size, PIECE):
+        piece = flat[start : start + PIECE]
+        mask = buf if piece.size == buf.size else buf[: piece.size]
+        np.not_equal(piece, 0, out=mask)
+        yield mask
+
+
 def truth_chunk(block, axes, every: bool, xp=np):
+    flat = _nonzero_pieces(block, axes, xp)
+    if flat is not None:
+        # stops at the first piece that decides it
+        found = every
+        for mask in _nonzero_masks(flat):
+            if (not mask.all()) if every else mask.any():
+                found = not every
+                break
+        return (np.full((1,) * block.ndim, found),)
     fn = xp.all if every else xp.any
     return (fn(block, axis=axes, keepdims=True),)
 
@@ -219,6 +310,9 @@ def truth_merge(left, right, every: bool):
 
 def count_chunk(block, axes, xp=np):
     kept = _kept_shape(block, axes)
+    flat = _nonzero_pieces(block, axes, xp)
+    if flat is not None:
+        return (np.full(kept, sum(int(np.count_nonzero(m)) for m in _nonzero_masks(flat)), np.int64),)
     if block.ndim == 0:
         return (xp.asarray(block != 0, dtype=np.int64).reshape(kept),)
     return (xp.count_nonzero(block, axis=axes).astype(np.int64).reshape(kept),)
