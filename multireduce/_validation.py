@@ -293,10 +293,10 @@ def initial_value(initial, ufunc, x_dtype, dtype, out_dtype, caller: str):
     if initial is None:
         return None
     try:
-        if np.ndim(initial) != 0:
-            raise ValueError(f"expected a scalar, got {np.ndim(initial)} dimensions")
         if ufunc is not None:
             value = ufunc.reduce(np.empty(0, x_dtype), dtype=dtype, initial=initial)
+        elif np.ndim(initial) != 0:
+            raise ValueError(f"expected a scalar, got {np.ndim(initial)} dimensions")
         else:
             value = np.asarray(initial).astype(out_dtype)
     except (TypeError, ValueError, OverflowError) as exc:

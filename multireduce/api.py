@@ -331,13 +331,14 @@ def _full_like(block, fill, dtype):
 
 
 def _mask_everywhere(mask, x, kind: str):
-    """The mask broadcast to ``x``'s shape and chunks (a view for NumPy and CuPy), for counting."""
+    """The mask broadcast to ``x``'s shape and chunks (a view for NumPy and CuPy), for counting: so the
+    counts come out chunked as the reductions of ``x``."""
     if mask is None or isinstance(mask, bool):
         mask = _module("cupy" if "cupy" in kind else "numpy").asarray(mask is not False)
     if kind.startswith("dask"):
         import dask.array as da
 
-        return da.broadcast_to(mask, x.shape, chunks=x.chunks)
+        return da.broadcast_to(mask, x.shape).rechunk(x.chunks)  # the mask may be chunked otherwise
     return _module(kind).broadcast_to(mask, x.shape)
 
 
@@ -461,15 +462,15 @@ def _keyword_mean(x, kind, mask, axes, dtype, keepdims, split_every, algorithm, 
     if kind.startswith("dask"):
         import dask.array as da
 
-        return da.map_blocks(_mean_of, total, count, out_dtype, empty_warning, dtype=out_dtype)
+        return da.map_blocks(_mean_of, total, count.rechunk(total.chunks), out_dtype, empty_warning, dtype=out_dtype)
     return _mean_of(total, count, out_dtype, empty_warning)
 
 
 def _total_and_count(x, kind, mask, axes, dtype, keepdims, split_every, algorithm, caller):
     """(the sum in ``dtype`` of the elements of ``x`` where ``mask`` is True, their number)."""
-    total = _reduction(_masked(x, kind, mask, x.dtype.type(0)), "sum", axes, dtype, keepdims, split_every,
-                       algorithm, caller=caller)
-    count = _reduction(_mask_everywhere(mask, x, kind), "sum", axes, None, keepdims, split_every, "auto",
+    masked = _masked(x, kind, mask, x.dtype.type(0))
+    total = _reduction(masked, "sum", axes, dtype, keepdims, split_every, algorithm, caller=caller)
+    count = _reduction(_mask_everywhere(mask, masked, kind), "sum", axes, None, keepdims, split_every, "auto",
                        caller=caller)
     return total, count
 
@@ -890,7 +891,7 @@ def sum(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, whe
         return _keyword_reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, compute, "multireduce.sum",
                                   where, initial, out, lambda xm, exact: sum(
                                       xm, axis, dtype, keepdims, split_every=split_every, algorithm=algorithm,
-                                      exact=exact))
+                                      exact=exact), exact=exact)
     if exact is not False and _wants_exact(x, dtype, exact, "multireduce.sum", algorithm, compute):
         return _exact_now_or_lazy(_exact.sum(x, axis, dtype, keepdims, split_every, caller="multireduce.sum"),
                                   compute, "multireduce.sum")

@@ -462,7 +462,8 @@ def _keyword_moment(stat, x, axis, dtype, ddof, keepdims, split_every, where, ou
     if kind.startswith("dask"):
         import dask.array as da
 
-        result = da.map_blocks(_masked_moments_of, count, m2, stat, float(ddof), skipnan, out_dtype, dtype=out_dtype)
+        result = da.map_blocks(_masked_moments_of, count.rechunk(m2.chunks), m2, stat, float(ddof), skipnan, out_dtype,
+                               dtype=out_dtype)
     else:
         result = _masked_moments_of(count, m2, stat, float(ddof), skipnan, out_dtype)
     if not keep:
