@@ -480,7 +480,7 @@ def _mean_of(total, count, dtype, empty_warning):
     import warnings
 
     if empty_warning and bool((count == 0).any()):
-        warnings.warn(empty_warning, RuntimeWarning, stacklevel=4)
+        warnings.warn(empty_warning, RuntimeWarning, stacklevel=5)  # the caller of mean or nanmean
     with np.errstate(invalid="ignore", divide="ignore"):
         return (total / count).astype(dtype)
 
@@ -871,14 +871,12 @@ def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, out=
                       compute=compute)
 
 
-def _ordered(name: str, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute):
-    """prod, min and max: with NumPy's keywords where any is given, else the reduction as it is."""
+def _with_keywords(name: str, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute):
+    """prod, min and max with NumPy's keywords."""
     caller = f"multireduce.{name}"
-    if _keywords_given(where, initial, out):
-        return _keyword_reduction(x, name, axis, dtype, keepdims, split_every, algorithm, compute, caller, where,
-                                  initial, out, lambda xm, exact: _reduction(
-                                      xm, name, axis, dtype, keepdims, split_every, algorithm, caller=caller))
-    return _reduction(x, name, axis, dtype, keepdims, split_every, algorithm, caller=caller, compute=compute)
+    return _keyword_reduction(x, name, axis, dtype, keepdims, split_every, algorithm, compute, caller, where,
+                              initial, out, lambda xm, exact: _reduction(
+                                  xm, name, axis, dtype, keepdims, split_every, algorithm, caller=caller))
 
 
 @_doc("Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64).",
@@ -903,7 +901,10 @@ def prod(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, wh
          algorithm="auto", compute=False, **unknown):
     if unknown:
         raise v.unknown_keywords(prod, unknown)
-    return _ordered("prod", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
+    if _keywords_given(where, initial, out):
+        return _with_keywords("prod", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
+    return _reduction(x, "prod", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.prod",
+                      compute=compute)
 
 
 @_doc("Minimum, as ``numpy.min``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
@@ -912,7 +913,10 @@ def min(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, whe
         algorithm="auto", compute=False, **unknown):
     if unknown:
         raise v.unknown_keywords(min, unknown)
-    return _ordered("min", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
+    if _keywords_given(where, initial, out):
+        return _with_keywords("min", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
+    return _reduction(x, "min", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.min",
+                      compute=compute)
 
 
 @_doc("Maximum, as ``numpy.max``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
@@ -921,7 +925,10 @@ def max(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, whe
         algorithm="auto", compute=False, **unknown):
     if unknown:
         raise v.unknown_keywords(max, unknown)
-    return _ordered("max", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
+    if _keywords_given(where, initial, out):
+        return _with_keywords("max", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
+    return _reduction(x, "max", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.max",
+                      compute=compute)
 
 
 @_doc("Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32; a narrow "

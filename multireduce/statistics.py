@@ -479,53 +479,41 @@ def _masked_moments_of(count, m2, stat, ddof, skipnan, dtype):
         if isinstance(m2, np.ndarray) else _finish_moments(stat, (count, None, None, m2), ddof, skipnan).astype(dtype)
 
 
+def _moments_called(fn, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown):
+    """var, std, nanvar and nanstd as called: NumPy's keywords, where given, take the masked path."""
+    if unknown:
+        raise v.unknown_keywords(fn, unknown)
+    stat = fn.__name__
+    if correction is not None:
+        ddof = v.ddof_or_correction(ddof, correction, f"multireduce.{stat}")
+    if where is not True or out is not None:
+        return _keyword_moment(stat, x, axis, dtype, ddof, keepdims, split_every, where, out)
+    return _moment(stat, x, axis, dtype, ddof, keepdims, split_every)
+
+
 def var(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
         split_every=None, **unknown):
     """Variance, as ``numpy.var`` (integers give float64), in one pass over the data: each chunk's
     (count, mean, M2) merged with Chan's formula. ``ddof`` >= count warns and gives inf/NaN as NumPy."""
-    if unknown:
-        raise v.unknown_keywords(var, unknown)
-    if correction is not None:
-        ddof = v.ddof_or_correction(ddof, correction, "multireduce.var")
-    if where is not True or out is not None:
-        return _keyword_moment("var", x, axis, dtype, ddof, keepdims, split_every, where, out)
-    return _moment("var", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(var, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
 def std(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
         split_every=None, **unknown):
     """Standard deviation, as ``numpy.std``: the square root of ``var``."""
-    if unknown:
-        raise v.unknown_keywords(std, unknown)
-    if correction is not None:
-        ddof = v.ddof_or_correction(ddof, correction, "multireduce.std")
-    if where is not True or out is not None:
-        return _keyword_moment("std", x, axis, dtype, ddof, keepdims, split_every, where, out)
-    return _moment("std", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(std, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
 def nanvar(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
            split_every=None, **unknown):
     """``numpy.nanvar``: NaNs do not count; an all-NaN slice warns and gives NaN."""
-    if unknown:
-        raise v.unknown_keywords(nanvar, unknown)
-    if correction is not None:
-        ddof = v.ddof_or_correction(ddof, correction, "multireduce.nanvar")
-    if where is not True or out is not None:
-        return _keyword_moment("nanvar", x, axis, dtype, ddof, keepdims, split_every, where, out)
-    return _moment("nanvar", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(nanvar, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
 def nanstd(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
            split_every=None, **unknown):
     """``numpy.nanstd``: the square root of ``nanvar``."""
-    if unknown:
-        raise v.unknown_keywords(nanstd, unknown)
-    if correction is not None:
-        ddof = v.ddof_or_correction(ddof, correction, "multireduce.nanstd")
-    if where is not True or out is not None:
-        return _keyword_moment("nanstd", x, axis, dtype, ddof, keepdims, split_every, where, out)
-    return _moment("nanstd", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(nanstd, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
 def nanmean(x, axis=None, dtype=None, keepdims=False, *, out=None, where=True, split_every=None, **unknown):
