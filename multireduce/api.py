@@ -871,12 +871,17 @@ def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, out=
                       compute=compute)
 
 
-def _with_keywords(name: str, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute):
-    """prod, min and max with NumPy's keywords."""
+def _called(fn, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown):
+    """prod, min and max as called: NumPy's keywords, where given, take the masked path."""
+    name = fn.__name__
     caller = f"multireduce.{name}"
-    return _keyword_reduction(x, name, axis, dtype, keepdims, split_every, algorithm, compute, caller, where,
-                              initial, out, lambda xm, exact: _reduction(
-                                  xm, name, axis, dtype, keepdims, split_every, algorithm, caller=caller))
+    if unknown:
+        raise v.unknown_keywords(fn, unknown)
+    if _keywords_given(where, initial, out):
+        return _keyword_reduction(x, name, axis, dtype, keepdims, split_every, algorithm, compute, caller, where,
+                                  initial, out, lambda xm, exact: _reduction(
+                                      xm, name, axis, dtype, keepdims, split_every, algorithm, caller=caller))
+    return _reduction(x, name, axis, dtype, keepdims, split_every, algorithm, caller=caller, compute=compute)
 
 
 @_doc("Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64).",
@@ -899,36 +904,21 @@ def sum(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, whe
 @_doc("Product of elements, as ``numpy.prod``; integer overflow wraps as in NumPy.", _REDUCTION, _REDUCED)
 def prod(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
          algorithm="auto", compute=False, **unknown):
-    if unknown:
-        raise v.unknown_keywords(prod, unknown)
-    if _keywords_given(where, initial, out):
-        return _with_keywords("prod", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
-    return _reduction(x, "prod", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.prod",
-                      compute=compute)
+    return _called(prod, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown)
 
 
 @_doc("Minimum, as ``numpy.min``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
       "NumPy) converts the elements before they are compared.", _REDUCTION, _REDUCED)
 def min(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
         algorithm="auto", compute=False, **unknown):
-    if unknown:
-        raise v.unknown_keywords(min, unknown)
-    if _keywords_given(where, initial, out):
-        return _with_keywords("min", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
-    return _reduction(x, "min", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.min",
-                      compute=compute)
+    return _called(min, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown)
 
 
 @_doc("Maximum, as ``numpy.max``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
       "NumPy) converts the elements before they are compared.", _REDUCTION, _REDUCED)
 def max(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
         algorithm="auto", compute=False, **unknown):
-    if unknown:
-        raise v.unknown_keywords(max, unknown)
-    if _keywords_given(where, initial, out):
-        return _with_keywords("max", x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute)
-    return _reduction(x, "max", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.max",
-                      compute=compute)
+    return _called(max, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown)
 
 
 @_doc("Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32; a narrow "

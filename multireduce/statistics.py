@@ -475,8 +475,7 @@ def _keyword_moment(stat, x, axis, dtype, ddof, keepdims, split_every, where, ou
 
 def _masked_moments_of(count, m2, stat, ddof, skipnan, dtype):
     """var or std from a masked slice's count and sum of squared deviations, as ``_finish_moments``."""
-    return np.asarray(_finish_moments(stat, (count, None, None, m2), ddof, skipnan)).astype(dtype) \
-        if isinstance(m2, np.ndarray) else _finish_moments(stat, (count, None, None, m2), ddof, skipnan).astype(dtype)
+    return _finish_moments(stat, (count, None, None, m2), ddof, skipnan).astype(dtype)
 
 
 def _moments_called(fn, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown):
