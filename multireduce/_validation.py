@@ -300,7 +300,7 @@ def initial_value(initial, ufunc, x_dtype, dtype, out_dtype, caller: str):
         else:
             value = np.asarray(initial).astype(out_dtype)
     except (TypeError, ValueError, OverflowError) as exc:
-        kind = OverflowError if isinstance(exc, OverflowError) else TypeError if isinstance(exc, TypeError) else ValueError
+        kind = next(k for k in (OverflowError, TypeError, ValueError) if isinstance(exc, k))
         raise kind(f"{caller}: argument 'initial' must be a scalar that converts to the result dtype "
                    f"{np.dtype(out_dtype)}; got {initial!r} ({exc})") from None
     return np.asarray(value).astype(out_dtype)[()]

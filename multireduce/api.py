@@ -864,9 +864,10 @@ def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, out=
     if unknown:
         raise v.unknown_keywords(reduce, unknown)
     if _keywords_given(where, initial, out):
-        return _keyword_reduction(x, op, axis, dtype, keepdims, split_every, algorithm, compute, "multireduce.reduce",
-                                  where, initial, out, lambda xm, exact: _reduction(
-                                      xm, op, axis, dtype, keepdims, split_every, algorithm, caller="multireduce.reduce"))
+        caller = "multireduce.reduce"
+        return _keyword_reduction(x, op, axis, dtype, keepdims, split_every, algorithm, compute, caller, where, initial,
+                                  out, lambda xm, exact: _reduction(xm, op, axis, dtype, keepdims, split_every,
+                                                                    algorithm, caller=caller))
     return _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, caller="multireduce.reduce",
                       compute=compute)
 
