@@ -221,3 +221,174 @@ def flattened(x, kind: str, caller: str):
         if any(c == 0 for cs in x.chunks for c in cs):
             x = x.rechunk(tuple(tuple(c for c in cs if c) or (0,) for cs in x.chunks))
     return x.reshape(-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# NumPy's keywords: where=, initial=, out=, correction=
+# ------------------------------------------------------------------------------------------------
+_KIND_NAMES = {"numpy": "NumPy", "cupy": "CuPy", "dask-numpy": "dask (NumPy chunks)", "dask-cupy": "dask (CuPy chunks)"}
+
+
+def reduced_shape(shape, axes: tuple[int, ...], keepdims: bool) -> tuple:
+    """The shape of a reduction of ``shape`` over ``axes``."""
+    if keepdims:
+        return tuple(1 if d in axes else s for d, s in enumerate(shape))
+    return tuple(s for d, s in enumerate(shape) if d not in axes)
+
+
+def _described(value) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None and getattr(value, "ndim", 0):
+        return f"{type(value).__module__.split('.')[0]}.{type(value).__name__} of shape {shape}, dtype {value.dtype}"
+    return repr(value)
+
+
+def where_mask(where, x, kind: str, caller: str):
+    """``where=`` checked before any work: None for NumPy's default ``True`` (every element); else a boolean
+    array of ``x``'s array kind that broadcasts to ``x``'s shape, or a Python bool for a 0-d mask of NumPy
+    or CuPy input. Lists and scalars become NumPy arrays; nothing the caller passed is modified."""
+    if where is True:
+        return None
+    if is_dask_array(where):
+        if not kind.startswith("dask"):
+            raise TypeError(f"{caller}: argument 'where' is a dask array, but 'x' is a {_KIND_NAMES[kind]} array, "
+                            "which is reduced now; pass where.compute(), or x as a dask array")
+        if array_kind(where) != kind:
+            raise TypeError(f"{caller}: argument 'where' is a {_KIND_NAMES[array_kind(where)]} array, but 'x' is a "
+                            f"{_KIND_NAMES[kind]} array; expected the same chunk type")
+    elif is_cupy_array(where):
+        if "cupy" not in kind:
+            raise TypeError(f"{caller}: argument 'where' is a CuPy array, but 'x' holds NumPy data; pass "
+                            "cupy.asnumpy(where)")
+    else:
+        try:
+            where = np.asarray(where)
+        except Exception as exc:
+            raise TypeError(f"{caller}: argument 'where' must be a boolean array; got "
+                            f"{type(where).__name__} ({exc})") from None
+        if "cupy" in kind and where.ndim:
+            raise TypeError(f"{caller}: argument 'where' is a NumPy array, but 'x' holds CuPy data; pass "
+                            "cupy.asarray(where)")
+    if where.dtype != np.bool_:
+        raise TypeError(f"{caller}: argument 'where' must be a boolean array (NumPy casts it to bool only "
+                        f"safely); got dtype {where.dtype}")
+    if where.ndim == 0 and not is_dask_array(where):
+        return bool(where)
+    sizes = tuple(where.shape) + tuple(x.shape)
+    if not any(isinstance(s, float) and math.isnan(s) for s in sizes):
+        try:
+            fits = np.broadcast_shapes(where.shape, x.shape) == tuple(x.shape)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{caller}: argument 'where' must broadcast to the shape of 'x', {tuple(x.shape)}; "
+                             f"got shape {tuple(where.shape)}")
+    return where
+
+
+def initial_value(initial, ufunc, x_dtype, dtype, out_dtype, caller: str):
+    """``initial=`` as a NumPy scalar of ``out_dtype``, converted as NumPy converts it (``ufunc.reduce``
+    of nothing: a Python int outside the type raises OverflowError, a float for an integer type
+    truncates, ``None`` means no initial value); ``ufunc`` None (a user operator): cast to ``out_dtype``."""
+    if initial is None:
+        return None
+    try:
+        if ufunc is not None:
+            value = ufunc.reduce(np.empty(0, x_dtype), dtype=dtype, initial=initial)
+        elif np.ndim(initial) != 0:
+            raise ValueError(f"expected a scalar, got {np.ndim(initial)} dimensions")
+        else:
+            value = np.asarray(initial).astype(out_dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        kind = next(k for k in (OverflowError, TypeError, ValueError) if isinstance(exc, k))
+        raise kind(f"{caller}: argument 'initial' must be a scalar that converts to the result dtype "
+                   f"{np.dtype(out_dtype)}; got {initial!r} ({exc})") from None
+    return np.asarray(value).astype(out_dtype)[()]
+
+
+#: casting rules for ``out=`` as NumPy applies them: reductions cast unsafely, std through sqrt
+#: ("same_kind"), the NaN-skipping moments of inexact input want an inexact ``out``, and an index
+#: result wants an ``out`` whose dtype casts safely to intp
+OUT_CASTING = ("unsafe", "same_kind", "inexact", "index")
+
+
+def check_out(out, kind: str, x, shape: tuple, dtype, caller: str, casting: str = "unsafe") -> None:
+    """``out=`` checked before any work: an array of ``x``'s array kind (NumPy or CuPy; dask results
+    are lazy), of the result's ``shape``, writable, whose dtype the result's ``dtype`` casts to."""
+    if out is None:
+        return
+    if kind.startswith("dask"):
+        raise TypeError(f"{caller}: argument 'out' is for NumPy and CuPy input; 'x' is a dask array, whose result "
+                        "is a lazy dask array: assign the result instead (y = ...), or copy its computed value "
+                        "(out[...] = y.compute())")
+    if kind == "cupy":
+        if not is_cupy_array(out):
+            raise TypeError(f"{caller}: argument 'out' must be a cupy.ndarray for CuPy input; got "
+                            f"{type(out).__module__}.{type(out).__name__}")
+        if out.data.device_id != x.data.device_id:
+            raise ValueError(f"{caller}: argument 'out' is on GPU {out.data.device_id}, 'x' on GPU "
+                             f"{x.data.device_id}; expected the GPU that holds 'x'")
+    elif not isinstance(out, np.ndarray):
+        raise TypeError(f"{caller}: argument 'out' must be a numpy.ndarray for NumPy input; got "
+                        f"{type(out).__module__}.{type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{caller}: argument 'out' must have the shape of the result, {tuple(shape)}; got shape "
+                         f"{tuple(out.shape)}")
+    if kind == "numpy" and not out.flags.writeable:
+        raise ValueError(f"{caller}: argument 'out' is read-only; expected a writable array")
+    dtype = np.dtype(dtype)
+    if casting == "index":
+        if not np.can_cast(out.dtype, np.intp, "safe"):
+            raise TypeError(f"{caller}: argument 'out' must have an integer dtype that casts safely to "
+                            f"{np.dtype(np.intp)} (as in NumPy); got dtype {out.dtype}")
+    elif casting == "inexact":
+        if out.dtype.kind not in "fc":
+            raise TypeError(f"{caller}: argument 'out' must have a floating or complex dtype for inexact 'x' "
+                            f"(as in NumPy); got dtype {out.dtype}")
+    elif not np.can_cast(dtype, out.dtype, casting):
+        raise TypeError(f"{caller}: argument 'out' has dtype {out.dtype}, to which the result's dtype {dtype} does "
+                        f"not cast with casting={casting!r} (as in NumPy)")
+
+
+def ddof_or_correction(ddof, correction, caller: str):
+    """``correction=`` (NumPy 2, the array API) is ``ddof`` by another name; both given is an error, as
+    in NumPy (ddof left at 0 counts as not given)."""
+    if correction is None:
+        return ddof
+    if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Real) or ddof != 0:
+        raise ValueError(f"{caller}: arguments 'ddof' and 'correction' can't be provided simultaneously (as in "
+                         f"NumPy); got ddof={ddof!r}, correction={correction!r}")
+    return correction
+
+
+_KEYWORD_HINTS = {
+    "where": "mask 'x' first (e.g. np.where(where, x, 0) for a sum)",
+    "initial": "fold it into the result yourself",
+    "out": "assign the result instead",
+}
+
+
+def unknown_keywords(fn, given: dict) -> TypeError:
+    """The error for keyword arguments ``fn`` does not take: names them and their values, what ``fn``
+    accepts, and whether NumPy's function of that name takes them."""
+    import inspect
+
+    caller = f"multireduce.{fn.__name__}"
+    accepted = [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    try:
+        numpy_params = inspect.signature(getattr(np, fn.__name__)).parameters
+    except (AttributeError, TypeError, ValueError):
+        numpy_params = {}
+    notes = []
+    for name, value in given.items():
+        note = f"{name}={_described(value)}"
+        if name in numpy_params:
+            note += f" (numpy.{fn.__name__} takes it; {caller} cannot honour it here"
+            note += f": {_KEYWORD_HINTS[name]})" if name in _KEYWORD_HINTS else ")"
+        elif name in _KEYWORD_HINTS:
+            note += f" (numpy.{fn.__name__} has no '{name}' either)" if numpy_params else ""
+        notes.append(note)
+    s = "s" if len(given) > 1 else ""
+    return TypeError(f"{caller}: unexpected keyword argument{s} {', '.join(notes)}; it accepts "
+                     f"{', '.join(accepted)}")

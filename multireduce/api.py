@@ -311,6 +311,220 @@ def _exact_now_or_lazy(result, compute, caller: str):
 
 
 # ------------------------------------------------------------------------------------------------
+# NumPy's keywords: where=, initial=, out=
+# ------------------------------------------------------------------------------------------------
+def _module(kind: str):
+    """The array module of an input kind's results: NumPy, CuPy, or dask.array (lazy)."""
+    if kind == "cupy":
+        import cupy
+
+        return cupy
+    if kind.startswith("dask"):
+        import dask.array
+
+        return dask.array
+    return np
+
+
+def _masked(x, kind: str, mask, fill):
+    """``x`` with the elements where ``mask`` is False replaced by ``fill`` (the operator's identity): a new
+    array (lazy for dask: blockwise, so it works with every chunk source), ``x`` itself for no mask. The
+    fill is a NumPy scalar of its own dtype, so ``x`` keeps its dtype unless the fill's is wider."""
+    if mask is None or mask is True:
+        return x
+    if mask is False:
+        dtype = np.result_type(x.dtype, fill)
+        if kind.startswith("dask"):
+            return x.map_blocks(_full_like, fill, dtype, dtype=dtype)
+        return _full_like(x, fill, dtype)
+    return _module(kind).where(mask, x, fill)
+
+
+def _full_like(block, fill, dtype):
+    return np.full_like(block, fill, dtype=dtype)  # CuPy blocks: CuPy's, through __array_function__
+
+
+def _mask_everywhere(mask, x, kind: str):
+    """The mask broadcast to ``x``'s shape and chunks (a view for NumPy and CuPy), for counting: so the
+    counts come out chunked as the reductions of ``x``."""
+    if mask is None or isinstance(mask, bool):
+        mask = _module("cupy" if "cupy" in kind else "numpy").asarray(mask is not False)
+    if kind.startswith("dask"):
+        import dask.array as da
+
+        return da.broadcast_to(mask, x.shape).rechunk(x.chunks)  # the mask may be chunked otherwise
+    return _module(kind).broadcast_to(mask, x.shape)
+
+
+def _not_nan(x, mask, kind: str):
+    """``mask`` and not NaN: the elements a NaN-skipping statistic reads."""
+    xp = _module(kind)
+    keep = ~xp.isnan(x)
+    return keep if mask is None or mask is True else keep & mask
+
+
+def _fold_block(block, op, start, dtype):
+    return np.asarray(op.combine(start, block)).astype(dtype, copy=False) if type(block) is np.ndarray else \
+        op.combine(start, block).astype(dtype, copy=False)
+
+
+def _fold_initial(result, op, start, kind: str, dtype):
+    """``start op result``, elementwise: NumPy's ``initial`` comes first in the fold."""
+    if kind.startswith("dask"):
+        return result.map_blocks(_fold_block, op, start, dtype, dtype=dtype)
+    folded = _fold_block(np.asarray(result) if kind == "numpy" else result, op, start, dtype)
+    return folded[()] if kind == "numpy" and folded.ndim == 0 else folded
+
+
+def _filled(x, kind: str, shape: tuple, value, dtype):
+    """An array of ``shape`` holding ``value``, of ``x``'s array kind: the result of folding nothing but
+    the initial value (an empty min/max with ``initial=``)."""
+    if kind.startswith("dask"):
+        import dask.array as da
+
+        result = da.full(shape, value, dtype=dtype)
+        return result.map_blocks(_module("cupy").asarray, dtype=dtype) if kind == "dask-cupy" else result
+    with _run_device(kind, x):
+        result = _module(kind).full(shape, value, dtype=dtype)
+    return result[()] if kind == "numpy" and not shape else result
+
+
+def _into(out, result, kind: str, x):
+    """``result`` written into ``out`` (checked by ``v.check_out``) and ``out`` returned; ``result``
+    itself where there is no ``out``. Unsafe casting, as NumPy's reductions write their ``out``."""
+    if out is None:
+        return result
+    if kind == "cupy":
+        import cupy
+
+        with _run_device(kind, x):
+            cupy.copyto(out, result, casting="unsafe")
+        return out
+    np.copyto(out, result, casting="unsafe")
+    return out
+
+
+def _now(result, compute: bool, kind: str):
+    """``compute=True`` on dask input: the result on the client, as NumPy."""
+    return _on_host(result.compute()) if compute and kind.startswith("dask") else result
+
+
+def _no_identity_error(op: Operator, caller: str) -> ValueError:
+    name = {"min": "minimum", "max": "maximum", "nanmin": "fmin", "nanmax": "fmax"}.get(op.name, op.name)
+    return ValueError(f"{caller}: argument 'where' needs 'initial': reduction operation {name!r} does not have an "
+                      "identity, so to use a where mask one has to specify 'initial' (as in NumPy)")
+
+
+def _keyword_reduction(x, op, axis, dtype, keepdims, split_every, algorithm, compute, caller, where, initial, out,
+                       plain, *, kinds=None, exact=False, skipnan=False):
+    """A reduction by ``op`` with NumPy's ``where=``, ``initial=`` and ``out=``: every argument checked
+    first, then ``plain(masked_x)`` (the function without these keywords) reduces ``x`` with the elements
+    outside ``where`` replaced by the identity, ``initial`` is folded in first, and the result is written
+    into ``out``. ``skipnan``: a NaN-skipping min/max (NaN is left out like a masked element)."""
+    op = get_operator(op, caller=caller)
+    x, kind = v.as_array(x, caller)
+    if kinds is not None:
+        v.check_dtype(x.dtype, kinds, caller)
+    if split_every is None and kind.startswith("dask"):
+        import dask
+
+        split_every = dask.config.get("split_every", None)
+    plans, axes, keepdims, _ = _resolve_reduction(kind, op.partials, x.dtype, x.ndim, axis, dtype, keepdims,
+                                                  split_every, algorithm, False, None, caller)
+    out_dtype = plans[-1].out_dtype
+    compute = v.check_flag(compute, "compute", caller)
+    exact = exact is not False and _wants_exact(x, dtype, exact, caller, algorithm, compute)
+    mask = v.where_mask(where, x, kind, caller)
+    ufunc = op.partials.ufunc
+    start = v.initial_value(initial, ufunc, x.dtype, dtype, out_dtype, caller)
+    if mask is not None and start is None and op.empty_is_error:
+        raise _no_identity_error(op, caller)
+    if start is not None and exact:
+        raise ValueError(f"{caller}: argument 'initial' cannot be folded into a correctly rounded sum "
+                         f"(exact=True); got initial={initial!r}: add it to the result, or use exact=False")
+    if start is not None and ufunc is None and "cupy" in kind:
+        raise TypeError(f"{caller}: argument 'initial' with operator {op.name!r}, which has no NumPy ufunc, takes "
+                        f"NumPy or dask (NumPy chunks) input; got {v._KIND_NAMES[kind]} input: fold it into the "
+                        "result yourself")
+    shape = v.reduced_shape(x.shape, axes, keepdims)
+    v.check_out(out, kind, x, shape, out_dtype, caller)
+
+    if start is not None and op.empty_is_error and v.known_empty(x, axes):
+        return _into(out, _now(_filled(x, kind, shape, start, out_dtype), compute, kind), kind, x)
+    fill = op.partials.identity(out_dtype if op.family == "order" else x.dtype)
+    if skipnan and start is not None and x.dtype.kind == "f":
+        if np.isnan(start):  # fmin/fmax with a NaN start: the NaN-skipping extreme, NaN for an empty slice
+            return _into(out, _now(plain(_masked(x, kind, mask, x.dtype.type(np.nan)), False), compute, kind), kind, x)
+        # NaN left out like a masked element: the plain operator folds the rest, with no all-NaN warning
+        result = _reduction(_masked(x, kind, _not_nan(x, mask, kind), fill), op.partials, axes, None, keepdims,
+                            split_every, algorithm, caller=caller)
+    else:
+        result = plain(_masked(x, kind, mask, fill), exact)
+    if start is not None:
+        result = _fold_initial(result, op.partials, start, kind, out_dtype)
+    return _into(out, _now(result, compute, kind), kind, x)
+
+
+def _keyword_mean(x, kind, mask, axes, dtype, keepdims, split_every, algorithm, caller, empty_warning):
+    """The mean of the elements of ``x`` where ``mask`` is True: their sum over their count, both
+    reductions of the same kind as ``x`` (lazy for dask), finished blockwise with NumPy's warning for
+    a slice with no element. ``axes`` normalised; the result keeps the reduced axes if ``keepdims``."""
+    requested = v.requested_dtype(dtype, _dt.ARITHMETIC_KINDS, caller)
+    out_dtype = _dt.result_dtype("mean", x.dtype, requested)
+    total_dtype = np.dtype(np.float32) if out_dtype == np.float16 else out_dtype  # NumPy sums float16 in float32
+    total, count = _total_and_count(x, kind, mask, axes, total_dtype, keepdims, split_every, algorithm, caller)
+    if kind.startswith("dask"):
+        import dask.array as da
+
+        return da.map_blocks(_mean_of, total, count.rechunk(total.chunks), out_dtype, empty_warning, dtype=out_dtype)
+    return _mean_of(total, count, out_dtype, empty_warning)
+
+
+def _total_and_count(x, kind, mask, axes, dtype, keepdims, split_every, algorithm, caller):
+    """(the sum in ``dtype`` of the elements of ``x`` where ``mask`` is True, their number)."""
+    masked = _masked(x, kind, mask, x.dtype.type(0))
+    total = _reduction(masked, "sum", axes, dtype, keepdims, split_every, algorithm, caller=caller)
+    count = _reduction(_mask_everywhere(mask, masked, kind), "sum", axes, None, keepdims, split_every, "auto",
+                       caller=caller)
+    return total, count
+
+
+def _mean_of(total, count, dtype, empty_warning):
+    """``total / count`` in ``dtype``; NumPy's warning where some count is 0 (None: none)."""
+    import warnings
+
+    if empty_warning and bool((count == 0).any()):
+        warnings.warn(empty_warning, RuntimeWarning, stacklevel=5)  # the caller of mean or nanmean
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (total / count).astype(dtype)
+
+
+def _where_mean(x, axis, dtype, keepdims, split_every, algorithm, compute, exact, where, out, caller):
+    """``mean`` with ``where=`` or ``out=``: every argument checked, then the masked mean."""
+    x, kind = v.as_array(x, caller)
+    if split_every is None and kind.startswith("dask"):
+        import dask
+
+        split_every = dask.config.get("split_every", None)
+    plans, axes, keepdims, _ = _resolve_reduction(kind, get_operator("sum"), x.dtype, x.ndim, axis, dtype, keepdims,
+                                                  split_every, algorithm, True, "mean", caller)
+    compute = v.check_flag(compute, "compute", caller)
+    exact = exact is not False and _wants_exact(x, dtype, exact, caller, algorithm, compute)
+    mask = v.where_mask(where, x, kind, caller)
+    if mask is not None and exact:
+        raise ValueError(f"{caller}: argument 'where' cannot be combined with exact=True (the correctly rounded mean "
+                         "divides by the whole count); use exact=False, or mask 'x' with NaN and "
+                         "multireduce.nansum(..., exact=True) / the count")
+    v.check_out(out, kind, x, v.reduced_shape(x.shape, axes, keepdims), plans[-1].out_dtype, caller)
+    if mask is None:
+        result = mean(x, axes, dtype, keepdims, split_every=split_every, algorithm=algorithm, exact=exact)
+    else:
+        result = _keyword_mean(x, kind, mask, axes, dtype, keepdims, split_every, algorithm, caller,
+                               "Mean of empty slice.")
+    return _into(out, _now(result, compute, kind), kind, x)
+
+
+# ------------------------------------------------------------------------------------------------
 # Docstrings: one text per shared parameter, in NumPy's style
 # ------------------------------------------------------------------------------------------------
 _PARAMETERS = {
@@ -372,6 +586,25 @@ _PARAMETERS = {
     accurate as ``np.cumsum(x, dtype=np.float64).astype(np.float32)``, bitwise that for NumPy input).
     "input": in the result dtype, as NumPy does (``np.cumsum``'s bits for NumPy input). Other dtypes are
     accumulated as NumPy does in any case (float16 in float32).""",
+    "out": """out : numpy.ndarray or cupy.ndarray, optional
+    An array of the result's shape to write the result into, returned in place of a new one: a NumPy
+    array for NumPy input, a CuPy array on the GPU that holds ``x`` for CuPy input. The result is computed
+    as without ``out`` and cast into it as NumPy casts for this function (docs/numpy-keywords.md). Dask
+    input raises TypeError (its result is lazy: assign it instead).""",
+    "initial": """initial : scalar, optional
+    The value the fold starts from, as in NumPy: converted to the result dtype as NumPy converts it, and
+    the result of a slice with no element (an empty min or max too). None (default): no start value.""",
+    "where": """where : array_like of bool, optional
+    Which elements take part, broadcast to the shape of ``x``: a boolean NumPy, CuPy or dask array of the
+    kind of ``x`` (a dask ``where`` needs dask ``x``). The others count as the operator's identity, lazily
+    for dask; min and max need ``initial`` with it, as in NumPy. Default True: every element.""",
+    "stat_where": """where : array_like of bool, optional
+    Which elements take part, broadcast to the shape of ``x``: a boolean NumPy, CuPy or dask array of the
+    kind of ``x`` (a dask ``where`` needs dask ``x``). The count is of these elements (a slice with none
+    gives NaN with NumPy's warning), lazily for dask. Default True: every element.""",
+    "correction": """correction : int or float, optional
+    ``ddof`` by its NumPy 2 (array API) name; giving both (ddof other than 0) raises ValueError, as in
+    NumPy. Default None: ``ddof``.""",
     "exact": """exact : bool, optional
     True: the correctly rounded result (the exact sum, rounded once, half to even), bitwise the same for
     NumPy, CuPy and Dask input with any chunking, fan-in, worker count or placement
@@ -605,6 +838,11 @@ def document(fn, params: tuple[str, ...], returns: str, summary: str | None = No
     any). Returns ``fn``."""
     import inspect
 
+    signature = inspect.signature(fn)
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        # ``**unknown`` only turns a keyword the function does not take into a clear error
+        fn.__signature__ = signature.replace(parameters=[p for p in signature.parameters.values()
+                                                         if p.kind is not p.VAR_KEYWORD])
     summary = inspect.cleandoc(fn.__doc__ or "") if summary is None else summary
     body = "\n".join(_PARAMETERS[p] for p in params)
     examples = _EXAMPLES.get(fn.__name__) if examples is None else examples
@@ -618,7 +856,8 @@ def _doc(summary: str, params: tuple[str, ...], returns: str):
     return lambda fn: document(fn, params, returns, summary)
 
 
-_REDUCTION = ("x", "axis", "dtype", "keepdims", "split_every", "algorithm", "compute")
+_REDUCTION = ("x", "axis", "dtype", "keepdims", "out", "initial", "where", "split_every", "algorithm", "compute")
+_MEAN = ("x", "axis", "dtype", "keepdims", "out", "stat_where", "split_every", "algorithm", "compute", "exact")
 _SCAN = ("x", "scan_axis", "dtype", "split_every", "algorithm")
 _REDUCED = """out : numpy scalar or array, cupy.ndarray or dask.array.Array
     The reduced array: a NumPy scalar where every axis of NumPy input is reduced."""
@@ -629,17 +868,48 @@ _SCANNED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
 # ------------------------------------------------------------------------------------------------
 # Reductions
 # ------------------------------------------------------------------------------------------------
+def _keywords_given(where, initial, out) -> bool:
+    return where is not True or initial is not None or out is not None
+
+
 @_doc("Reduce ``x`` with the associative operator ``op``.", _REDUCTION[:1] + ("op",) + _REDUCTION[1:], _REDUCED)
-def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto",
-           compute=False):
+def reduce(x, op: str | Operator, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True,
+           split_every=None, algorithm="auto", compute=False, **unknown):
+    if unknown:
+        raise v.unknown_keywords(reduce, unknown)
+    if _keywords_given(where, initial, out):
+        caller = "multireduce.reduce"
+        return _keyword_reduction(x, op, axis, dtype, keepdims, split_every, algorithm, compute, caller, where, initial,
+                                  out, lambda xm, exact: _reduction(xm, op, axis, dtype, keepdims, split_every,
+                                                                    algorithm, caller=caller))
     return _reduction(x, op, axis, dtype, keepdims, split_every, algorithm, caller="multireduce.reduce",
                       compute=compute)
 
 
+def _called(fn, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown):
+    """prod, min and max as called: NumPy's keywords, where given, take the masked path."""
+    name = fn.__name__
+    caller = f"multireduce.{name}"
+    if unknown:
+        raise v.unknown_keywords(fn, unknown)
+    if _keywords_given(where, initial, out):
+        return _keyword_reduction(x, name, axis, dtype, keepdims, split_every, algorithm, compute, caller, where,
+                                  initial, out, lambda xm, exact: _reduction(
+                                      xm, name, axis, dtype, keepdims, split_every, algorithm, caller=caller))
+    return _reduction(x, name, axis, dtype, keepdims, split_every, algorithm, caller=caller, compute=compute)
+
+
 @_doc("Sum of elements, as ``numpy.sum`` (small integers and booleans sum into int64 / uint64).",
       _REDUCTION + ("exact",), _REDUCED)
-def sum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
-        exact=False):
+def sum(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
+        algorithm="auto", compute=False, exact=False, **unknown):
+    if unknown:
+        raise v.unknown_keywords(sum, unknown)
+    if _keywords_given(where, initial, out):
+        return _keyword_reduction(x, "sum", axis, dtype, keepdims, split_every, algorithm, compute, "multireduce.sum",
+                                  where, initial, out, lambda xm, exact: sum(
+                                      xm, axis, dtype, keepdims, split_every=split_every, algorithm=algorithm,
+                                      exact=exact), exact=exact)
     if exact is not False and _wants_exact(x, dtype, exact, "multireduce.sum", algorithm, compute):
         return _exact_now_or_lazy(_exact.sum(x, axis, dtype, keepdims, split_every, caller="multireduce.sum"),
                                   compute, "multireduce.sum")
@@ -647,26 +917,34 @@ def sum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm
 
 
 @_doc("Product of elements, as ``numpy.prod``; integer overflow wraps as in NumPy.", _REDUCTION, _REDUCED)
-def prod(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
-    return _reduction(x, "prod", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.prod", compute=compute)
+def prod(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
+         algorithm="auto", compute=False, **unknown):
+    return _called(prod, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown)
 
 
 @_doc("Minimum, as ``numpy.min``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
       "NumPy) converts the elements before they are compared.", _REDUCTION, _REDUCED)
-def min(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
-    return _reduction(x, "min", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.min", compute=compute)
+def min(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
+        algorithm="auto", compute=False, **unknown):
+    return _called(min, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown)
 
 
 @_doc("Maximum, as ``numpy.max``: NaN propagates; empty input raises ValueError. ``dtype`` (an extension over "
       "NumPy) converts the elements before they are compared.", _REDUCTION, _REDUCED)
-def max(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False):
-    return _reduction(x, "max", axis, dtype, keepdims, split_every, algorithm, caller="multireduce.max", compute=compute)
+def max(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
+        algorithm="auto", compute=False, **unknown):
+    return _called(max, x, axis, dtype, keepdims, out, initial, where, split_every, algorithm, compute, unknown)
 
 
 @_doc("Arithmetic mean, as ``numpy.mean`` (integers in float64, float16 accumulated in float32; a narrow "
-      "``dtype=`` sums in that type and divides as NumPy does).", _REDUCTION + ("exact",), _REDUCED)
-def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorithm="auto", compute=False,
-         exact=False):
+      "``dtype=`` sums in that type and divides as NumPy does).", _MEAN, _REDUCED)
+def mean(x, axis=None, dtype=None, keepdims=False, *, out=None, where=True, split_every=None, algorithm="auto",
+         compute=False, exact=False, **unknown):
+    if unknown:
+        raise v.unknown_keywords(mean, unknown)
+    if where is not True or out is not None:
+        return _where_mean(x, axis, dtype, keepdims, split_every, algorithm, compute, exact, where, out,
+                           "multireduce.mean")
     if exact is not False and _wants_exact(x, dtype, exact, "multireduce.mean", algorithm, compute):
         return _exact_now_or_lazy(_exact.mean(x, axis, dtype, keepdims, split_every, caller="multireduce.mean"),
                                   compute, "multireduce.mean")
@@ -681,14 +959,18 @@ def mean(x, axis=None, dtype=None, keepdims=False, *, split_every=None, algorith
       "commutative (element order is kept everywhere).",
       _SCAN[:1] + ("op",) + _SCAN[1:3] + ("inclusive",) + _SCAN[3:] + ("accumulate",), _SCANNED)
 def scan(x, op: str | Operator, axis=None, dtype=None, *, inclusive=True, split_every=None, algorithm="auto",
-         accumulate="auto"):
+         accumulate="auto", **unknown):
+    if unknown:
+        raise v.unknown_keywords(scan, unknown)
     return _scan(x, op, axis, dtype, inclusive, algorithm, caller="multireduce.scan", split_every=split_every,
                  accumulate=accumulate)
 
 
 @_doc("Cumulative sum, as ``numpy.cumsum``; float32 is accumulated in float64 where that is free "
       "(``accumulate=``).", _SCAN + ("accumulate", "exact"), _SCANNED)
-def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto", exact=False):
+def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto", exact=False, **unknown):
+    if unknown:
+        raise v.unknown_keywords(cumsum, unknown)
     _check_accumulate(accumulate, "multireduce.cumsum")
     if _wants_exact(x, dtype, exact, "multireduce.cumsum", algorithm):
         return _exact.cumsum(x, axis, dtype, split_every, caller="multireduce.cumsum")
@@ -697,6 +979,8 @@ def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accu
 
 
 @_doc("Cumulative product, as ``numpy.cumprod``.", _SCAN + ("accumulate",), _SCANNED)
-def cumprod(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto"):
+def cumprod(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto", **unknown):
+    if unknown:
+        raise v.unknown_keywords(cumprod, unknown)
     return _scan(x, "prod", axis, dtype, True, algorithm, caller="multireduce.cumprod", label="cumprod",
                  split_every=split_every, accumulate=accumulate)

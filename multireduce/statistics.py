@@ -334,9 +334,7 @@ def _arg(stat, x, axis, keepdims, split_every):
             return result
     caller = f"multireduce.{stat}"
     x, kind = _prepare(x, caller, "biuf")
-    if axis is not None and (isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral)):
-        raise TypeError(f"{caller}: argument 'axis' must be None or an int; got {axis!r}")
-    axes = v.normalize_axes(axis, x.ndim, caller)
+    axes = _arg_axes(x, axis, caller)
     keepdims = v.check_flag(keepdims, "keepdims", caller)
     v.fan_in(split_every, axes, caller)  # checked on every input kind, as the other entry points do
     if axis is None and x.ndim and v.known_empty(x, axes) or axis is not None and x.shape[axes[0]] == 0:
@@ -348,24 +346,55 @@ def _arg(stat, x, axis, keepdims, split_every):
     return _run(x, kind, plan, split_every, caller)
 
 
-def argmax(x, axis=None, keepdims=False, *, split_every=None):
+def _arg_axes(x, axis, caller):
+    if axis is not None and (isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral)):
+        raise TypeError(f"{caller}: argument 'axis' must be None or an int; got {axis!r}")
+    return v.normalize_axes(axis, x.ndim, caller)
+
+
+def _arg_into(stat, x, axis, keepdims, split_every, out):
+    """``out=``: checked (NumPy's rule: a dtype that casts safely to intp) before the search runs."""
+    caller = f"multireduce.{stat}"
+    x, kind = _prepare(x, caller, "biuf")
+    shape = v.reduced_shape(x.shape, _arg_axes(x, axis, caller), v.check_flag(keepdims, "keepdims", caller))
+    v.check_out(out, kind, x, shape, np.intp, caller, "index")
+    return api._into(out, _arg(stat, x, axis, keepdims, split_every), kind, x)
+
+
+def argmax(x, axis=None, keepdims=False, *, out=None, split_every=None, **unknown):
     """Index of the largest element, as ``numpy.argmax``: the flat index for ``axis=None``, the first
     occurrence on ties, the first NaN if there is one; an empty slice raises ValueError."""
+    if unknown:
+        raise v.unknown_keywords(argmax, unknown)
+    if out is not None:
+        return _arg_into("argmax", x, axis, keepdims, split_every, out)
     return _arg("argmax", x, axis, keepdims, split_every)
 
 
-def argmin(x, axis=None, keepdims=False, *, split_every=None):
+def argmin(x, axis=None, keepdims=False, *, out=None, split_every=None, **unknown):
     """Index of the smallest element, as ``numpy.argmin`` (first occurrence, first NaN wins)."""
+    if unknown:
+        raise v.unknown_keywords(argmin, unknown)
+    if out is not None:
+        return _arg_into("argmin", x, axis, keepdims, split_every, out)
     return _arg("argmin", x, axis, keepdims, split_every)
 
 
-def nanargmax(x, axis=None, keepdims=False, *, split_every=None):
+def nanargmax(x, axis=None, keepdims=False, *, out=None, split_every=None, **unknown):
     """``numpy.nanargmax``: NaNs ignored; an all-NaN slice raises ValueError."""
+    if unknown:
+        raise v.unknown_keywords(nanargmax, unknown)
+    if out is not None:
+        return _arg_into("nanargmax", x, axis, keepdims, split_every, out)
     return _arg("nanargmax", x, axis, keepdims, split_every)
 
 
-def nanargmin(x, axis=None, keepdims=False, *, split_every=None):
+def nanargmin(x, axis=None, keepdims=False, *, out=None, split_every=None, **unknown):
     """``numpy.nanargmin``: NaNs ignored; an all-NaN slice raises ValueError."""
+    if unknown:
+        raise v.unknown_keywords(nanargmin, unknown)
+    if out is not None:
+        return _arg_into("nanargmin", x, axis, keepdims, split_every, out)
     return _arg("nanargmin", x, axis, keepdims, split_every)
 
 
@@ -380,6 +409,14 @@ def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
         if result is not None:
             return result
     caller = f"multireduce.{stat}"
+    x, kind, axes, keepdims, out = _moment_args(stat, x, axis, dtype, ddof, keepdims, split_every, caller)
+    plan = StatPlan(stat, axes, keepdims, out, ddof=float(ddof), gpu="cupy" in kind,
+                    skipnan=stat.startswith("nan") and x.dtype.kind in "fc")
+    return _run(x, kind, plan, split_every, caller)
+
+
+def _moment_args(stat, x, axis, dtype, ddof, keepdims, split_every, caller):
+    """(x as an array, its kind, the axes, keepdims, the result dtype), every argument checked."""
     x, kind = _prepare(x, caller, "biufc")
     # NumPy: a complex var is real (|x - mean|^2), a complex nanmean complex; integers give float64
     requested = v.requested_dtype(dtype, "fc" if stat == "nanmean" else "f", caller)
@@ -392,35 +429,99 @@ def _moment(stat, x, axis, dtype, ddof, keepdims, split_every):
         out = requested or (x.dtype if stat == "nanmean" else np.empty(0, x.dtype).real.dtype)
     else:
         out = requested or (x.dtype if x.dtype.kind == "f" else np.dtype(np.float64))
-    plan = StatPlan(stat, axes, keepdims, np.dtype(out), ddof=float(ddof), gpu="cupy" in kind,
-                    skipnan=stat.startswith("nan") and x.dtype.kind in "fc")
-    return _run(x, kind, plan, split_every, caller)
+    return x, kind, axes, keepdims, np.dtype(out)
 
 
-def var(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+def _keyword_moment(stat, x, axis, dtype, ddof, keepdims, split_every, where, out):
+    """var, std, nanvar, nanstd and nanmean with NumPy's ``where=`` and ``out=``, every argument checked
+    first. With a mask: the mean of the elements where it is True (and, for the NaN-skipping forms of
+    inexact input, not NaN) over their count, then the sum of their squared deviations from it (two
+    passes, as NumPy's own var; float64 throughout), finished by NumPy's rules for that statistic."""
+    caller = f"multireduce.{stat}"
+    x, kind, axes, keep, out_dtype = _moment_args(stat, x, axis, dtype, ddof, keepdims, split_every, caller)
+    mask = v.where_mask(where, x, kind, caller)
+    skipnan = stat.startswith("nan") and x.dtype.kind in "fc"
+    casting = "inexact" if skipnan else "same_kind" if stat.endswith("std") else "unsafe"
+    v.check_out(out, kind, x, v.reduced_shape(x.shape, axes, keep), out_dtype, caller, casting)
+    if mask is None:
+        result = nanmean(x, axis, dtype, keepdims, split_every=split_every) if stat == "nanmean" else \
+            _moment(stat, x, axis, dtype, ddof, keepdims, split_every)
+        return api._into(out, result, kind, x)
+    if skipnan:
+        mask = api._not_nan(x, mask, kind)
+    if stat == "nanmean":
+        result = api._keyword_mean(x, kind, mask, axes, dtype, keep, split_every, "auto", caller,
+                                   "Mean of empty slice." if x.dtype.kind not in "fc" else "Mean of empty slice")
+        return api._into(out, result, kind, x)
+    wide = x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
+    total, count = api._total_and_count(wide, kind, mask, axes, wide.dtype, True, split_every, "auto", caller)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        deviation = api._masked(wide - total / count, kind, mask, wide.dtype.type(0))
+    squares = (deviation * deviation.conj()).real if x.dtype.kind == "c" else deviation * deviation
+    m2 = api._reduction(squares, "sum", axes, None, True, split_every, "auto", caller=caller)
+    if kind.startswith("dask"):
+        import dask.array as da
+
+        result = da.map_blocks(_masked_moments_of, count.rechunk(m2.chunks), m2, stat, float(ddof), skipnan, out_dtype,
+                               dtype=out_dtype)
+    else:
+        result = _masked_moments_of(count, m2, stat, float(ddof), skipnan, out_dtype)
+    if not keep:
+        result = result.squeeze(axis=axes)
+    if kind == "numpy" and result.ndim == 0:
+        result = result[()]
+    return api._into(out, result, kind, x)
+
+
+def _masked_moments_of(count, m2, stat, ddof, skipnan, dtype):
+    """var or std from a masked slice's count and sum of squared deviations, as ``_finish_moments``."""
+    return _finish_moments(stat, (count, None, None, m2), ddof, skipnan).astype(dtype)
+
+
+def _moments_called(fn, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown):
+    """var, std, nanvar and nanstd as called: NumPy's keywords, where given, take the masked path."""
+    if unknown:
+        raise v.unknown_keywords(fn, unknown)
+    stat = fn.__name__
+    if correction is not None:
+        ddof = v.ddof_or_correction(ddof, correction, f"multireduce.{stat}")
+    if where is not True or out is not None:
+        return _keyword_moment(stat, x, axis, dtype, ddof, keepdims, split_every, where, out)
+    return _moment(stat, x, axis, dtype, ddof, keepdims, split_every)
+
+
+def var(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
+        split_every=None, **unknown):
     """Variance, as ``numpy.var`` (integers give float64), in one pass over the data: each chunk's
     (count, mean, M2) merged with Chan's formula. ``ddof`` >= count warns and gives inf/NaN as NumPy."""
-    return _moment("var", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(var, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
-def std(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+def std(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
+        split_every=None, **unknown):
     """Standard deviation, as ``numpy.std``: the square root of ``var``."""
-    return _moment("std", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(std, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
-def nanvar(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+def nanvar(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
+           split_every=None, **unknown):
     """``numpy.nanvar``: NaNs do not count; an all-NaN slice warns and gives NaN."""
-    return _moment("nanvar", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(nanvar, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
-def nanstd(x, axis=None, dtype=None, ddof=0, keepdims=False, *, split_every=None):
+def nanstd(x, axis=None, dtype=None, ddof=0, keepdims=False, *, out=None, where=True, correction=None,
+           split_every=None, **unknown):
     """``numpy.nanstd``: the square root of ``nanvar``."""
-    return _moment("nanstd", x, axis, dtype, ddof, keepdims, split_every)
+    return _moments_called(nanstd, x, axis, dtype, ddof, keepdims, split_every, out, where, correction, unknown)
 
 
-def nanmean(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
+def nanmean(x, axis=None, dtype=None, keepdims=False, *, out=None, where=True, split_every=None, **unknown):
     """``numpy.nanmean``: NaNs do not count; an all-NaN slice warns ("Mean of empty slice") and gives NaN.
     Integer and bool input holds no NaN: it is ``mean`` (as NumPy hands it to ``np.mean``), bit for bit."""
+    if unknown:
+        raise v.unknown_keywords(nanmean, unknown)
+    if where is not True or out is not None:
+        return _keyword_moment("nanmean", x, axis, dtype, 0, keepdims, split_every, where, out)
     caller = "multireduce.nanmean"
     x, kind = _prepare(x, caller, "biufc")
     if x.dtype.kind not in "fc":
@@ -486,29 +587,67 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
     return result
 
 
-def nanmin(x, axis=None, keepdims=False, *, split_every=None):
+def _keyword_extreme(stat, x, axis, keepdims, split_every, out, initial, where):
+    caller = f"multireduce.{stat}"
+    return api._keyword_reduction(x, stat, axis, None, keepdims, split_every, "auto", False, caller, where, initial,
+                                  out, lambda xm, exact: _nan_extreme(stat, xm, axis, keepdims, split_every),
+                                  kinds="biuf", skipnan=True)
+
+
+def nanmin(x, axis=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None, **unknown):
     """``numpy.nanmin``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
+    if unknown:
+        raise v.unknown_keywords(nanmin, unknown)
+    if api._keywords_given(where, initial, out):
+        return _keyword_extreme("nanmin", x, axis, keepdims, split_every, out, initial, where)
     return _nan_extreme("nanmin", x, axis, keepdims, split_every)
 
 
-def nanmax(x, axis=None, keepdims=False, *, split_every=None):
+def nanmax(x, axis=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None, **unknown):
     """``numpy.nanmax``: NaNs ignored; an all-NaN slice warns and gives NaN; empty input raises."""
+    if unknown:
+        raise v.unknown_keywords(nanmax, unknown)
+    if api._keywords_given(where, initial, out):
+        return _keyword_extreme("nanmax", x, axis, keepdims, split_every, out, initial, where)
     return _nan_extreme("nanmax", x, axis, keepdims, split_every)
 
 
-def any(x, axis=None, keepdims=False, *, split_every=None):
+def _keyword_truth(stat, x, axis, keepdims, split_every, out, where):
+    """any/all with ``where=`` (the other elements count as False for any, True for all) and ``out=``."""
+    caller = f"multireduce.{stat}"
+    x, kind = _prepare(x, caller, "biufc")
+    axes = v.normalize_axes(axis, x.ndim, caller)
+    shape = v.reduced_shape(x.shape, axes, v.check_flag(keepdims, "keepdims", caller))
+    v.fan_in(split_every, axes, caller)
+    mask = v.where_mask(where, x, kind, caller)
+    v.check_out(out, kind, x, shape, np.bool_, caller)
+    masked = api._masked(x, kind, mask, x.dtype.type(stat == "all"))
+    return api._into(out, _fold(stat, masked, axis, keepdims, split_every, "biufc", np.bool_), kind, x)
+
+
+def any(x, axis=None, keepdims=False, *, out=None, where=True, split_every=None, **unknown):
     """``numpy.any``: True where some element is non-zero (NaN counts as non-zero); empty -> False."""
+    if unknown:
+        raise v.unknown_keywords(any, unknown)
+    if where is not True or out is not None:
+        return _keyword_truth("any", x, axis, keepdims, split_every, out, where)
     return _fold("any", x, axis, keepdims, split_every, "biufc", np.bool_)
 
 
-def all(x, axis=None, keepdims=False, *, split_every=None):
+def all(x, axis=None, keepdims=False, *, out=None, where=True, split_every=None, **unknown):
     """``numpy.all``: True where every element is non-zero; empty -> True."""
+    if unknown:
+        raise v.unknown_keywords(all, unknown)
+    if where is not True or out is not None:
+        return _keyword_truth("all", x, axis, keepdims, split_every, out, where)
     return _fold("all", x, axis, keepdims, split_every, "biufc", np.bool_)
 
 
-def count_nonzero(x, axis=None, keepdims=False, *, split_every=None):
+def count_nonzero(x, axis=None, keepdims=False, *, split_every=None, **unknown):
     """``numpy.count_nonzero``: an intp (NumPy 2 gives an ``np.intp`` scalar, not an int, for
     ``axis=None`` too)."""
+    if unknown:
+        raise v.unknown_keywords(count_nonzero, unknown)
     return _fold("count_nonzero", x, axis, keepdims, split_every, "biufc", np.intp)
 
 
@@ -544,26 +683,43 @@ def _nan_to(block, fill):
     return xp.where(xp.isnan(block), xp.asarray(fill, dtype=block.dtype), block)
 
 
-def nansum(x, axis=None, dtype=None, keepdims=False, *, split_every=None, exact=False):
+def nansum(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
+           exact=False, **unknown):
     """``numpy.nansum``: NaN counts as 0 (an all-NaN slice sums to 0; inf - inf stays NaN), masked as the
     kernels load each element; ``exact=True`` as in ``sum``."""
     caller = "multireduce.nansum"
+    if unknown:
+        raise v.unknown_keywords(nansum, unknown)
+    if api._keywords_given(where, initial, out):
+        return api._keyword_reduction(x, "nansum", axis, dtype, keepdims, split_every, "auto", False, caller, where,
+                                      initial, out, lambda xm, exact: nansum(
+                                          xm, axis, dtype, keepdims, split_every=split_every, exact=exact),
+                                      kinds="biuf", exact=exact)
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
         return _exact.sum(x, axis, dtype, keepdims, split_every, skipnan=True, caller=caller)
     x, op = _nan_operator(x, dtype, "sum", caller, axis, split_every, keepdims)
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
-def nanprod(x, axis=None, dtype=None, keepdims=False, *, split_every=None):
+def nanprod(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None, where=True, split_every=None,
+            **unknown):
     """``numpy.nanprod``: NaN counts as 1, masked as the kernels load each element."""
     caller = "multireduce.nanprod"
+    if unknown:
+        raise v.unknown_keywords(nanprod, unknown)
+    if api._keywords_given(where, initial, out):
+        return api._keyword_reduction(x, "nanprod", axis, dtype, keepdims, split_every, "auto", False, caller, where,
+                                      initial, out, lambda xm, exact: nanprod(
+                                          xm, axis, dtype, keepdims, split_every=split_every), kinds="biuf")
     x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every, keepdims)
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
-def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
+def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False, **unknown):
     """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens), masked as the
     scan kernels load each element; ``exact=True`` as in ``cumsum``."""
+    if unknown:
+        raise v.unknown_keywords(nancumsum, unknown)
     caller = "multireduce.nancumsum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
         return _exact.cumsum(x, axis, dtype, split_every, skipnan=True, caller=caller)
@@ -571,8 +727,10 @@ def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False):
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every)
 
 
-def nancumprod(x, axis=None, dtype=None, *, split_every=None):
+def nancumprod(x, axis=None, dtype=None, *, split_every=None, **unknown):
     """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
+    if unknown:
+        raise v.unknown_keywords(nancumprod, unknown)
     caller = "multireduce.nancumprod"
     x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every)
     return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every)
@@ -881,12 +1039,15 @@ _SEGMENTED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
 _SEGMENT_SCANNED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
     An array of the shape of ``x``, of the input's array type."""
 for _functions, _params, _returns in [
-    ((argmax, argmin, nanargmax, nanargmin), ("x", "arg_axis", "keepdims", "split_every"), _INDEX),
-    ((var, std, nanvar, nanstd), ("x", "axis", "moments_dtype", "ddof", "keepdims", "split_every"), api._REDUCED),
-    ((nanmean,), ("x", "axis", "moments_dtype", "keepdims", "split_every"), api._REDUCED),
-    ((nanmin, nanmax, any, all, count_nonzero), ("x", "axis", "keepdims", "split_every"), api._REDUCED),
-    ((nansum,), ("x", "axis", "dtype", "keepdims", "split_every", "exact"), api._REDUCED),
-    ((nanprod,), ("x", "axis", "dtype", "keepdims", "split_every"), api._REDUCED),
+    ((argmax, argmin, nanargmax, nanargmin), ("x", "arg_axis", "keepdims", "out", "split_every"), _INDEX),
+    ((var, std, nanvar, nanstd), ("x", "axis", "moments_dtype", "ddof", "keepdims", "out", "stat_where", "correction",
+                                  "split_every"), api._REDUCED),
+    ((nanmean,), ("x", "axis", "moments_dtype", "keepdims", "out", "stat_where", "split_every"), api._REDUCED),
+    ((nanmin, nanmax), ("x", "axis", "keepdims", "out", "initial", "where", "split_every"), api._REDUCED),
+    ((any, all), ("x", "axis", "keepdims", "out", "where", "split_every"), api._REDUCED),
+    ((count_nonzero,), ("x", "axis", "keepdims", "split_every"), api._REDUCED),
+    ((nansum,), ("x", "axis", "dtype", "keepdims", "out", "initial", "where", "split_every", "exact"), api._REDUCED),
+    ((nanprod,), ("x", "axis", "dtype", "keepdims", "out", "initial", "where", "split_every"), api._REDUCED),
     ((nancumsum,), ("x", "scan_axis", "dtype", "split_every", "exact"), api._SCANNED),
     ((nancumprod,), ("x", "scan_axis", "dtype", "split_every"), api._SCANNED),
     ((segment_reduce,), ("segment_x", "offsets", "segment_op", "segment_dtype"), _SEGMENTED),

@@ -68,8 +68,13 @@ def test_options_are_keyword_only_in_one_order():
         params = inspect.signature(fn).parameters
         names = list(params)
         tail = names[names.index("keepdims") + 1:]
-        # the shared options in one order; sum-like functions add exact= last
-        assert [n for n in tail if n != "exact"] == ["split_every", "algorithm", "compute"], fn.__name__
+        # NumPy's keywords first, in NumPy's order, then the shared options in one order; sum-like functions
+        # add exact= last
+        numpy_keywords = [n for n in tail if n in ("out", "initial", "where")]
+        assert tail[:len(numpy_keywords)] == numpy_keywords and numpy_keywords[0] == "out", fn.__name__
+        assert numpy_keywords == [n for n in ("out", "initial", "where") if n in numpy_keywords], fn.__name__
+        assert [n for n in tail if n not in ("exact", *numpy_keywords)] == ["split_every", "algorithm", "compute"], \
+            fn.__name__
         assert "exact" not in tail or tail[-1] == "exact", fn.__name__
         assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in tail), fn.__name__
     for fn in scans:
