@@ -237,8 +237,22 @@ def _scans_here(plan: ScanPlan, mine, inputs: list, recipe=None) -> dict:
     kept = {}
     for in_key, block in blocks:
         out_key, carry = seeds[in_key]
-        kept[out_key] = _call_where_held(block, lambda b: _scan_seeded(plan, b, carry, 0 if carry is None else 1))
+        kept[out_key] = _scan_one(plan, carry, block)
     return kept
+
+
+def _scan_one(plan: ScanPlan, carry, block):
+    """One chunk of a held scan, ``block`` scanned from ``carry`` (None: a lane's first chunk) on the GPU
+    holding it: what ``scan_and_keep`` keeps, and the task that makes the chunk again where a worker
+    holding it is lost (``_register_with_lineage``), so both give the same bits."""
+    with on_device_of(block):
+        return _scan_seeded(plan, block, carry, 0 if carry is None else 1)
+
+
+def _scan_one_made(plan: ScanPlan, carry, recipe, *inputs):
+    """``_scan_one`` of the chunk ``recipe`` makes from ``inputs`` (the held chunks it reads)."""
+    (block,) = recipe.make(dict(zip(recipe.inputs, inputs)))
+    return _scan_one(plan, carry, block)
 
 
 def _name_of(key):
@@ -695,8 +709,6 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     missing chunk); ``client.persist(mr.cumsum(x))`` keeps the graph, which Dask can recompute.
     With ``sources`` (an expression over persisted arrays, ``held_sources``), each worker makes the
     chunks it scans from the chunks it holds, in both calls."""
-    from distributed import Future
-
     client = placement.default_client()
     keys = placement.chunk_keys(x)
     lanes = list(_lanes(x, (plan.axis,)))
@@ -739,19 +751,45 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     try:
         client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
                     nbytes=nbytes, client=client.id)
+        out = _register_with_lineage(client, x, plan, name, work, sources)
     except Exception as error:  # noqa: BLE001 - whatever failed, nothing registered in part may stay
         client.run_on_scheduler(_release_registered, out_keys, client.id)
         _drop_kept_on_live(client, list(work), out_keys)
         if isinstance(error, (KeyError, *_placement_errors())):
             return None  # a worker that left after its reply (the scheduler's KeyError for its address): the graph
         raise  # anything else is a defect to see, not a placement to recompute around
-    chunk_type = type(x._meta)
-    layer = {}
     for k in out_keys:
-        layer[k] = Future(k, client)
-        client.futures[k].finish(type=chunk_type)
+        client.futures[k].finish(type=type(x._meta))
+    return out
+
+
+def _register_with_lineage(client, x, plan: ScanPlan, name: str, work: dict, sources=None):
+    """The held scan's outputs (registered with the scheduler as data, ``update_data``) as a persisted
+    array whose chunks keep their recipe: each output key gets a task, ``_scan_one`` of its input chunk
+    (a dependency: the held chunk, or with ``sources`` the held chunks its recipe reads) from its carry
+    (a literal, a few bytes). ``client.persist`` of that graph gives the scheduler's tasks their run_spec
+    and dependencies; keys already in memory are not run again (the scheduler only recommends released
+    keys to run, and fills in the missing run_spec of a key it has as data). A worker lost later loses
+    those chunks as it loses any computed task's: the scheduler makes them again from their inputs,
+    which are recomputed first where they were lost too and have lineage of their own."""
+    from dask._task_spec import Task, TaskRef
+
+    made_by = None
+    if sources is not None:  # a recipe per chunk, reading the held chunks only
+        recipes, shared = sources.recipes([[k] for k in sources.keys])
+        made_by = {r.chunks[0]: _reading_held_only(r, shared) for r in recipes}
+    tasks = {}
+    for per_worker in work.values():
+        for in_key, out_key, carry in per_worker:
+            if made_by is None:
+                tasks[out_key] = Task(out_key, functools.partial(_scan_one, plan, carry), TaskRef(in_key))
+            else:
+                recipe = made_by[in_key]
+                tasks[out_key] = Task(out_key, functools.partial(_scan_one_made, plan, carry, recipe),
+                                      *map(TaskRef, recipe.inputs))
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
-    return da.Array(HighLevelGraph.from_collections(name, layer, dependencies=[]), name, x.chunks, meta=meta)
+    recipe = da.Array(HighLevelGraph.from_collections(name, tasks, dependencies=[]), name, x.chunks, meta=meta)
+    return client.persist(recipe, optimize_graph=False)
 
 
 def _distributed_is_the_scheduler() -> bool:
@@ -913,8 +951,6 @@ def _recipes_by_worker(sources, client):
     """{worker: Recipe} making every chunk of ``sources`` on the worker holding what it reads (the shared
     constants made on each worker that needs them), and {chunk key: worker}; None where some held chunk
     is in no worker's memory or a chunk reads chunks held by several workers."""
-    from .recipes import Recipe
-
     found = placement.holders_of(sources.futures, client)
     if found is None:
         return None
@@ -927,11 +963,18 @@ def _recipes_by_worker(sources, client):
         where[k] = workers.pop()
         chunks.setdefault(where[k], []).append(k)
     recipes, shared = sources.recipes(list(chunks.values()))
-    work = {}
-    for worker, recipe in zip(chunks, recipes):
-        tasks = {**{k: shared[k] for k in recipe.inputs if k in shared}, **recipe.tasks}
-        work[worker] = Recipe(tasks, recipe.chunks, [k for k in recipe.inputs if k not in shared])
-    return work, where
+    return {worker: _reading_held_only(recipe, shared) for worker, recipe in zip(chunks, recipes)}, where
+
+
+def _reading_held_only(recipe, shared: dict):
+    """``recipe`` with the constants it shares with other recipes (``shared``) made in it: it reads held
+    chunks only."""
+    from .recipes import Recipe
+
+    if not shared or not any(k in shared for k in recipe.inputs):
+        return recipe
+    tasks = {**{k: shared[k] for k in recipe.inputs if k in shared}, **recipe.tasks}
+    return Recipe(tasks, recipe.chunks, [k for k in recipe.inputs if k not in shared])
 
 
 def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None):
