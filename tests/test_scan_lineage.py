@@ -66,7 +66,7 @@ def _held_scans(client, arrays: dict) -> dict:
     return outs
 
 
-def _kill(cluster, client, address: str) -> None:
+def _kill(client, address: str) -> None:
     """SIGKILL the worker process at ``address`` (its nanny starts a new one) and wait until the scheduler
     has let it go."""
     pid = client.run(os.getpid, workers=[address])[address]
@@ -108,7 +108,7 @@ def test_outputs_lost_with_their_worker_come_back_from_held_inputs(cluster, clie
     held = distributed.futures_of(di) + distributed.futures_of(df)
     who = client.who_has(held)
     client.replicate([f for f in held if victim in who[f.key]], n=1, workers=[w for w in workers if w != victim])
-    _kill(cluster, client, victim)
+    _kill(client, victim)
     after = {label: _chunks(client, out) for label, out in outs.items()}
     np.testing.assert_array_equal(np.concatenate(after["int"]), np.cumsum(xi))
     np.testing.assert_array_equal(np.concatenate(after["expr"]), np.cumsum(xi * 2 - 5))
@@ -138,7 +138,7 @@ def test_inputs_lost_too_are_recomputed_first(cluster, client):
     inputs = client.who_has(distributed.futures_of(xa))
     victim = max(sorted(client.scheduler_info()["workers"]), key=lambda w: sum(w in h for h in inputs.values()))
     assert any(victim in h for h in client.who_has(distributed.futures_of(outs["axis 1"])).values())
-    _kill(cluster, client, victim)
+    _kill(client, victim)
     for label, axis in (("axis 0", 0), ("axis 1", 1)):
         np.testing.assert_array_equal(outs[label].compute(), np.cumsum(a + 1, axis=axis), err_msg=label)
     got = outs["float"].compute()
