@@ -145,3 +145,31 @@ def test_inputs_lost_too_are_recomputed_first(client):
     assert np.all(np.abs(got - np.cumsum(v + 1)) <= _cumsum_bound(v + 1, 0))
     for label, out in outs.items():
         assert all(b.tobytes() == c.tobytes() for b, c in zip(before[label], _chunks(client, out))), label
+
+
+@pytest.mark.slow
+def test_outputs_of_inputs_without_lineage_raise_a_clear_error(client):
+    """Inputs made from scattered data (no lineage, as Dask's own): lost with their worker, they take the
+    outputs read from them along, which raise FutureCancelledError (never a wrong chunk, never a hang), as
+    the graph's would; the outputs of the other workers' inputs stay readable."""
+    rng = np.random.default_rng(47)
+    blocks = [rng.integers(-(1 << 40), 1 << 40, size=1000 + i, dtype=np.int64) for i in range(6)]
+    workers = sorted(client.scheduler_info()["workers"])
+    scattered = [client.scatter(b, workers=[workers[i % 2]]) for i, b in enumerate(blocks)]
+    lazy = da.concatenate([da.from_delayed(f, b.shape, b.dtype) for f, b in zip(scattered, blocks)])
+    x = client.persist(lazy)
+    distributed.wait(x)
+    (out,) = _held_scans(client, {"int": lambda: mr.cumsum(x)}).values()
+    where = client.who_has(distributed.futures_of(out))
+    keys = [f.key for f in distributed.futures_of(out)]
+    assert [list(where[k]) for k in keys] == [[workers[i % 2]] for i in range(6)]  # made where their inputs are
+    _kill(client, workers[1])
+    futures = distributed.futures_of(out)
+    want = np.cumsum(np.concatenate(blocks))
+    for i, future in enumerate(futures):
+        if i % 2:
+            with pytest.raises(distributed.client.FutureCancelledError):
+                future.result(timeout=30)
+        else:
+            start = sum(len(b) for b in blocks[:i])
+            np.testing.assert_array_equal(future.result(timeout=30), want[start:start + len(blocks[i])])
