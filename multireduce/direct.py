@@ -53,10 +53,12 @@ key it holds as data, and runs only released keys); a worker lost later loses th
 any computed task's: the scheduler makes them again from their inputs (those recomputed first where
 they were lost too) with the same function and carry, so the same bits. As with the graph, an output
 whose input has no lineage (scattered data) and is lost with it raises ``FutureCancelledError``. Cost, 4
-CPU workers, 128 chunks (2026-11-26, a loaded 2-core machine, 60 calls each, interleaved, two runs):
-the held scan's median 60.0 -> 60.4 and 39.7 -> 42.0 ms for a persisted input, 67.6 -> 76.6 and 59.6 ->
-63.9 ms for ``x * 2`` (each chunk's recipe goes to the scheduler too); the scheduler takes the graph in
-9-10 ms after the call has returned.
+CPU workers, 128 chunks (2026-11-26, a loaded 2-core machine, 60 calls each, interleaved, three runs):
+the held scan's median 60.0 -> 60.4, 39.7 -> 42.0 and 44.5 -> 52.1 ms for a persisted input, 67.6 ->
+76.6, 59.6 -> 63.9 and 67.1 -> 76.6 ms for ``x * 2`` (each chunk's recipe goes to the scheduler too). Of
+that, the client's part is 4.9 ms median (7.3 for ``x * 2``); the scheduler takes the graph in about 10
+ms after the call has returned (a LocalCluster's scheduler shares the client's process, so here that
+time competes with the next call).
 
 A held scan keeps every output on the GPUs holding its inputs until the scans are done (``update_data``
 takes them together, so dask-cuda's spilling cannot make room meanwhile), and a reduction over some axes
