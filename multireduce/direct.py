@@ -941,8 +941,8 @@ def _register_with_lineage(client, x, plan: ScanPlan, name: str, work: dict, sou
                 tasks[out_key] = Task(out_key, functools.partial(_scan_one_made, plan, carry, recipe),
                                       *map(TaskRef, recipe.inputs))
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
-    recipe = da.Array(HighLevelGraph.from_collections(name, tasks, dependencies=[]), name, x.chunks, meta=meta)
-    return client.persist(recipe, optimize_graph=False)
+    lineage = da.Array(HighLevelGraph.from_collections(name, tasks, dependencies=[]), name, x.chunks, meta=meta)
+    return client.persist(lineage, optimize_graph=False)
 
 
 def _distributed_is_the_scheduler() -> bool:
