@@ -13,7 +13,7 @@ in workers' memory none of that is needed:
 - ``scan_persisted`` (the held scan's own ``.persist()``, ``ScanOfHeld``): one run for each chunk's
   total, the carries folded on the client, a second run in which every worker holding
   chunks scans its own and keeps the outputs, registered with the scheduler as a scatter registers
-  its data. No task runs and nothing moves between workers.
+  its data, each with its recipe (lineage, below). No task runs and nothing moves between workers.
 
 Only the workers holding the chunks are called, each for the chunks it was chosen for (a chunk on
 two workers is computed by one): where the chunks were seen last (the previous run's, or the held
@@ -45,9 +45,29 @@ the other workers kept, and the scheduler drops the silent worker's outputs once
 Nothing is added to a run whose workers all answer in time: the probe starts only after a check
 interval without every reply, and the placement comes from the previous run's replies.
 
-The scan's outputs have no lineage (the price of running no task): a lost worker's output chunks
-raise ``FutureCancelledError`` when used, never a wrong or missing chunk. ``client.persist(mr.cumsum(x))``
-keeps the graph, which Dask can recompute.
+The scan's outputs keep their lineage, though no task made them (``_register_with_lineage``): once
+registered, each output key gets its recipe through one ``client.persist`` of a graph of one task per
+output, ``_scan_one`` of its input chunk (for an expression, of the held chunks its recipe reads) from
+its carry (a literal of a few bytes). The scheduler runs none of them (it fills in the missing task of a
+key it holds as data, and runs only released keys); a worker lost later loses those chunks as it loses
+any computed task's: the scheduler makes them again from their inputs (those recomputed first where
+they were lost too) with the same function and carry, so the same bits. As with the graph, an output
+whose input has no lineage (scattered data) and is lost with it raises ``FutureCancelledError``. Cost, 4
+CPU workers, 128 chunks (2026-11-26, a loaded 2-core machine, 60 calls each, interleaved, three runs):
+the held scan's median 60.0 -> 60.4, 39.7 -> 42.0 and 44.5 -> 52.1 ms for a persisted input, 67.6 ->
+76.6, 59.6 -> 63.9 and 67.1 -> 76.6 ms for ``x * 2`` (each chunk's recipe goes to the scheduler too). Of
+that, the client's part is 4.9 ms median (7.3 for ``x * 2``); the scheduler takes the graph in about 10
+ms after the call has returned (a LocalCluster's scheduler shares the client's process, so here that
+time competes with the next call).
+
+A held scan keeps every output on the GPUs holding its inputs until the scans are done (``update_data``
+takes them together, so dask-cuda's spilling cannot make room meanwhile), and a reduction over some axes
+stacks its chunks' partials there: where the chunks are CuPy arrays, each worker first checks that the
+bytes its chunks need (plus one chunk's of scratch) fit in what its GPUs have free where CuPy allocates
+(the device, plus CuPy's pool's cached blocks, or RMM's pool's unused part), at the start of the
+totals run and again before the scans (``check_room``), and raises ``GPUOutOfMemoryError`` naming the
+worker, the bytes needed and free, and what to do, before any work. An allocator whose free memory
+cannot be read (managed memory, RMM's asynchronous one) is not checked; host chunks never are.
 
 Why ``client.run`` and not ``client.submit`` with worker restrictions, measured on a
 4-process CPU LocalCluster, 128 persisted chunks (2026-11-22, a loaded 2-core machine, 20 calls x 3
@@ -55,7 +75,8 @@ rounds): ``client.run`` 49-53 ms median (21-38 ms best); one ``client.submit`` p
 it (``allow_other_workers``, chunk futures as arguments) plus ``gather``, folded on the client, 55-157 ms
 median (48-76 ms best), the graph 78-159 ms (55-58 ms best). Submitted tasks pass the scheduler's task
 machinery (graph update, transitions, one message per task each way) that the graph also pays; run is
-one broadcast. What the scheduler would add (recomputing lost chunks) the fallback to the graph gives.
+one broadcast. What the scheduler would add (recomputing lost chunks) a reduction does not need (its
+value is on the client) and a scan's outputs get from their recipes (above).
 
 Since 2026-11-26 the client sends the workers ``run``'s message itself (``_call_one``): one round trip
 instead of the scheduler's two. It uses the client's pooled connections and security, as distributed's
@@ -110,17 +131,18 @@ def _call_where_held(block, fn, *args):
         return fn(block, *args)
 
 
-async def values_of_held(per_chunk, work: dict, only_where=frozenset(), extra=None, dask_worker=None):
+async def values_of_held(per_chunk, work: dict, only_where=frozenset(), extra=None, need=None, dask_worker=None):
     """Runs on each worker named in ``work`` (worker -> keys) through a run: ``per_chunk(block,
     *extra[key])`` for each of its keys this worker holds (None for those in ``only_where``: the caller
     only wants to know they are here), on the GPU holding it, brought to the host together. Returns
     ``_Packed({key: value})``, or ``_Failed``. The chunks are read on the worker's event loop, as it
     reads a task's inputs, and the work runs in a thread: the loop keeps answering heartbeats, other
     clients and the caller's liveness probe, so a worker busy with large chunks is never taken for a
-    stalled one."""
+    stalled one. ``need``: see ``check_room``, done first."""
     try:
         held = [k for k in work.get(dask_worker.address, ()) if k in dask_worker.data]
         blocks = [dask_worker.data[k] for k in held]
+        check_room(need, held, blocks, dask_worker.address)
         return await asyncio.to_thread(values_here, per_chunk, held, blocks, only_where, extra or {})
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
@@ -198,14 +220,14 @@ class _PartialColumns:
         return {k: Partial(self.values[i, ...], c) for i, (k, c) in enumerate(zip(self.keys, self.counts.tolist()))}
 
 
-async def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, dask_worker=None):
+async def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, need=None, dask_worker=None):
     """Runs on the workers holding a scan's input through a run: scan each (input key, output key, carry)
     of ``work[this worker]`` here and keep the outputs in this worker's memory, as a scatter does (the
     worker tells the scheduler nothing; the client registers the keys). With ``recipes`` (worker ->
     ``recipes.Recipe``), the input chunks are made here from the chunks this worker holds, one at a time,
     in the recipe's order. Returns {output key: bytes}, or ``_Failed``. The scans run in a thread (see
     ``values_of_held``); outputs of a scan the client gave up on meanwhile (``drop_kept`` came first) are
-    not kept."""
+    not kept. ``need``: see ``check_room``, done before any scan."""
     from dask.sizeof import sizeof
 
     mine = work.get(dask_worker.address, ())
@@ -217,6 +239,7 @@ async def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, dask_worker=No
         return _Moved()
     try:
         inputs = [dask_worker.data[k] for k in reads]
+        check_room(need, [in_key for in_key, _, _ in mine], inputs, dask_worker.address)
         kept = await asyncio.to_thread(_scans_here, plan, mine, inputs, recipe)
         if any(_name_of(k) in _abandoned.get(dask_worker, ()) for k in kept):
             return _Moved()  # nobody waits for this reply any more
@@ -237,8 +260,22 @@ def _scans_here(plan: ScanPlan, mine, inputs: list, recipe=None) -> dict:
     kept = {}
     for in_key, block in blocks:
         out_key, carry = seeds[in_key]
-        kept[out_key] = _call_where_held(block, lambda b: _scan_seeded(plan, b, carry, 0 if carry is None else 1))
+        kept[out_key] = _scan_one(plan, carry, block)
     return kept
+
+
+def _scan_one(plan: ScanPlan, carry, block):
+    """One chunk of a held scan, ``block`` scanned from ``carry`` (None: a lane's first chunk) on the GPU
+    holding it: what ``scan_and_keep`` keeps, and the task that makes the chunk again where a worker
+    holding it is lost (``_register_with_lineage``), so both give the same bits."""
+    with on_device_of(block):
+        return _scan_seeded(plan, block, carry, 0 if carry is None else 1)
+
+
+def _scan_one_made(plan: ScanPlan, carry, recipe, *inputs):
+    """``_scan_one`` of the chunk ``recipe`` makes from ``inputs`` (the held chunks it reads)."""
+    (block,) = recipe.make(dict(zip(recipe.inputs, inputs)))
+    return _scan_one(plan, carry, block)
 
 
 def _name_of(key):
@@ -593,7 +630,7 @@ def _unpacked(replies: dict) -> dict:
     return replies
 
 
-def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None):
+def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None, need=None):
     """({key: per_chunk(chunk)}, {key: worker}) for the chunks ``keys`` (every chunk) of a persisted ``x``,
     each computed by one worker holding it (host values), and only those workers called: where the
     chunks were seen last (``placement.recently_seen``), else where the scheduler says they are (one
@@ -601,7 +638,7 @@ def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None):
     run once more; a chunk replicated on a worker that does not answer is taken from another copy.
     None where some chunk is in no worker's memory or a worker left (the caller computes the graph
     instead). The reduction's own errors are raised, and ``WorkerStalled`` for a worker that does not
-    answer and holds chunks no other worker has."""
+    answer and holds chunks no other worker has. ``need``: see ``check_room``."""
     client = placement.default_client()
     if client is None or not placement.setting("multireduce.placement") or not placement.is_persisted(x):
         return None
@@ -620,7 +657,7 @@ def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None):
         for k in keys:
             work.setdefault(holder[k], []).append(k)
         try:
-            replies = _run(client, sorted(work), values_of_held, per_chunk, work, only_where, extra)
+            replies = _run(client, sorted(work), values_of_held, per_chunk, work, only_where, extra, need)
         except _Unanswered as error:
             silent.update(error.workers)
             holder = None
@@ -681,6 +718,133 @@ def _partial_of_located(plan, located, block, *offsets):
     return plan.partial(located(block, offsets))
 
 
+# ------------------------------------------------------------------------------------------------
+# GPU memory, checked before the work
+# ------------------------------------------------------------------------------------------------
+def _on_gpus(x, what: str, itemsize: int, axes=()):
+    """``need`` for ``check_room`` where ``x``'s chunks are CuPy arrays: (``what``, ``_chunk_bytes``); None
+    for host chunks (no check)."""
+    if not type(x._meta).__module__.startswith("cupy"):
+        return None
+    return what, _chunk_bytes(x, itemsize, axes)
+
+
+def _chunk_bytes(x, itemsize: int, axes=()) -> dict:
+    """{chunk key: bytes of an array of ``itemsize`` shaped as the chunk of ``x``, its ``axes`` one long}."""
+    import itertools
+
+    sizes = [(1,) * len(c) if d in axes else c for d, c in enumerate(x.chunks)]
+    return {(x.name, *idx): itemsize * math.prod(sizes[d][i] for d, i in enumerate(idx))
+            for idx in itertools.product(*map(range, x.numblocks))}
+
+
+def check_room(need, keys: list, blocks: list, where: str) -> None:
+    """On a worker, before any work on its chunks ``keys`` (read from ``blocks``, the held chunks): raise
+    ``GPUOutOfMemoryError`` where what the work keeps on the GPUs holding ``blocks``, ``need`` = (what,
+    {chunk key: bytes}) summed over ``keys`` plus the largest once more (one chunk's scratch), cannot fit in
+    what they have free. Host chunks, or an allocator whose free memory cannot be bounded, are not checked
+    (the allocation itself fails then); a check is two driver calls per GPU."""
+    if not need or not keys:
+        return
+    what, sizes = need
+    bytes_of = [sizes[k] for k in keys if k in sizes]
+    found = _room_on(blocks) if bytes_of else None
+    if found is None:
+        return
+    error = room_error(where, what, sum(bytes_of) + max(bytes_of), *found)
+    if error is not None:
+        raise error
+
+
+def room_error(where: str, what: str, needed: int, room: dict, gpus: list):
+    """The decision, from numbers alone: None where ``needed`` bytes fit in ``room`` (bytes free for new
+    arrays by where they are: the device, CuPy's or RMM's pool; summed over ``gpus``, the device ids),
+    else the ``GPUOutOfMemoryError`` to raise, naming the worker ``where``, the bytes needed and free, and
+    what to do."""
+    from .errors import GPUOutOfMemoryError, _gib
+
+    free = sum(room.values())
+    if needed <= free:
+        return None
+    parts = " + ".join(f"{kind} {_gib(n)}" for kind, n in room.items())
+    which = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {', '.join(map(str, gpus))}"
+    return GPUOutOfMemoryError(
+        f"worker {where}: {what} need {needed} bytes ({_gib(needed)}) on {which}, which {'has' if len(gpus) == 1 else 'have'} "
+        f"{free} bytes ({_gib(free)}) free ({parts}); nothing was computed. Hold fewer chunks on each worker "
+        f"(more workers or GPUs, or smaller arrays per call), let Dask spill (dask-cuda's device_memory_limit, "
+        f"and client.persist / client.compute of the result, whose tasks spill as they go), or give the workers "
+        f"an RMM pool (multireduce.cluster.local_cluster(rmm_pool_size=...) or rmm_async=True) so that CuPy and "
+        f"spilling share one allocator.",
+        what=what, nbytes=needed, gpu={"id": gpus[0] if len(gpus) == 1 else tuple(gpus), "free": free})
+
+
+def _room_on(blocks: list):
+    """(free bytes by where, summed over the GPUs holding ``blocks``, those GPUs' ids) where ``blocks``
+    holds CuPy arrays; None for host chunks or where a GPU's free memory cannot be bounded."""
+    gpus = sorted({b.device.id for b in blocks if type(b).__module__.startswith("cupy")})
+    if not gpus:
+        return None
+    room: dict = {}
+    for gpu in gpus:
+        found = _gpu_room(gpu)
+        if found is None:
+            return None
+        for kind, n in found.items():
+            room[kind] = room.get(kind, 0) + n
+    return room, gpus
+
+
+def _gpu_room(gpu: int):
+    """Bytes that new CuPy arrays can take on GPU ``gpu``, by where: the device's free memory, plus the
+    cached free blocks of CuPy's pool or the unused part of RMM's pool, whichever CuPy allocates from
+    (an upper bound where RMM does not count its allocations). None where it cannot be bounded: managed
+    memory (made to exceed the device), RMM's asynchronous allocator (its free pool is not readable), an
+    allocator of another library, or any failure to read."""
+    try:
+        import cupy
+
+        with cupy.cuda.Device(gpu):
+            free = int(cupy.cuda.runtime.memGetInfo()[0])
+            allocator = cupy.cuda.get_allocator()
+            pool = getattr(allocator, "__self__", None)
+            if isinstance(pool, cupy.cuda.MemoryPool):  # CuPy's own pool (the default)
+                cached = int(pool.free_bytes())
+                limit = int(pool.get_limit())
+                if limit:  # a pool limit caps what it may hold, free memory or not
+                    return {"device": max(0, min(free, limit - int(pool.total_bytes()))), "CuPy's pool": cached}
+                return {"device": free, "CuPy's pool": cached}
+            if getattr(allocator, "__name__", "") == "_malloc":  # no pool: each array from the device
+                return {"device": free}
+            if "rmm" in (getattr(allocator, "__module__", None) or ""):
+                pooled = _rmm_pool_room()
+                return None if pooled is None else {"device": free, "RMM's pool": pooled}
+            return None
+    except Exception:  # noqa: BLE001 - a check that cannot read leaves the decision to the allocation
+        return None
+
+
+def _rmm_pool_room():
+    """The unused bytes of the current device's RMM pool (0 without a pool: plain cudaMalloc), through
+    the adaptors over it (tracking or statistics, when dask-cuda tracks allocations); the whole pool
+    where nothing counts its allocations; None for another resource (managed, asynchronous)."""
+    import rmm
+
+    resource, used = rmm.mr.get_current_device_resource(), None
+    while resource is not None:
+        if used is None and hasattr(resource, "get_allocated_bytes"):  # tracking (and limiting) adaptors
+            used = int(resource.get_allocated_bytes())
+        elif used is None and hasattr(resource, "allocation_counts"):  # statistics adaptor
+            counts = resource.allocation_counts  # a dict in older RMM, a Statistics record in newer
+            used = int(counts["current_bytes"] if isinstance(counts, dict) else counts.current_bytes)
+        if isinstance(resource, rmm.mr.PoolMemoryResource):
+            size = int(resource.pool_size())
+            return size if used is None else max(0, size - used)
+        if isinstance(resource, rmm.mr.CudaMemoryResource):
+            return 0
+        resource = getattr(resource, "upstream_mr", None)
+    return None
+
+
 def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     """``x`` scanned along ``plan.axis`` now, as a persisted array named ``name`` whose chunks are made
     and kept on the workers holding the input's; None where the graph must run instead.
@@ -690,25 +854,26 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     chunk's carry in chunk order (``plan.carries``, as the graph's carries do, so the bits are the
     graph's under any placement and for non-commutative operators); each worker then scans its chunks
     with their carries and keeps the outputs, which the client registers with the scheduler as a
-    scatter does. Nothing moves between workers. The outputs have no lineage: if a worker holding
-    some is lost, computing from them raises ``FutureCancelledError`` (a clear error, never a wrong or
-    missing chunk); ``client.persist(mr.cumsum(x))`` keeps the graph, which Dask can recompute.
+    scatter does, with each chunk's recipe (``_register_with_lineage``). Nothing moves between workers.
+    If a worker holding outputs is lost, the scheduler makes them again from their inputs, as it would
+    the graph's (``client.persist(mr.cumsum(x))``).
     With ``sources`` (an expression over persisted arrays, ``held_sources``), each worker makes the
     chunks it scans from the chunks it holds, in both calls."""
-    from distributed import Future
-
     client = placement.default_client()
     keys = placement.chunk_keys(x)
     lanes = list(_lanes(x, (plan.axis,)))
     wanted = [(x.name, *i) for _, index in lanes for i in index[:-1]]
     recipes = None
+    # the outputs must fit on the GPUs holding the inputs: checked on each worker before the totals are
+    # computed, and again before the scans
+    need = _on_gpus(x, "the held scan's outputs", np.dtype(plan.out_dtype).itemsize)
     if sources is None:
         # every chunk's total but each lane's last, and where every chunk is, in one run
-        found = held_values(x, keys, plan.totals, only_where=frozenset(keys) - set(wanted))
+        found = held_values(x, keys, plan.totals, only_where=frozenset(keys) - set(wanted), need=need)
     else:
         planned = _recipes_by_worker(sources, client)
         recipes, holder = planned if planned is not None else (None, None)
-        totals = recipe_values(sources, plan.totals, recipes=recipes) if planned is not None else None
+        totals = recipe_values(sources, plan.totals, recipes=recipes, need=need) if planned is not None else None
         found = None if totals is None else (totals, holder)
     if found is None:
         return None
@@ -722,7 +887,7 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
             work.setdefault(holder[(x.name, *idx)], []).append(((x.name, *idx), (name, *idx), carry))
     out_keys = [(name, *idx) for _, index in lanes for idx in index]
     try:
-        kept = _run(client, sorted(work), scan_and_keep, plan, work, recipes)
+        kept = _run(client, sorted(work), scan_and_keep, plan, work, recipes, need)
     except _Unanswered as error:  # nothing of this scan may stay behind, on these workers either
         _drop_kept_on_live(client, list(work), out_keys, unanswered=error.workers)
         raise _stalled({w: len(work[w]) for w in error.workers}, len(keys), x.name,
@@ -739,19 +904,45 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     try:
         client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
                     nbytes=nbytes, client=client.id)
+        out = _register_with_lineage(client, x, plan, name, work, sources)
     except Exception as error:  # noqa: BLE001 - whatever failed, nothing registered in part may stay
         client.run_on_scheduler(_release_registered, out_keys, client.id)
         _drop_kept_on_live(client, list(work), out_keys)
         if isinstance(error, (KeyError, *_placement_errors())):
             return None  # a worker that left after its reply (the scheduler's KeyError for its address): the graph
         raise  # anything else is a defect to see, not a placement to recompute around
-    chunk_type = type(x._meta)
-    layer = {}
     for k in out_keys:
-        layer[k] = Future(k, client)
-        client.futures[k].finish(type=chunk_type)
+        client.futures[k].finish(type=type(x._meta))
+    return out
+
+
+def _register_with_lineage(client, x, plan: ScanPlan, name: str, work: dict, sources=None):
+    """The held scan's outputs (registered with the scheduler as data, ``update_data``) as a persisted
+    array whose chunks keep their recipe: each output key gets a task, ``_scan_one`` of its input chunk
+    (a dependency: the held chunk, or with ``sources`` the held chunks its recipe reads) from its carry
+    (a literal, a few bytes). ``client.persist`` of that graph gives the scheduler's tasks their run_spec
+    and dependencies; keys already in memory are not run again (the scheduler only recommends released
+    keys to run, and fills in the missing run_spec of a key it has as data). A worker lost later loses
+    those chunks as it loses any computed task's: the scheduler makes them again from their inputs,
+    which are recomputed first where they were lost too and have lineage of their own."""
+    from dask._task_spec import Task, TaskRef
+
+    made_by = None
+    if sources is not None:  # a recipe per chunk, reading the held chunks only
+        recipes, shared = sources.recipes([[k] for k in sources.keys])
+        made_by = {r.chunks[0]: _reading_held_only(r, shared) for r in recipes}
+    tasks = {}
+    for per_worker in work.values():
+        for in_key, out_key, carry in per_worker:
+            if made_by is None:
+                tasks[out_key] = Task(out_key, functools.partial(_scan_one, plan, carry), TaskRef(in_key))
+            else:
+                recipe = made_by[in_key]
+                tasks[out_key] = Task(out_key, functools.partial(_scan_one_made, plan, carry, recipe),
+                                      *map(TaskRef, recipe.inputs))
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
-    return da.Array(HighLevelGraph.from_collections(name, layer, dependencies=[]), name, x.chunks, meta=meta)
+    lineage = da.Array(HighLevelGraph.from_collections(name, tasks, dependencies=[]), name, x.chunks, meta=meta)
+    return client.persist(lineage, optimize_graph=False)
 
 
 def _distributed_is_the_scheduler() -> bool:
@@ -890,18 +1081,19 @@ def held_sources(x):
     return sources if sources.held_only else None
 
 
-async def values_of_recipes(per_chunk, recipes: dict, extra=None, folds=None, dask_worker=None):
+async def values_of_recipes(per_chunk, recipes: dict, extra=None, folds=None, need=None, dask_worker=None):
     """Runs on the workers named in ``recipes`` (worker -> ``recipes.Recipe``): each chunk of this worker's
     recipe made from the chunks it holds, one at a time, and ``per_chunk(chunk, *extra[key])`` of it on
     the GPU holding it, brought to the host together (in a thread, as ``values_of_held``). ``_Moved``
     where a held chunk the recipe reads is no longer here. ``folds``: (combine, {worker: groups of keys})
-    combined here (``values_here``)."""
+    combined here (``values_here``). ``need``: see ``check_room``, done first."""
     recipe = recipes.get(dask_worker.address)
     if recipe is None:
         return _Packed({})
     if any(k not in dask_worker.data for k in recipe.inputs):
         return _Moved()
     try:
+        check_room(need, recipe.chunks, [dask_worker.data[k] for k in recipe.inputs], dask_worker.address)
         made = recipe.make({k: dask_worker.data[k] for k in recipe.inputs})  # runs in the thread, as consumed
         mine = (folds[0], folds[1].get(dask_worker.address, ())) if folds else None
         return await asyncio.to_thread(values_here, per_chunk, recipe.chunks, made, frozenset(), extra or {}, mine)
@@ -913,8 +1105,6 @@ def _recipes_by_worker(sources, client):
     """{worker: Recipe} making every chunk of ``sources`` on the worker holding what it reads (the shared
     constants made on each worker that needs them), and {chunk key: worker}; None where some held chunk
     is in no worker's memory or a chunk reads chunks held by several workers."""
-    from .recipes import Recipe
-
     found = placement.holders_of(sources.futures, client)
     if found is None:
         return None
@@ -927,19 +1117,26 @@ def _recipes_by_worker(sources, client):
         where[k] = workers.pop()
         chunks.setdefault(where[k], []).append(k)
     recipes, shared = sources.recipes(list(chunks.values()))
-    work = {}
-    for worker, recipe in zip(chunks, recipes):
-        tasks = {**{k: shared[k] for k in recipe.inputs if k in shared}, **recipe.tasks}
-        work[worker] = Recipe(tasks, recipe.chunks, [k for k in recipe.inputs if k not in shared])
-    return work, where
+    return {worker: _reading_held_only(recipe, shared) for worker, recipe in zip(chunks, recipes)}, where
 
 
-def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None):
+def _reading_held_only(recipe, shared: dict):
+    """``recipe`` with the constants it shares with other recipes (``shared``) made in it: it reads held
+    chunks only."""
+    from .recipes import Recipe
+
+    if not shared or not any(k in shared for k in recipe.inputs):
+        return recipe
+    tasks = {**{k: shared[k] for k in recipe.inputs if k in shared}, **recipe.tasks}
+    return Recipe(tasks, recipe.chunks, [k for k in recipe.inputs if k not in shared])
+
+
+def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None, need=None):
     """{chunk key: per_chunk(chunk)} for every chunk of ``sources`` (host values), each made and computed
     by the worker holding what it is made from (``recipes``, else ``_recipes_by_worker``), in one call;
     None where the graph must run instead. ``fold_groups`` (a combine function and groups of keys): a
     group whose chunks one worker makes comes back combined there, under its first key, its other keys
-    absent."""
+    absent. ``need``: see ``check_room``."""
     client = placement.default_client()
     if recipes is None:
         planned = _recipes_by_worker(sources, client)
@@ -959,7 +1156,7 @@ def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None
         folds = (combine, local) if local else None
     work = recipes
     try:
-        replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra, folds)
+        replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra, folds, need)
     except _Unanswered as error:
         raise _stalled({w: len(work[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
                        placement.setting("multireduce.direct-connect-timeout")) from None
@@ -986,8 +1183,11 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
     # the first level of each lane's tree: a group of chunks one worker makes is combined there
     groups = [g for _, keys in lanes for g in first_level(split_every, keys)]
     per_chunk = plan.partial if located is None else functools.partial(_partial_of_located, plan, located)
+    # each chunk's partial, and all of them stacked for one copy to the host (``_PartialColumns``)
+    need = None if whole else _on_gpus(x, "the held reduction's partials",
+                                       2 * max(np.dtype(plan.out_dtype).itemsize, 4), plan.axes)
     values = recipe_values(sources, per_chunk, chunk_offsets(x) if located is not None else None,
-                           fold_groups=(plan.combine, groups))
+                           fold_groups=(plan.combine, groups), need=need)
     if values is None:
         return None
     on_device = type(x._meta).__module__.startswith("cupy")

@@ -106,23 +106,6 @@ def test_persist_scans_each_chunk_where_it_is(client, kind):
         time.sleep(0.05)
 
 
-def test_lost_outputs_raise_a_clear_error():
-    """The direct scan's outputs have no lineage: after their worker dies, using them raises
-    FutureCancelledError at once (never a wrong or missing chunk, never a hang)."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, scheduler_port=0,
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
-        x = np.random.default_rng(12).integers(-1000, 1000, size=8 * 1009, dtype=np.int64)
-        d, workers = persist_spread(c, x, 1009, [0, 1] * 4)
-        out = mr.cumsum(d).persist()
-        # not computed before the kill: gathering it would copy every chunk to one worker, and those
-        # replicas would survive (a right answer, but not the case under test)
-        where = c.who_has(distributed.futures_of(out))
-        assert sorted(len(w) for w in where.values()) == [1] * 8 and workers[1] in {w[0] for w in where.values()}
-        os.kill(c.run(os.getpid)[workers[1]], signal.SIGKILL)
-        with pytest.raises(distributed.client.FutureCancelledError):
-            c.compute(out).result(timeout=60)
-
-
 def test_persist_with_arguments_or_lazy_input_runs_the_graph(client):
     x = np.random.default_rng(8).integers(-99, 99, size=5 * 1001)
     d, _ = persist_spread(client, x, 1001, [0, 1, 2, 0, 1])
