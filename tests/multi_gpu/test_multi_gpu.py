@@ -246,9 +246,12 @@ def _wide_data(n, dtype, seed):
     return x
 
 
-def _held(client, host, chunk):
-    x = client.persist(da.from_array(host, chunks=chunk).map_blocks(cupy.asarray, dtype=host.dtype,
-                                                                     meta=cupy.empty(0, dtype=host.dtype)))
+def _held(client, host, chunk, balanced=False):
+    """``host`` in CuPy chunks persisted where Dask puts them, or, ``balanced``, in equal contiguous ranges
+    over every worker (Dask's own placement may leave a worker without chunks)."""
+    lazy = da.from_array(host, chunks=chunk).map_blocks(cupy.asarray, dtype=host.dtype,
+                                                        meta=cupy.empty(0, dtype=host.dtype))
+    x = mr.persist(lazy, client=client) if balanced else client.persist(lazy)
     distributed.wait(x)
     return x
 
@@ -259,7 +262,8 @@ def test_exact_bits_equal_on_one_gpu_and_on_every_gpu(client, dtype):
     every GPU of the box through Dask, for several chunkings, the graph, the held (direct) and the eager
     path, and as NumPy input: sum, mean, nansum and cumsum."""
     host = _wide_data((1 << 22) + 1031, dtype, seed=21)
-    arrays = [_held(client, host, chunk) for chunk in (1 << 18, (1 << 20) + 3, 77777)]
+    chunkings = (1 << 18, (1 << 20) + 3, 77777)
+    arrays = [_held(client, host, chunk, balanced=i == 0) for i, chunk in enumerate(chunkings)]
     assert len(set(placement.holders(arrays[0], client).values())) == len(client.scheduler_info()["workers"])
     whole = cupy.asarray(host)
     with local_cluster(n_workers=1, gpu=True) as one, distributed.Client(one, set_as_default=False) as single:
