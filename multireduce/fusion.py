@@ -243,19 +243,11 @@ class _NotFusable(Exception):
     pass
 
 
-_UNREAD = object()
-
-
 def split_steps(x):
-    """``read_steps(x)``, read once per array (a dask array's graph never changes)."""
-    found = getattr(x, "_multireduce_steps", _UNREAD)
-    if found is _UNREAD:
-        found = read_steps(x)
-        try:
-            x._multireduce_steps = found
-        except AttributeError:  # an array type without room for it: read again next time
-            pass
-    return found
+    """``read_steps(x)``, read once per array."""
+    from .recipes import read_once
+
+    return read_once(x, "_multireduce_steps", read_steps)
 
 
 def read_steps(x):

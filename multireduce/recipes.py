@@ -36,6 +36,22 @@ def _evaluate(node, cache: Mapping):
     return node  # a literal in the graph (``from_array``'s data)
 
 
+_UNREAD = object()
+
+
+def read_once(x, attribute: str, read):
+    """``read(x)``, kept on the dask array ``x`` as ``attribute``: its graph never changes, so what is read
+    from it holds for its lifetime (an array type without room for it is read again each time)."""
+    found = getattr(x, attribute, _UNREAD)
+    if found is _UNREAD:
+        found = read(x)
+        try:
+            setattr(x, attribute, found)
+        except AttributeError:
+            pass
+    return found
+
+
 class Recipe:
     """The tasks that make ``chunks`` (keys, in chunk order) from ``inputs`` (keys read from outside: held
     chunks or shared constants). ``make(values)`` yields each chunk's value in order."""
@@ -144,14 +160,7 @@ class ChunkSources:
     def of(cls, x) -> "ChunkSources":
         """``ChunkSources(x)``, read once per array: a dask array's graph never changes, and one call may
         ask several times (is it held? how is it grouped?)."""
-        found = getattr(x, "_multireduce_sources", None)
-        if found is None:
-            found = cls(x)
-            try:
-                x._multireduce_sources = found
-            except AttributeError:  # an array type without room for it: read again next time
-                pass
-        return found
+        return read_once(x, "_multireduce_sources", cls)
 
     @property
     def held_only(self) -> bool:
@@ -181,4 +190,4 @@ class ChunkSources:
         return out, shared
 
 
-__all__ = ["Recipe", "ChunkSources"]
+__all__ = ["Recipe", "ChunkSources", "read_once"]
