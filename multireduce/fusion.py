@@ -67,7 +67,14 @@ _CUDA_COMPARE = {"greater": ">", "greater_equal": ">=", "less": "<", "less_equal
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 # every dtype a chunk could have: an input dtype is taken as known only where no other gives the same result
 _CANDIDATES = [np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
-                                     np.int64, np.uint64, np.float16, np.float32, np.float64)]
+                                     np.int64, np.uint64, np.float16, np.float32, np.float64, np.longdouble,
+                                     np.complex64, np.complex128, np.clongdouble, "m8[ns]")]
+# float32 only: steps that flush a subnormal operand to zero under NVRTC's -ftz=true, which CuPy's kernels and
+# ours are both compiled with; a value that reaches the result through none of them (``where(c, x, 0)``)
+# would keep its subnormal bits in CuPy's step but not in our load, whose conversion flushes it
+_FLUSHING = {"add", "subtract", "multiply", "divide", "sqrt", *_CUDA_COMPARE}
+# longer chains are left to CuPy (the reading recurses once per step)
+MAX_STEPS = 64
 
 LEAF = ("input",)
 
@@ -107,10 +114,44 @@ class Steps:
         return _cuda(self.tree, ctype, element)
 
 
+def _constant_key(value):
+    """A Python number by its type and bits: 0.0 and -0.0 differ, a NaN equals itself."""
+    return type(value), (struct.pack("<d", value) if type(value) is float else value)
+
+
 def _same(a, b) -> bool:
     if a[0] == "constant" or b[0] == "constant":
-        return a[0] == b[0] and type(a[1]) is type(b[1]) and (a[1] == b[1] or (a[1] != a[1] and b[1] != b[1]))
+        return a[0] == b[0] and _constant_key(a[1]) == _constant_key(b[1])
     return a[0] == b[0] and len(a) == len(b) and all(_same(p, q) for p, q in zip(a[1:], b[1:]))
+
+
+def _writable(tree, dtype: np.dtype) -> bool:
+    """Whether ``_cuda`` computes ``tree`` over a ``dtype`` input exactly as NumPy's (and CuPy's) steps do:
+    at most ``MAX_STEPS`` deep; every integer constant exact in float64 (NumPy rounds a larger one once,
+    our literal would be rounded twice); no constant beside a boolean operand (NumPy compares or adds them in
+    float64 or int64, not in ``dtype``); for float32, the input reaching the result only through a step
+    that flushes subnormals (``_FLUSHING``)."""
+    def boolean(t):
+        return t[0] in _CUDA_COMPARE
+
+    def walk(t, depth, flushed):
+        if depth > MAX_STEPS:
+            return False
+        if t[0] == "input":
+            return flushed or dtype != np.float32
+        if t[0] == "constant":
+            if type(t[1]) is int:  # exact in float64, it is rounded once to float32 by either way
+                with np.errstate(over="ignore"):
+                    converted = np.float64(t[1])
+                return bool(np.isfinite(converted)) and int(converted) == t[1]
+            return True
+        operands = t[1:]
+        if len(operands) == 2 and any(boolean(o) for o in operands) and any(o[0] == "constant" for o in operands):
+            return False
+        below = flushed or t[0] in _FLUSHING
+        return all(walk(o, depth + 1, below) for o in operands)
+
+    return walk(tree, 0, False)
 
 
 def _evaluate(tree, x):
@@ -144,10 +185,11 @@ def _dtype_of(tree, dtype: np.dtype, keeping: bool):
 
 def _literal(value, ctype: str) -> str:
     """``value`` as the unfused step sees it (a Python number taken in the input's dtype), bit for bit."""
-    if ctype == "float":
-        bits = struct.unpack("<I", np.float32(value).tobytes())[0]
-        return f"__int_as_float(0x{bits:08x})"
-    bits = struct.unpack("<Q", np.float64(value).tobytes())[0]
+    with np.errstate(over="ignore"):  # a float past float32's range is inf there, as NumPy makes it
+        if ctype == "float":
+            bits = struct.unpack("<I", np.float32(value).tobytes())[0]
+            return f"__uint_as_float(0x{bits:08x}u)"
+        bits = struct.unpack("<Q", np.float64(value).tobytes())[0]
     return f"__longlong_as_double(0x{bits:016x}LL)"
 
 
@@ -187,6 +229,8 @@ def _steps_of_chunk(task_of, key, index: tuple):
         return LEAF, {k[0]}
 
     def walk(k, depth):
+        if depth > MAX_STEPS:
+            raise _NotFusable
         node = task_of(k)
         if node is None or node.func not in _STEPS or node.kwargs \
                 or len(node.args) != _ARITY.get(_STEPS[node.func], 2):
@@ -267,17 +311,24 @@ def read_steps(x):
         return None
     task_of = _tasks_of(graph)
     found = None
-    for key in flatten(x.__dask_keys__()):
-        this = _steps_of_chunk(task_of, key, tuple(key[1:]))
-        if this is None or (found is not None and (this[0] != found[0] or this[1] != found[1])):
-            return None
-        found = this
+    try:
+        for key in flatten(x.__dask_keys__()):
+            this = _steps_of_chunk(task_of, key, tuple(key[1:]))
+            if this is None or (found is not None and (this[0] != found[0] or this[1] != found[1])):
+                return None
+            found = this
+    except RecursionError:
+        return None
     name, steps = found
     # the input's dtype is not in the graph: it is taken as x's only where the steps keep x's dtype and no
-    # other input dtype would give x's dtype
-    if steps.dtype_of(dtype, keeping=True) != dtype or any(steps.dtype_of(d) == dtype for d in _CANDIDATES
-                                                          if d != dtype):
+    # other input dtype would give x's dtype (dtype_of is None where NumPy refuses: never equal)
+    kept = steps.dtype_of(dtype, keeping=True)
+    if kept is None or kept != dtype or not _writable(steps.tree, dtype):
         return None
+    for other in _CANDIDATES:
+        found = steps.dtype_of(other) if other != dtype else None
+        if found is not None and found == dtype:
+            return None
     if name not in graph.layers:
         return None
     below = graph.cull_layers([name])
@@ -362,8 +413,11 @@ def fused(x, plan):
     from .placement import setting
 
     op = plan.op
+    acc = np.dtype(plan.acc_dtype)
+    # the kernels convert each element to the accumulator before the load transform runs: the steps can
+    # start from it only where that conversion is exact (a float accumulator at least as wide)
     if (not setting("multireduce.fuse-elementwise") or not op.builtin or plan.algorithm != "auto"
-            or not worth_fusing(x)):
+            or not worth_fusing(x) or acc.kind != "f" or acc.itemsize < np.dtype(x.dtype).itemsize):
         return None
     found = split_steps(x)
     if found is None:

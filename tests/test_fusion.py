@@ -37,8 +37,8 @@ def _bits(a):
 EXPRESSIONS = {
     "x * 2 + 1": lambda x: x * 2 + 1,
     "(x + 0.1) / 3": lambda x: (x + 0.1) / 3,
-    "where(x > 0, x, -0.0)": lambda x: da.where(x > 0, x, -0.0),
-    "abs(x) * 3": lambda x: abs(x) * 3,
+    "where(x > 0, x * 2, -0.0)": lambda x: da.where(x > 0, x * 2, -0.0),
+    "abs(x) * 3 - x": lambda x: abs(x) * 3 - x,
     "x * x + x": lambda x: x * x + x,
     "-x - 1e30": lambda x: -x - 1e30,
 }
@@ -71,6 +71,8 @@ def test_only_one_input_at_each_chunks_position_with_python_numbers_is_read():
     assert fusion.split_steps(np.exp(x)) is None  # transcendental: CuPy's bits are CuPy's
     assert fusion.split_steps(x ** 2) is None
     assert fusion.split_steps(x.astype(np.float64) * 2) is not None  # float64 times an int: float64 in
+    assert fusion.split_steps(abs(x) * 3) is None  # a complex input gives float32 too
+    assert fusion.split_steps(da.where(x > 0, x, 0)) is None  # float32 passed through: its subnormals
 
 
 def test_an_input_dtype_the_graph_leaves_open_is_not_guessed():
@@ -94,7 +96,7 @@ def test_a_plan_reading_through_the_steps_gives_the_unfused_bits(func, dtype):
     x = da.from_array(xn, chunks=(CHUNKS,))
     # a float constant leaves a float64 input open (an integer input would give float64 too)
     zero = -0.0 if dtype == np.float32 else 0
-    for e in (x * 2 + 1, da.where(x > 0, x, zero), abs(x) * 3):
+    for e in (x * 2 + 1, da.where(x > 0, x * 2, zero), abs(x) * 3 - x):
         below, steps = fusion.split_steps(e)
         op = get_operator("sum" if func == "mean" else func)
         plans, _, _, fan_in = api._resolve_reduction("dask-numpy", op, e.dtype, 1, None, None, False, 4, "auto",
