@@ -10,10 +10,16 @@ of the input, no chunk of the expression at all, one kernel launch per chunk how
 The bits are those of the unfused path. Every step keeps the input's dtype (checked with NumPy's own
 promotion) and is computed in it, with CUDA's correctly rounded intrinsics (``__fmul_rn`` & co.): NVRTC
 would otherwise contract ``x * 2 + 1`` into one fused multiply-add, which CuPy's one-kernel-per-step
-evaluation never does. Transcendental functions, powers and mixed dtypes are left to CuPy (their
-results need not match CuPy's bit for bit), as is anything whose input dtype the graph leaves
-ambiguous. Each new expression is compiled once per device (NVRTC, cached on disk by CuPy);
-``multireduce.fuse-elementwise: false`` turns this off.
+evaluation never does. Left to CuPy, because the bits could differ: transcendental functions, powers and
+mixed dtypes; an input dtype the graph leaves ambiguous (any other input dtype NumPy would take to the
+same result dtype: ``x * 0.5`` over float64 could be over int32); a Python constant beside a boolean
+(NumPy compares those in float64) or an integer constant inexact in float64; an accumulator narrower than
+the input (the kernels convert each element to it before the load transform runs); and float32 input
+that reaches the result through no arithmetic step (``where(x > 0, x, 0)``): CuPy and our runtime-
+compiled kernels both flush float32 subnormals (NVRTC's -ftz=true), in CuPy's arithmetic steps and in our
+load's conversion alike, but CuPy's ``where`` passes a subnormal through untouched. Each new expression
+(constants included) is compiled once per device (NVRTC, cached on disk by CuPy); should NVRTC refuse it,
+the backend runs the steps as CuPy kernels instead. ``multireduce.fuse-elementwise: false`` turns this off.
 """
 
 from __future__ import annotations
