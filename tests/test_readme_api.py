@@ -104,7 +104,9 @@ def test_python_dash_m_runs_the_cli(tmp_path, capsys):
 
     from multireduce.cli import main
 
-    env = dict(os.environ, PYTHONPATH=str(README.parent))
+    # the checkout first, then whatever this process was given (wheels installed to a folder on a GPU machine)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(README.parent), os.environ.get("PYTHONPATH"))
+                                                      if p))
     run = subprocess.run([sys.executable, "-m", "multireduce", "--help"], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=60)
     assert run.returncode == 0, run.stderr
@@ -133,7 +135,9 @@ def test_several_gpus_snippet_runs_as_a_script(tmp_path):
     snippet = _several_gpus_snippet()
     script = tmp_path / "snippet.py"
     script.write_text(snippet)
-    env = dict(os.environ, PYTHONPATH=str(README.parent))
+    # the checkout first, then whatever this process was given (wheels installed to a folder on a GPU machine)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(README.parent), os.environ.get("PYTHONPATH"))
+                                                      if p))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-5000:]
