@@ -26,7 +26,8 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
 - held: ``mr.sum(x).compute()``, ``client.compute(mr.sum(x))``, ``mr.sum(x, compute=True)``,
   ``mr.cumsum(x).persist()``, ``client.persist(mr.cumsum(x))`` vs ``dask.array.sum`` and ``da.cumsum``.
 - expr: ``mr.sum(x * 2)``, ``mr.var(x + 1)``, ``mr.argmax(abs(x))`` (``.compute()``) and
-  ``mr.cumsum(x * 2).persist()`` vs dask.array's same expressions, the held bare call, and ``x * 2`` alone:
+  ``mr.cumsum(x * 2).persist()`` vs dask.array's same expressions (the sum and cumsum also with the steps
+  left to CuPy: "unfused"), the held bare call, and ``x * 2`` alone:
   CUDA-event time of ``b * 2`` on each held chunk, summed per worker, the slowest worker's.
 - axes: ``mr.mean(f, axis=0).compute()`` of a time x lat x lon field chunked along time (``--field-gib``
   per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks) and
@@ -327,6 +328,15 @@ def _held_rows(path: str, client, x, ref: Reference, args, gib: float, impls: tu
     return [dataclasses.replace(c, path=path) for c in held_cases(client, x, ref, args, gib) if c.impl in impls]
 
 
+def _unfused(make):
+    """``make()`` with elementwise steps left to CuPy (``multireduce.fuse-elementwise`` off while the
+    result is built: the choice is made then)."""
+    import dask
+
+    with dask.config.set({"multireduce.fuse-elementwise": False}):
+        return make()
+
+
 def expr_cases(client, x, ref: Reference, args, gib: float) -> list[h.Case]:
     import dask.array as da
 
@@ -341,8 +351,16 @@ def expr_cases(client, x, ref: Reference, args, gib: float) -> list[h.Case]:
         ours, theirs = f"mr.{op}.{how}()", f"da.{op}.{how}()"
         cases += [h.Case("expr", ours, op, h.Step(client, how, lambda make=make: make(mr)), nbytes, check, theirs),
                   h.Case("expr", theirs, op, h.Step(client, how, lambda make=make: make(da)), nbytes, check, theirs)]
+    # the same calls with the steps left to CuPy (a kernel per step, then ours): what reading them into
+    # the loads buys
+    cases.append(h.Case("expr", "mr.sum(x * 2).compute() unfused", "sum(x * 2)",
+                        h.Step(client, "compute", lambda: _unfused(lambda: mr.sum(x * 2))), nbytes,
+                        lambda got: ref.close(got, 2 * ref.sum, 2 * ref.sum_tol), "da.sum(x * 2).compute()"))
     scan = ("mr.cumsum(x * 2).persist()", "da.cumsum(x * 2).persist()")
     cases.append(h.Case("expr", scan[0], "cumsum(x * 2)", h.Step(client, "persist", lambda: mr.cumsum(x * 2)),
+                        2 * nbytes, _scan_total_close(ref, 2), scan[1]))
+    cases.append(h.Case("expr", scan[0] + " unfused", "cumsum(x * 2)",
+                        h.Step(client, "persist", lambda: _unfused(lambda: mr.cumsum(x * 2))),
                         2 * nbytes, _scan_total_close(ref, 2), scan[1]))
     if gib <= args.dask_cumsum_max_gib:
         cases.append(h.Case("expr", scan[1], "cumsum(x * 2)", h.Step(client, "persist", lambda: da.cumsum(x * 2)),
