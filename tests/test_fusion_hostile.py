@@ -4,7 +4,7 @@ Three things are checked for each expression: which array and which steps ``spli
 order, the input array, refusals), that the steps compute what Dask's graph computes (NumPy), and that the
 CUDA text the kernels compile computes the same bits. The last runs on the CPU: ``_CudaText`` reads the
 generated expression (and the fused operator's ``load``) with C++'s conversion rules and CUDA's correctly
-rounded intrinsics, in NumPy. Cases marked xfail are defects: they pass once the module is fixed.
+rounded intrinsics, in NumPy.
 """
 
 from __future__ import annotations
@@ -407,8 +407,8 @@ def test_a_python_int_rounded_twice_through_float64_is_left_to_cupy():
 # float64: NumPy's refusal for one candidate input dtype (None) compares equal to float64
 # ------------------------------------------------------------------------------------------------
 def test_none_compares_equal_to_float64():
-    """The root of the two defects below: ``np.dtype(None)`` is float64, so ``None == np.dtype("float64")``.
-    ``split_steps`` compares ``Steps.dtype_of`` (None where NumPy refuses) with ``==`` / ``!=``."""
+    """Why ``split_steps`` checks ``Steps.dtype_of`` (None where NumPy refuses) for None before comparing it:
+    ``np.dtype(None)`` is float64, so ``None == np.dtype("float64")``."""
     assert (None == np.dtype(np.float64)) and not (None == np.dtype(np.float32))
 
 
