@@ -260,7 +260,8 @@ def _resolve_scan(kind, op, dtype, ndim, axis, requested, inclusive, algorithm, 
     return ScanPlan(op, ax, acc_dtype, out_dtype, inclusive, algorithm, label or f"scan-{op.name}"), fan_in
 
 
-def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split_every=None, accumulate="auto"):
+def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split_every=None, accumulate="auto",
+          out=None):
     x, kind = v.as_array(x, caller)
     op = get_operator(op, caller=caller)
     if split_every is None and kind.startswith("dask"):
@@ -269,6 +270,7 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         split_every = dask.config.get("split_every", None)
     plan, fan_in = _resolve_scan(kind, op, x.dtype, x.ndim, axis, dtype, inclusive, algorithm, split_every, label,
                                  caller, accumulate)
+    v.check_out(out, kind, x, (x.size,) if axis is None else x.shape, plan.out_dtype, caller)
     if axis is None:
         x = v.flattened(x, kind, caller)
     if kind.startswith("dask"):
@@ -281,7 +283,7 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
             return held
         return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=True))
     with _run_device(kind, x), gpu_memory_guard(x, caller):
-        return plan(x)
+        return _into(out, plan(x), kind, x)
 
 
 def _wants_exact(x, dtype, exact, caller: str, algorithm="auto", compute=False) -> bool:
@@ -858,7 +860,7 @@ def _doc(summary: str, params: tuple[str, ...], returns: str):
 
 _REDUCTION = ("x", "axis", "dtype", "keepdims", "out", "initial", "where", "split_every", "algorithm", "compute")
 _MEAN = ("x", "axis", "dtype", "keepdims", "out", "stat_where", "split_every", "algorithm", "compute", "exact")
-_SCAN = ("x", "scan_axis", "dtype", "split_every", "algorithm")
+_SCAN = ("x", "scan_axis", "dtype", "out", "split_every", "algorithm")
 _REDUCED = """out : numpy scalar or array, cupy.ndarray or dask.array.Array
     The reduced array: a NumPy scalar where every axis of NumPy input is reduced."""
 _SCANNED = """out : numpy.ndarray, cupy.ndarray or dask.array.Array
@@ -957,30 +959,44 @@ def mean(x, axis=None, dtype=None, keepdims=False, *, out=None, where=True, spli
 # ------------------------------------------------------------------------------------------------
 @_doc("Inclusive (default) or exclusive scan of ``x`` with ``op``; ``op`` must be associative, not necessarily "
       "commutative (element order is kept everywhere).",
-      _SCAN[:1] + ("op",) + _SCAN[1:3] + ("inclusive",) + _SCAN[3:] + ("accumulate",), _SCANNED)
-def scan(x, op: str | Operator, axis=None, dtype=None, *, inclusive=True, split_every=None, algorithm="auto",
-         accumulate="auto", **unknown):
+      _SCAN[:1] + ("op",) + _SCAN[1:4] + ("inclusive",) + _SCAN[4:] + ("accumulate",), _SCANNED)
+def scan(x, op: str | Operator, axis=None, dtype=None, *, out=None, inclusive=True, split_every=None,
+         algorithm="auto", accumulate="auto", **unknown):
     if unknown:
         raise v.unknown_keywords(scan, unknown)
     return _scan(x, op, axis, dtype, inclusive, algorithm, caller="multireduce.scan", split_every=split_every,
-                 accumulate=accumulate)
+                 accumulate=accumulate, out=out)
 
 
 @_doc("Cumulative sum, as ``numpy.cumsum``; float32 is accumulated in float64 where that is free "
       "(``accumulate=``).", _SCAN + ("accumulate", "exact"), _SCANNED)
-def cumsum(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto", exact=False, **unknown):
+def cumsum(x, axis=None, dtype=None, *, out=None, split_every=None, algorithm="auto", accumulate="auto", exact=False,
+           **unknown):
     if unknown:
         raise v.unknown_keywords(cumsum, unknown)
     _check_accumulate(accumulate, "multireduce.cumsum")
     if _wants_exact(x, dtype, exact, "multireduce.cumsum", algorithm):
-        return _exact.cumsum(x, axis, dtype, split_every, caller="multireduce.cumsum")
+        return _exact_scan_into(out, x, axis, dtype, "multireduce.cumsum",
+                                lambda: _exact.cumsum(x, axis, dtype, split_every, caller="multireduce.cumsum"))
     return _scan(x, "sum", axis, dtype, True, algorithm, caller="multireduce.cumsum", label="cumsum",
-                 split_every=split_every, accumulate=accumulate)
+                 split_every=split_every, accumulate=accumulate, out=out)
+
+
+def _exact_scan_into(out, x, axis, dtype, caller: str, scan):
+    """An exact scan (``scan()``), written into ``out`` as the other scans are: ``out`` checked first."""
+    if out is None:
+        return scan()
+    y, kind = v.as_array(x, caller)
+    shape = (y.size,) if axis is None else y.shape
+    v.check_out(out, kind, y, shape, np.dtype(dtype) if dtype is not None else y.dtype, caller)
+    result = scan()
+    with _run_device(kind, y):
+        return _into(out, result, kind, y)
 
 
 @_doc("Cumulative product, as ``numpy.cumprod``.", _SCAN + ("accumulate",), _SCANNED)
-def cumprod(x, axis=None, dtype=None, *, split_every=None, algorithm="auto", accumulate="auto", **unknown):
+def cumprod(x, axis=None, dtype=None, *, out=None, split_every=None, algorithm="auto", accumulate="auto", **unknown):
     if unknown:
         raise v.unknown_keywords(cumprod, unknown)
     return _scan(x, "prod", axis, dtype, True, algorithm, caller="multireduce.cumprod", label="cumprod",
-                 split_every=split_every, accumulate=accumulate)
+                 split_every=split_every, accumulate=accumulate, out=out)

@@ -715,25 +715,29 @@ def nanprod(x, axis=None, dtype=None, keepdims=False, *, out=None, initial=None,
     return api._reduction(x, op, axis, dtype, keepdims, split_every, "auto", caller=caller)
 
 
-def nancumsum(x, axis=None, dtype=None, *, split_every=None, exact=False, **unknown):
+def nancumsum(x, axis=None, dtype=None, *, out=None, split_every=None, exact=False, **unknown):
     """``numpy.nancumsum``: a running sum in which NaN counts as 0 (``axis=None`` flattens), masked as the
-    scan kernels load each element; ``exact=True`` as in ``cumsum``."""
+    scan kernels load each element; ``exact=True`` as in ``cumsum``; ``out`` as in ``cumsum``."""
     if unknown:
         raise v.unknown_keywords(nancumsum, unknown)
     caller = "multireduce.nancumsum"
     if exact is not False and api._wants_exact(x, dtype, exact, caller):
-        return _exact.cumsum(x, axis, dtype, split_every, skipnan=True, caller=caller)
+        return api._exact_scan_into(out, x, axis, dtype, caller,
+                                    lambda: _exact.cumsum(x, axis, dtype, split_every, skipnan=True, caller=caller))
     x, op = _nan_operator(x, dtype, "sum", caller, axis, split_every)
-    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every)
+    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumsum", split_every=split_every,
+                     out=out)
 
 
-def nancumprod(x, axis=None, dtype=None, *, split_every=None, **unknown):
-    """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens)."""
+def nancumprod(x, axis=None, dtype=None, *, out=None, split_every=None, **unknown):
+    """``numpy.nancumprod``: a running product in which NaN counts as 1 (``axis=None`` flattens); ``out`` as
+    in ``cumsum``."""
     if unknown:
         raise v.unknown_keywords(nancumprod, unknown)
     caller = "multireduce.nancumprod"
     x, op = _nan_operator(x, dtype, "prod", caller, axis, split_every)
-    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every)
+    return api._scan(x, op, axis, dtype, True, "auto", caller=caller, label="nancumprod", split_every=split_every,
+                     out=out)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1048,8 +1052,8 @@ for _functions, _params, _returns in [
     ((count_nonzero,), ("x", "axis", "keepdims", "split_every"), api._REDUCED),
     ((nansum,), ("x", "axis", "dtype", "keepdims", "out", "initial", "where", "split_every", "exact"), api._REDUCED),
     ((nanprod,), ("x", "axis", "dtype", "keepdims", "out", "initial", "where", "split_every"), api._REDUCED),
-    ((nancumsum,), ("x", "scan_axis", "dtype", "split_every", "exact"), api._SCANNED),
-    ((nancumprod,), ("x", "scan_axis", "dtype", "split_every"), api._SCANNED),
+    ((nancumsum,), ("x", "scan_axis", "dtype", "out", "split_every", "exact"), api._SCANNED),
+    ((nancumprod,), ("x", "scan_axis", "dtype", "out", "split_every"), api._SCANNED),
     ((segment_reduce,), ("segment_x", "offsets", "segment_op", "segment_dtype"), _SEGMENTED),
     ((segment_scan,), ("segment_x", "offsets", "segment_op", "segment_dtype"), _SEGMENT_SCANNED),
 ]:

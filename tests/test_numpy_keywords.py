@@ -477,7 +477,7 @@ def test_keywords_a_function_does_not_take_are_named():
         (lambda: mr.mean(x, initial=1), "mean", "initial", "numpy.mean has no 'initial' either"),
         (lambda: mr.var(x, initial=1), "var", "initial", "accepts x, axis, dtype, ddof, keepdims, out, where"),
         (lambda: mr.count_nonzero(x, out=np.empty(())), "count_nonzero", "out", "it accepts x, axis, keepdims"),
-        (lambda: mr.cumprod(x, out=np.empty(6)), "cumprod", "out", "numpy.cumprod takes it"),
+        (lambda: mr.cumprod(x, initial=1), "cumprod", "initial", "numpy.cumprod has no 'initial' either"),
         (lambda: mr.nancumsum(x, initial=1), "nancumsum", "initial", "accepts x, axis, dtype"),
         (lambda: mr.scan(x, "max", where=True), "scan", "where", "accepts x, op, axis"),
         (lambda: mr.sum(x, axes=0), "sum", "axes", "accepts x, axis, dtype, keepdims, out, initial, where"),
@@ -553,3 +553,46 @@ def test_dask_config_split_every_is_used_with_keywords():
     with dask.config.set(split_every=3):
         got = mr.sum(da.from_array(x, chunks=100), where=w, initial=1.0)
     assert math.isclose(got.compute(), 1.0 + math.fsum(x[w]), rel_tol=1e-13)
+
+
+SCANS = {"cumsum": (mr.cumsum, np.cumsum), "cumprod": (mr.cumprod, np.cumprod),
+         "nancumsum": (mr.nancumsum, np.nancumsum), "nancumprod": (mr.nancumprod, np.nancumprod)}
+
+
+@pytest.mark.parametrize("name", list(SCANS))
+@pytest.mark.parametrize("axis", [None, 0, 1])
+@pytest.mark.parametrize("out_dtype", [np.float64, np.float32, np.int64])
+def test_scans_write_into_out_as_numpy_does(name, axis, out_dtype):
+    ours, theirs = SCANS[name]
+    rng = np.random.default_rng(31)
+    x = (rng.standard_normal((33, 31)) + 1).astype(np.float32)
+    x[3, 4] = np.nan if name.startswith("nan") else x[3, 4]
+    kept = x.copy()
+    shape = (x.size,) if axis is None else x.shape
+    out = np.full(shape, 7, out_dtype)
+    with np.errstate(all="ignore"):
+        got = ours(x, axis=axis, out=out)
+        # computed as without out, then cast into it (docs/numpy-keywords.md); NumPy's own out= would
+        # accumulate in out's dtype
+        want = theirs(x, axis=axis)
+        mine = ours(x, axis=axis)
+    assert got is out and np.array_equal(x, kept, equal_nan=True)
+    np.testing.assert_allclose(mine, want, rtol=1e-4, atol=1e-30, equal_nan=True)
+    with np.errstate(invalid="ignore"):
+        assert np.array_equal(out, mine.astype(out_dtype), equal_nan=out_dtype != np.int64)
+
+
+def test_scan_out_is_checked_before_any_work():
+    x = np.arange(12.0).reshape(3, 4)
+    with pytest.raises(ValueError, match="argument 'out' must have the shape of the result, \\(12,\\)"):
+        mr.cumsum(x, out=np.empty((3, 4)))
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.empty((3, 4))
+        ro.flags.writeable = False
+        mr.cumsum(x, axis=0, out=ro)
+    with pytest.raises(TypeError, match="assign the result instead"):
+        mr.cumsum(da.from_array(x, chunks=2), out=np.empty(12))
+    out = np.empty(12)
+    assert mr.cumsum(x, out=out, exact=True) is out and np.array_equal(out, np.cumsum(x))
+    with pytest.raises(ValueError, match="shape of the result"):
+        mr.nancumsum(x, out=np.empty(11), exact=True)

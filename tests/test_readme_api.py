@@ -81,7 +81,10 @@ def test_options_are_keyword_only_in_one_order():
         params = inspect.signature(fn).parameters
         names = list(params)
         tail = names[names.index("dtype") + 1:]
-        assert [n for n in tail if n not in ("inclusive", "exact")] == ["split_every", "algorithm", "accumulate"], fn.__name__
+        # out= first, as NumPy's scans take it, then the shared options
+        assert tail[0] == "out", fn.__name__
+        assert [n for n in tail if n not in ("out", "inclusive", "exact")] == ["split_every", "algorithm", "accumulate"], \
+            fn.__name__
         assert "exact" not in tail or tail[-1] == "exact", fn.__name__
         assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in tail), fn.__name__
 
