@@ -914,42 +914,140 @@ def _host(a):
 
 def _dask_segment_reduce(x, offsets, op, acc, out):
     from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-
-    import dask.array as da
 
     lo, hi = _chunk_bounds(x)
     n, k = int(x.shape[0]), len(lo)
-    token = tokenize(x, offsets, op, str(acc), str(out))
+    groups = _segment_groups(x)
+    token = tokenize(x, offsets, op, str(acc), str(out), getattr(groups, "__qualname__", None))
     pieces_name, name = f"segment-pieces-{token}", f"segment_reduce-{token}"
     first = np.searchsorted(offsets, lo, side="left")  # segments starting in chunk j: [first[j], first[j+1])
     first = np.append(first, len(offsets))
     ends = np.append(offsets[1:], n)
-    pieces, finals, chunks = {}, {}, []
+    local = [offsets[first[j]:first[j + 1]] - lo[j] for j in range(k)]
+    if groups is None:
+        pieces = {(pieces_name, j): (_segment_pieces_task, (x.name, j), local[j], op, acc) for j in range(k)}
+    else:
+        pieces, where = _segment_recipe_stage(x, groups, pieces_name, k, lambda r, js: (
+            _segment_pieces_of_recipe, r, [local[j] for j in js], op, acc))
+    finals, chunks = {}, []
     gpu = _xp(x) is not np
     for j in range(k):
-        mine = offsets[first[j]:first[j + 1]]
-        pieces[(pieces_name, j)] = (_segment_pieces_task, (x.name, j), mine - lo[j], op, acc)
-        following = []
-        if mine.size:
-            end = ends[first[j + 1] - 1]
-            following = [(pieces_name, i) for i in range(j + 1, int(np.searchsorted(lo, end, side="left")))]
-        finals[(name, j)] = (_segment_finish_task, (pieces_name, j), op, out, gpu, *following)
-        chunks.append(int(mine.size))
-    layers = dict(x.__dask_graph__().layers)
-    deps = dict(x.__dask_graph__().dependencies)
-    layers[pieces_name], deps[pieces_name] = pieces, set(x.__dask_layers__())
-    layers[name], deps[name] = finals, {pieces_name}
+        following = range(0)
+        if local[j].size:  # the last segment starting here runs on into the chunks before its end
+            following = range(j + 1, int(np.searchsorted(lo, ends[first[j + 1] - 1], side="left")))
+        if groups is None:
+            finals[(name, j)] = (_segment_finish_task, (pieces_name, j), op, out, gpu,
+                                 *((pieces_name, i) for i in following))
+        else:
+            at, group_keys = _picked(where, [j, *following])
+            finals[(name, j)] = (_segment_finish_of_groups, op, out, gpu, at, *group_keys)
+        chunks.append(int(local[j].size))
+    stages = {pieces_name: pieces, name: finals}
+    return _segment_array(x, groups, stages, name, (tuple(chunks),), out)
+
+
+def _segment_groups(x):
+    """The grouping whose tasks make their own chunks (``recipes``) for ``x``'s segment operations: over
+    chunks made inside the graph on a distributed cluster, the reductions' grouping (``placement``); None
+    (a task per chunk and stage, reading ``x``'s chunks) for persisted input, without a client, with
+    placement off, where the graph shares work between chunks (rechunk, overlap) or where there are no
+    more chunks than worker threads."""
+    from . import placement
+
+    groups = placement.grouping_for(x, True)  # each chunk's piece is its own: the stages restore chunk order
+    return groups if getattr(groups, "sources", None) is not None else None
+
+
+def _segment_recipe_stage(x, groups, name: str, count: int, make):
+    """The per-chunk stage over chunks 0..count-1 made by recipes: one task per group, ``make(recipe,
+    chunk indices)``, returning each chunk's piece in the group's order, plus the constants the groups
+    share; and where each chunk's piece is (chunk index -> (task key, position))."""
+    from .graph import _recipe_tasks
+
+    grouped = groups([(x.name, j) for j in range(count)]) if count else []
+    recipes, shared = groups.sources.recipes(grouped)
+    level = [(name, g) for g in range(len(grouped))]
+    tasks = _recipe_tasks(recipes, shared, level, lambda r: make(r, [key[1] for key in r.chunks]))
+    where = {key[1]: (level[g], p) for g, group in enumerate(grouped) for p, key in enumerate(group)}
+    return tasks, where
+
+
+def _picked(where, chunks):
+    """For a task that reads the pieces of ``chunks`` from the group tasks (``where``): (at, keys), the group
+    tasks' keys, each once, and per chunk (argument index among them, position in the group)."""
+    keys: dict = {}
+    at = []
+    for j in chunks:
+        key, position = where[j]
+        at.append((keys.setdefault(key, len(keys)), position))
+    return tuple(at), list(keys)
+
+
+def _pieces_at(at, groups):
+    return [groups[i][p] for i, p in at]
+
+
+def _segment_array(x, groups, stages: dict, name: str, chunks, out, reread: bool = False):
+    """The result array of the stages (layer name -> tasks, in order, each reading the one before; the last
+    is ``name``). Per chunk (``groups`` None): the first stage reads ``x``'s chunks, whose layers stay, and
+    with ``reread`` the last one too. Following recipes: one layer of every stage, the held chunks read and
+    the shared constants, and nothing of ``x`` (tasks that read held chunks of one worker ask for it, as
+    ``graph`` does)."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
     meta = x._meta[:0].astype(out)
-    return da.Array(HighLevelGraph(layers, deps), name, (tuple(chunks),), meta=meta)
+    if groups is None:
+        layers = dict(x.__dask_graph__().layers)
+        deps = dict(x.__dask_graph__().dependencies)
+        below = set(x.__dask_layers__())
+        for stage, tasks in stages.items():
+            layers[stage], deps[stage] = tasks, set(below)
+            below = {stage}
+        if reread:
+            deps[name] |= set(x.__dask_layers__())
+        return da.Array(HighLevelGraph(layers, deps), name, chunks, meta=meta)
+    from .graph import _OfHeld, _pinned
+
+    layer = dict(groups.sources.futures)
+    for tasks in stages.values():
+        layer.update(tasks)
+    holder = getattr(groups, "holder", None)
+    if holder is not None:  # an expression over persisted arrays: Dask's fusion would drop the annotations
+        return _OfHeld(HighLevelGraph({name: _pinned(layer, holder)}, {name: set()}), name, chunks, meta=meta)
+    return da.Array(HighLevelGraph({name: layer}, {name: set()}), name, chunks, meta=meta)
 
 
 def _segment_pieces_task(block, local_offsets, op, acc):
     """(head, reductions): ``head`` reduces the elements before the chunk's first start (the tail of a
     segment that began in an earlier chunk), the rest are the segments starting in this chunk."""
-    values = _segment_reduce_block(block, np.concatenate([[0], local_offsets]), op, acc)
+    return _head_and_rest(_segment_reductions(block, local_offsets, op, acc))
+
+
+def _segment_reductions(block, local_offsets, op, acc):
+    return _segment_reduce_block(block, np.concatenate([[0], local_offsets]), op, acc)
+
+
+def _head_and_rest(values):
     values = _host(values)
     return values[0], values[1:]
+
+
+def _segment_pieces_of_recipe(recipe, local_offsets, op, acc, *inputs):
+    """``_segment_pieces_task`` of each chunk of a group made by its recipe, one chunk at a time, in the
+    group's order; the values come to the host together (``graph.to_host_together``)."""
+    from .graph import to_host_together
+
+    blocks = recipe.make(dict(zip(recipe.inputs, inputs)))
+    values = [_segment_reductions(b, o, op, acc) for b, o in zip(blocks, local_offsets)]
+    return [_head_and_rest(v) for v in to_host_together(values)]
+
+
+def _segment_finish_of_groups(op, out, gpu, at, *groups):
+    """``_segment_finish_task`` of the chunk whose pieces, with those of the chunks its last segment runs
+    into, are at ``at`` among the group tasks' values (``_picked``)."""
+    pieces = _pieces_at(at, groups)
+    return _segment_finish_task(pieces[0], op, out, gpu, *pieces[1:])
 
 
 def _segment_finish_task(pieces, op, out, gpu, *following):
@@ -970,17 +1068,42 @@ def _segment_finish_task(pieces, op, out, gpu, *following):
 def _scan_tail(block, local_heads, op, acc):
     """What a chunk hands on: the reduction of its elements after its last head (all of them if it has
     none), and whether it has a head (then nothing earlier reaches past it)."""
+    return _host(_tail_value(block, local_heads, op, acc))[0], bool(len(local_heads))
+
+
+def _tail_value(block, local_heads, op, acc):
     start = int(local_heads[-1]) if len(local_heads) else 0
-    tail = _segment_reduce_block(block, np.asarray([start]), op, acc)
-    return _host(tail)[0], bool(len(local_heads))
+    return _segment_reduce_block(block, np.asarray([start]), op, acc)
+
+
+def _scan_tails_of_recipe(recipe, local_heads, op, acc, *inputs):
+    """``_scan_tail`` of each chunk of a group made by its recipe, one chunk at a time, in the group's
+    order; the values come to the host together."""
+    from .graph import to_host_together
+
+    blocks = recipe.make(dict(zip(recipe.inputs, inputs)))
+    values = to_host_together([_tail_value(b, h, op, acc) for b, h in zip(blocks, local_heads)])
+    return [(_host(v)[0], bool(len(h))) for v, h in zip(values, local_heads)]
 
 
 def _segment_carries(op, acc, *tails):
-    """Each chunk's incoming running value (None for chunk 0), in one pass over the chunks' tails: the
-    previous chunk's tail, folded onto the previous carry unless that chunk has a head of its own
-    (chunk 0 starts a segment at its first element)."""
+    """Each chunk's incoming running value (None for chunk 0), from every chunk's tail (the last one's
+    seeds nothing)."""
+    return _carries_from(op, acc, tails[:-1])
+
+
+def _segment_carries_of_groups(op, acc, at, *groups):
+    """``_segment_carries`` from the tails of every chunk but the last, at ``at`` among the group tasks'
+    values (``_picked``)."""
+    return _carries_from(op, acc, _pieces_at(at, groups))
+
+
+def _carries_from(op, acc, tails):
+    """The carries of chunks 0..len(tails) in one pass over the tails of the chunks before the last: the
+    previous chunk's tail, folded onto the previous carry unless that chunk has a head of its own (chunk 0
+    starts a segment at its first element)."""
     carries, carry = [None], None
-    for total, has_head in tails[:-1]:
+    for total, has_head in tails:
         if has_head or carry is None:
             carry = total
         else:
@@ -997,33 +1120,43 @@ def _segment_scan_task(block, local_heads, op, acc, out, carries, j):
     return numpy_stats.segment_scan(block, local_heads, op, acc, out, carries[j], _xp(block))
 
 
+def _segment_scan_of_recipe(recipe, local_heads, op, acc, out, carries, j, *inputs):
+    """``_segment_scan_task`` of the chunk made by ``recipe`` (made again: its tail was taken by a group
+    task that dropped it, so no task holds more than one chunk)."""
+    (block,) = recipe.make(dict(zip(recipe.inputs, inputs)))
+    return _segment_scan_task(block, local_heads, op, acc, out, carries, j)
+
+
 def _dask_segment_scan(x, heads, op, acc, out):
     from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-
-    import dask.array as da
 
     lo, hi = _chunk_bounds(x)
     k = len(lo)
-    token = tokenize(x, heads, op, str(acc), str(out))
+    groups = _segment_groups(x)
+    token = tokenize(x, heads, op, str(acc), str(out), getattr(groups, "__qualname__", None))
     tails_name, carries_name, name = (f"segment-{s}-{token}" for s in ("tails", "carries", "scan"))
-    tails, scans = {}, {}
     cut = np.searchsorted(heads, lo, side="left")
     cut = np.append(cut, len(heads))
     local = [heads[cut[j]:cut[j + 1]] - lo[j] for j in range(k)]
     carries_key = (carries_name, 0)
-    for j in range(k):
-        tails[(tails_name, j)] = (_scan_tail, (x.name, j), local[j], op, acc)
-        scans[(name, j)] = (_segment_scan_task, (x.name, j), local[j], op, acc, out, carries_key, j)
     # depth 3 whatever the chunking (tails -> one carries pass -> scans), as for plain scans
-    carries = {carries_key: (_segment_carries, op, acc, *tails)}
-    layers = dict(x.__dask_graph__().layers)
-    deps = dict(x.__dask_graph__().dependencies)
-    layers[tails_name], deps[tails_name] = tails, set(x.__dask_layers__())
-    layers[carries_name], deps[carries_name] = carries, {tails_name}
-    layers[name], deps[name] = scans, {carries_name} | set(x.__dask_layers__())
-    meta = x._meta[:0].astype(out)
-    return da.Array(HighLevelGraph(layers, deps), name, x.chunks, meta=meta)
+    if groups is None:
+        tails = {(tails_name, j): (_scan_tail, (x.name, j), local[j], op, acc) for j in range(k)}
+        carries = {carries_key: (_segment_carries, op, acc, *tails)}
+        scans = {(name, j): (_segment_scan_task, (x.name, j), local[j], op, acc, out, carries_key, j)
+                 for j in range(k)}
+        return _segment_array(x, None, {tails_name: tails, carries_name: carries, name: scans}, name, x.chunks, out,
+                              reread=True)
+    # the last chunk's tail seeds nothing: its chunk is made once, by its scan
+    tails, where = _segment_recipe_stage(x, groups, tails_name, k - 1, lambda r, js: (
+        _scan_tails_of_recipe, r, [local[j] for j in js], op, acc))
+    at, group_keys = _picked(where, range(k - 1))
+    carries = {carries_key: (_segment_carries_of_groups, op, acc, at, *group_keys)}
+    chunk_recipes, shared = groups.sources.recipes([[(x.name, j)] for j in range(k)])
+    scans = dict(shared)
+    for j, recipe in enumerate(chunk_recipes):
+        scans[(name, j)] = (_segment_scan_of_recipe, recipe, local[j], op, acc, out, carries_key, j, *recipe.inputs)
+    return _segment_array(x, groups, {tails_name: tails, carries_name: carries, name: scans}, name, x.chunks, out)
 
 
 __all__ = ["segment_reduce", "segment_scan", "argmax", "argmin", "nanargmax", "nanargmin", "var", "std", "nanvar", "nanstd", "nanmean",
