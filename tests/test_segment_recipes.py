@@ -185,3 +185,15 @@ def test_persisted_chunks_and_expressions_over_them(cpu_client):
             bounds = np.append(starts, host.size)
             expected = np.concatenate([sequential_scan(host[s:e]) for s, e in zip(bounds[:-1], bounds[1:])])
             np.testing.assert_array_equal(value, expected)
+
+
+def test_an_expression_over_one_held_chunk(cpu_client):
+    a = np.random.default_rng(12).integers(-99, 99, 500)
+    held = cpu_client.persist(da.from_array(a, chunks=500))
+    distributed.wait(held)
+    y = held * 3 - 2
+    offsets = np.array([0, 10, 10, 250, 499])
+    for fn, reference in ((mr.segment_reduce, _reduce_reference), (mr.segment_scan, _scan_reference)):
+        for opname in ("sum", "max"):
+            got = fn(y, offsets, opname).compute()
+            np.testing.assert_array_equal(got, reference(a * 3 - 2, offsets, opname))
