@@ -404,9 +404,8 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     """
 
     sources = getattr(groups, "sources", None)
+    # whether it keeps chunks follows from the grouping, which names the result (``stage_token``)
     carriers = set() if sources is not None and _keeps_chunks(x, plan, groups) else None
-    if carriers is not None and token is None:  # the same result made another way: other stage keys
-        token = tokenize(stage_token(x, plan, split_every, groups), "keep-chunks")
 
     def emit(names, lane, index, grouped, layout):
         name = names["output"]
@@ -444,13 +443,12 @@ KEEP_MEMORY_FRACTION = 0.5  # of a worker's memory, for its share of a scan's ke
 
 def _keeps_chunks(x: da.Array, plan: ScanPlan, groups: Grouping) -> bool:
     """Whether a scan of chunks made by recipes keeps each group's chunks, made for its totals, for its
-    scan tasks (``multireduce.scan-keep-chunks``, read by ``groups.keep_memory()``): always (True), never
+    scan tasks (``multireduce.scan-keep-chunks``, as ``groups.keep_memory`` gives it): always (True), never
     (False), or ("auto") where a worker's share fits in ``KEEP_MEMORY_FRACTION`` of the smallest worker's
     memory (its GPU's for CuPy chunks). Dask places the groups, and every group may be made before any is
     scanned, so a worker's share is what ceil(groups / workers) of the largest groups hold: their chunks
     (the input's dtype) and their scanned chunks (the output's)."""
     found = getattr(groups, "keep_memory", None)
-    found = found() if found is not None else None
     if found is None:
         return False
     workers, memory = found

@@ -292,13 +292,13 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     array is; anything else in contiguous runs, ``multireduce.tasks-per-thread`` (default 2) per worker
     thread, placed by Dask. None (one task per chunk, as before) where the graph cannot be split so (see
     ``recipes.ChunkSources``) or there is nothing to gain (a chunk per thread or fewer). A scan reads
-    ``keep_memory()`` off the grouping (``scan_keep_memory``) to decide whether it keeps the chunks it made."""
+    ``keep_memory`` off the grouping (``scan_keep_memory``) to decide whether it keeps the chunks it made."""
     from .recipes import ChunkSources
 
     n = len(chunk_keys(x))
     per_thread = setting("multireduce.tasks-per-thread")
-    workers = _workers(client)
-    tasks = max(1, math.ceil(_threads(client, workers) * per_thread))
+    reported = _workers(client)
+    tasks = max(1, math.ceil(_threads(client, reported) * per_thread))
     sources = sources if sources is not None else ChunkSources.of(x)
     if not sources.ok:
         return None
@@ -319,5 +319,7 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     else:
         split = even_groups(tasks)
     split.sources = sources
-    split.keep_memory = lambda: scan_keep_memory(x, workers)  # read by scans only, when their graph is built
+    split.keep_memory = scan_keep_memory(x, reported)  # read when the call is made, as the grouping is
+    if split.keep_memory is not None:  # a scan's graph differs with it: so does its name (``stage_token``)
+        split.__qualname__ = f"{split.__qualname__}-keep{split.keep_memory}"
     return split
