@@ -155,9 +155,9 @@ def _pinned(tasks: dict, holder: dict, carriers=()) -> MaterializedLayer:
     """``tasks`` as a layer whose tasks that read chunks of one worker ask for that worker (a group's
     partial or totals, a chunk's scan), with ``allow_other_workers``: a lost worker's tasks run
     elsewhere once its chunks are recomputed. A task in ``carriers`` (chunks a scan kept) counts as held
-    where it is pinned, for the tasks after it in ``tasks``' order. Data locality alone moved whole chunks: the scheduler
-    weighs a chunk's transfer against its estimate of the holder's queue (0.5 s for a task it has not
-    timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
+    where it is pinned, for the tasks after it in ``tasks``' order. Data locality alone moved whole
+    chunks: the scheduler weighs a chunk's transfer against its estimate of the holder's queue (0.5 s for
+    a task it has not timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
     annotations reach the scheduler because results over held chunks skip Dask's fusion (``_OfHeld``),
     which drops them."""
     where = _WorkerOf()
@@ -399,7 +399,8 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     with its carry. With at most ``FOLD_TOTALS_UP_TO`` groups the scan tasks fold the totals themselves
     and there is no carries task, unless the plan's carries are not cheap (``carries_are_cheap``: the
     exact scan's are Python integer adds per lane, better made once). Depth 3 whatever the number of chunks, no rechunking, each input read
-    twice and each output written once. Totals and scan tasks run by data locality where their chunks
+    twice (chunks made by recipes: made once where they are kept, ``_recipe_scan_tasks``) and each output
+    written once. Totals and scan tasks run by data locality where their chunks
     are, so every output chunk is made where its input lives.
     """
 
