@@ -98,14 +98,16 @@ def stage_token(x: da.Array, plan, split_every: int, groups: Grouping | None) ->
 
 def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None, along: Sequence[int],
                     stages: dict[str, str], emit, chunks, dtype, last_apart: bool = False,
-                    per_chunk: da.Array | None = None, token: str | None = None, whole=None) -> da.Array:
+                    per_chunk: da.Array | None = None, token: str | None = None, whole=None,
+                    carriers: set | None = None) -> da.Array:
     """The one builder behind ``reduction`` and ``scan``: per lane, the chunks (all, or with
     ``last_apart`` all but the last) are split by ``groups`` (checked: every chunk once) into groups and
     their chunk positions (``layout``), and
     ``emit(names, lane, index, grouped, layout)`` returns that lane's tasks. Every stage's tasks form one
     layer over ``x`` (``HighLevelGraph.from_collections``); the stage shows in each key's name
     (``stages``: stage -> name pattern with ``{label}`` and ``{token}``), which is what the dashboard
-    shows. Over chunks held in memory, tasks reading one worker's chunks ask for it (``_pinned``)."""
+    shows. Over chunks held in memory, tasks reading one worker's chunks ask for it (``_pinned``), and so
+    do tasks reading a ``carriers`` key (filled by ``emit``) that is pinned so."""
     groups = groups or contiguous_groups(1)
     token = token or stage_token(x, plan, split_every, groups)
     names = {stage: pattern.format(label=plan.label, token=token) for stage, pattern in stages.items()}
@@ -123,7 +125,7 @@ def _grouped_stages(x: da.Array, plan, split_every: int, groups: Grouping | None
     if sources is not None:  # the tasks follow recipes: they read held chunks and shared constants, not x's tasks
         layer.update(sources.futures)
     if holder is not None:
-        layer = _pinned(layer, holder)
+        layer = _pinned(layer, holder, carriers or ())
     # with per-chunk partials made apart, the tasks here read only them: x must not be a dependency too,
     # or Dask's blockwise fusion (which fuses a layer into its only dependent) would leave it apart
     if sources is not None:
@@ -149,21 +151,25 @@ def _recipe_tasks(recipes, shared: dict, level: list, make) -> dict:
     return tasks
 
 
-def _pinned(tasks: dict, holder: dict) -> MaterializedLayer:
+def _pinned(tasks: dict, holder: dict, carriers=()) -> MaterializedLayer:
     """``tasks`` as a layer whose tasks that read chunks of one worker ask for that worker (a group's
     partial or totals, a chunk's scan), with ``allow_other_workers``: a lost worker's tasks run
-    elsewhere once its chunks are recomputed. Data locality alone moved whole chunks: the scheduler
-    weighs a chunk's transfer against its estimate of the holder's queue (0.5 s for a task it has not
-    timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
+    elsewhere once its chunks are recomputed. A task in ``carriers`` (chunks a scan kept) counts as held
+    where it is pinned, for the tasks after it in ``tasks``' order. Data locality alone moved whole
+    chunks: the scheduler weighs a chunk's transfer against its estimate of the holder's queue (0.5 s for
+    a task it has not timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
     annotations reach the scheduler because results over held chunks skip Dask's fusion (``_OfHeld``),
     which drops them."""
     where = _WorkerOf()
+    held = dict(holder) if carriers else holder
     for key, task in tasks.items():
         if type(task) is not tuple:  # a future or a constant: nothing to run
             continue
-        workers = {holder[a] for a in task[1:] if type(a) is tuple and a in holder}
+        workers = {held[a] for a in task[1:] if type(a) is tuple and a in held}
         if len(workers) == 1:
             where[key] = workers.pop()
+            if key in carriers:
+                held[key] = where[key]
     return MaterializedLayer(tasks, annotations={"workers": where, "allow_other_workers": _Pinned(where)})
 
 
@@ -393,16 +399,20 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
     with its carry. With at most ``FOLD_TOTALS_UP_TO`` groups the scan tasks fold the totals themselves
     and there is no carries task, unless the plan's carries are not cheap (``carries_are_cheap``: the
     exact scan's are Python integer adds per lane, better made once). Depth 3 whatever the number of chunks, no rechunking, each input read
-    twice and each output written once. Totals and scan tasks run by data locality where their chunks
+    twice (chunks made by recipes: made once where they are kept, ``_recipe_scan_tasks``) and each output
+    written once. Totals and scan tasks run by data locality where their chunks
     are, so every output chunk is made where its input lives.
     """
 
     sources = getattr(groups, "sources", None)
+    # whether it keeps chunks follows from the grouping, which names the result (``stage_token``)
+    carriers = set() if sources is not None and _keeps_chunks(x, plan, groups) else None
 
     def emit(names, lane, index, grouped, layout):
         name = names["output"]
         if sources is not None:
-            return _recipe_scan_tasks(plan, sources, names, lane, [(x.name, *i) for i in index], grouped, layout)
+            return _recipe_scan_tasks(plan, sources, names, lane, [(x.name, *i) for i in index], grouped, layout,
+                                      carriers)
         if len(index) == 1:
             return {(name, *index[0]): (plan.scan_block, (x.name, *index[0]))}
         total_keys = [(names["totals"], *lane, g) for g in range(len(grouped))]
@@ -422,41 +432,112 @@ def scan(x: da.Array, plan: ScanPlan, split_every: int, groups: Grouping | None 
             tasks[(name, *idx)] = (_scan_seeded, plan, (x.name, *idx), carries_key, i)
         return tasks
 
-    stages = {"totals": "{label}-totals-{token}", "carries": "{label}-carries-{token}", "output": "{label}-{token}"}
+    stages = {"totals": "{label}-totals-{token}", "carries": "{label}-carries-{token}", "output": "{label}-{token}",
+              "made": "{label}-made-{token}", "chunk": "{label}-chunk-{token}"}
     # the last chunk's total seeds nothing: chunks 0..n-2 are grouped
     return _grouped_stages(x, plan, split_every, groups, (plan.axis,), stages, emit, x.chunks, plan.out_dtype,
-                           last_apart=True, token=token)
+                           last_apart=True, token=token, carriers=carriers)
 
 
-def _recipe_scan_tasks(plan: ScanPlan, sources, names, lane, keys, grouped, layout) -> dict:
-    """A lane's scan over chunks made by recipes: one totals task per group (its chunks made one at a time,
-    each dropped once its total is taken), then one scan task per chunk that makes its chunk again from
-    its own recipe and scans it from the totals of the groups before it. Making each chunk twice keeps one
-    chunk per task in memory, as Dask's own scans do; a persisted input is made once."""
+KEEP_MEMORY_FRACTION = 0.5  # of a worker's memory, for its share of a scan's kept chunks and of its output
+
+
+def _keeps_chunks(x: da.Array, plan: ScanPlan, groups: Grouping) -> bool:
+    """Whether a scan of chunks made by recipes keeps each group's chunks, made for its totals, for its
+    scan tasks (``multireduce.scan-keep-chunks``, as ``groups.keep_memory`` gives it): always (True), never
+    (False), or ("auto") where a worker's share fits in ``KEEP_MEMORY_FRACTION`` of the smallest worker's
+    memory (its GPU's for CuPy chunks). Dask places the groups, and every group may be made before any is
+    scanned, so a worker's share is what ceil(groups / workers) of the largest groups hold: their chunks
+    (the input's dtype) and their scanned chunks (the output's)."""
+    found = getattr(groups, "keep_memory", None)
+    if found is None:
+        return False
+    workers, memory = found
+    if memory == math.inf:
+        return True
+    per_element = np.dtype(x.dtype).itemsize + np.dtype(plan.out_dtype).itemsize
+    sizes = []
+    for _, index in _lanes(x, (plan.axis,)):
+        keys = [(x.name, *i) for i in index[:-1]]
+        for group in groups(keys) if keys else ():
+            sizes.append(sum(math.prod(x.chunks[d][b] for d, b in enumerate(k[1:])) for k in group) * per_element)
+    if not sizes:
+        return False
+    return max(sizes) * math.ceil(len(sizes) / workers) <= KEEP_MEMORY_FRACTION * memory
+
+
+def _recipe_scan_tasks(plan: ScanPlan, sources, names, lane, keys, grouped, layout, carriers: set | None) -> dict:
+    """A lane's scan over chunks made by recipes: one task per group makes its chunks one at a time and
+    takes each one's total, then one scan task per chunk scans it from the totals of the groups before it.
+
+    With ``carriers`` None, the group's task drops each chunk once its total is taken and every scan task
+    makes its chunk again from its own recipe: one chunk per task in memory, as Dask's own scans hold.
+    Otherwise (``_keeps_chunks``) the group's task (``made``) returns its totals and its chunks; a task per
+    chunk (``chunk``) and one for the totals (``totals``) pick them out, each reading that output alone,
+    so Dask runs them where it is (and, over held chunks, they are pinned there: ``carriers``) and
+    releases it at once; each scan task reads its chunk's key, which Dask releases once it is scanned. A
+    task that read the whole group's output besides other groups' totals could be sent, with all of it,
+    to another worker. The lane's last chunk seeds nothing, is in no group and is made by its scan task.
+    A persisted input is made once either way."""
     name = names["output"]
     total_keys = [(names["totals"], *lane, g) for g in range(len(grouped))]
     group_recipes, shared = sources.recipes(grouped)
-    tasks = _recipe_tasks(group_recipes, shared, total_keys, lambda r: (_recipe_totals, plan, r))
-    chunk_recipes, shared = sources.recipes([[k] for k in keys])
+    chunk_of: dict = {}
+    if carriers is None:
+        tasks = _recipe_tasks(group_recipes, shared, total_keys, lambda r: (_recipe_totals, plan, r))
+    else:
+        made_keys = [(names["made"], *lane, g) for g in range(len(grouped))]
+        tasks = _recipe_tasks(group_recipes, shared, made_keys, lambda r: (_recipe_made, plan, r))
+        for made, totals, group in zip(made_keys, total_keys, grouped):
+            tasks[totals] = (_pick, made, 0)
+            for j, key in enumerate(group):
+                chunk_of[key] = (names["chunk"], *key[1:])
+                tasks[chunk_of[key]] = (_kept_chunk, made, j)
+        carriers.update(made_keys, chunk_of.values())
+    made_again = [k for k in keys if k not in chunk_of]
+    chunk_recipes, shared = sources.recipes([[k] for k in made_again])
+    recipe_of = dict(zip(made_again, chunk_recipes))
     tasks.update(shared)
     fold_here = len(total_keys) <= FOLD_TOTALS_UP_TO and getattr(plan, "carries_are_cheap", True)
     if not fold_here:
         carries_key = (names["carries"], *lane)
         tasks[carries_key] = (_carries_in_order, plan, layout, *total_keys)
-    for i, (key, recipe) in enumerate(zip(keys, chunk_recipes)):
+    for i, key in enumerate(keys):
         if fold_here:
             used = [g for g, pos in enumerate(layout) if min(pos) < i]
-            seed = (_scan_from_totals, i, tuple(layout[g] for g in used), *(total_keys[g] for g in used))
+            how, seed = _scan_from_totals, (i, tuple(layout[g] for g in used), *(total_keys[g] for g in used))
         else:
-            seed = (_scan_seeded, carries_key, i)
-        tasks[(name, *key[1:])] = (_recipe_scan, plan, recipe, len(seed), *seed, *recipe.inputs)
+            how, seed = _scan_seeded, (carries_key, i)
+        if key in chunk_of:
+            tasks[(name, *key[1:])] = (how, plan, chunk_of[key], *seed)
+        else:
+            recipe = recipe_of[key]
+            tasks[(name, *key[1:])] = (_recipe_scan, plan, recipe, len(seed) + 1, how, *seed, *recipe.inputs)
     return tasks
 
 
 def _recipe_totals(plan: ScanPlan, recipe, *inputs):
     """The per-chunk totals of a group made by its recipe, one chunk at a time, on the host."""
-    totals = [_host(plan.totals(b)) for b in recipe.make(dict(zip(recipe.inputs, inputs)))]
+    return _totals_of(plan, recipe, inputs, None)
+
+
+def _recipe_made(plan: ScanPlan, recipe, *inputs):
+    """(the group's per-chunk totals as ``_recipe_totals`` gives them, its chunks in the group's order)."""
+    chunks: list = []
+    return _totals_of(plan, recipe, inputs, chunks), chunks
+
+
+def _totals_of(plan: ScanPlan, recipe, inputs, keep: list | None):
+    totals = []
+    for block in recipe.make(dict(zip(recipe.inputs, inputs))):
+        totals.append(_host(plan.totals(block)))
+        if keep is not None:
+            keep.append(block)
     return totals[0] if len(totals) == 1 else np.concatenate(totals, axis=plan.axis)
+
+
+def _kept_chunk(made, j: int):
+    return made[1][j]
 
 
 def _recipe_scan(plan: ScanPlan, recipe, seeded: int, *args):
@@ -464,9 +545,7 @@ def _recipe_scan(plan: ScanPlan, recipe, seeded: int, *args):
     next ``seeded - 1`` arguments after the block; the rest are the recipe's inputs."""
     how, seed, inputs = args[0], args[1:seeded], args[seeded:]
     (block,) = recipe.make(dict(zip(recipe.inputs, inputs)))
-    if how is _scan_seeded:
-        return _scan_seeded(plan, block, *seed)
-    return _scan_from_totals(plan, block, *seed)
+    return how(plan, block, *seed)
 
 
 def _host(value):

@@ -138,6 +138,7 @@ _SETTINGS = {
     "multireduce.placement-reuse": ("duration", "10s"),
     "multireduce.tasks-per-thread": ("number above 0", 2),
     "multireduce.fuse-elementwise": ("flag", True),
+    "multireduce.scan-keep-chunks": ("flag or auto", "auto"),
 }
 # the words YAML 1.1 (dask's config files) reads as booleans, and what dask's environment parsing gives
 _FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -146,13 +147,16 @@ _FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False,
 def setting(name: str):
     """The multireduce setting ``name`` read from ``dask.config``: True/False for a flag (also the strings
     "true"/"false", "yes"/"no", "on"/"off", "1"/"0" in any case, and the integers 1/0), None too where None
-    means "decide by itself" (also "none"/"null"), seconds (a float) for a duration (a number or a string
-    such as "250ms", as ``dask.utils.parse_timedelta`` reads it). Anything else raises a ValueError naming
+    means "decide by itself" (also "none"/"null"), "auto" too where that means "decide by itself" (any
+    case), seconds (a float) for a duration (a number or a string such as "250ms", as
+    ``dask.utils.parse_timedelta`` reads it). Anything else raises a ValueError naming
     the setting, what it expects and what it was given (a number above 0: a float)."""
     from dask.utils import parse_timedelta
 
     kind, default = _SETTINGS[name]
     given = dask.config.get(name, default)
+    if kind == "flag or auto" and isinstance(given, str) and given.strip().lower() == "auto":
+        return "auto"
     if kind == "number above 0":
         try:
             value = float(given) if not isinstance(given, bool) else None
@@ -171,7 +175,7 @@ def setting(name: str):
             return bool(given)
         if isinstance(given, str) and given.strip().lower() in _FLAG_WORDS:
             return _FLAG_WORDS[given.strip().lower()]
-        wanted = "True or False" + (" or None" if kind == "flag or None" else "")
+        wanted = "True or False" + {"flag or None": " or None", "flag or auto": " or 'auto'"}.get(kind, "")
         raise ValueError(f"dask.config {name!r}: expected {wanted} (or a string such as 'true', 'false', "
                          f"'yes', 'no', '1', '0'), got {given!r}")
     seconds = None
@@ -248,10 +252,37 @@ def grouping_for(x, commutative: bool, sources=None) -> Grouping | None:
     return by_worker(holder, commutative) if holder else None
 
 
-def _threads(client) -> int:
-    """The worker threads the client's scheduler reported last (the client keeps its identity)."""
-    workers = getattr(client, "_scheduler_identity", {}).get("workers") or client.scheduler_info()["workers"]
+def _workers(client) -> dict:
+    """Address -> what the client's scheduler reported last of that worker (the client keeps its identity)."""
+    return getattr(client, "_scheduler_identity", {}).get("workers") or client.scheduler_info()["workers"]
+
+
+def _threads(client, workers: dict | None = None) -> int:
+    """The worker threads the client's scheduler reported last."""
+    workers = _workers(client) if workers is None else workers
     return sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
+
+
+def scan_keep_memory(x, workers: dict) -> tuple[int, float] | None:
+    """For a scan of ``x`` made by recipes, what ``multireduce.scan-keep-chunks`` lets it keep: (how many
+    workers, the memory of the smallest: its GPU's for CuPy chunks, else its ``memory_limit``), memory
+    infinite where the setting is True; None (make every chunk again) where it is False, or "auto" and
+    some worker's memory is not reported (no limit set, no GPU monitoring)."""
+    keep = setting("multireduce.scan-keep-chunks")
+    if keep is False or not workers:
+        return None
+    if keep is True:
+        return len(workers), math.inf
+    on_device = type(x._meta).__module__.startswith("cupy")
+    sizes = [_device_memory(w) if on_device else w.get("memory_limit") for w in workers.values()]
+    if not all(isinstance(s, (int, float)) and s > 0 for s in sizes):
+        return None
+    return len(workers), float(min(sizes))
+
+
+def _device_memory(worker: dict):
+    """A worker's GPU memory in bytes as ``distributed`` reports it (NVML), or None."""
+    return (worker.get("gpu") or {}).get("memory-total") or (worker.get("metrics") or {}).get("gpu-memory-total")
 
 
 def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping | None:
@@ -260,12 +291,14 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     arrays (every chunk made from held chunks of one worker) is grouped by that worker, as a persisted
     array is; anything else in contiguous runs, ``multireduce.tasks-per-thread`` (default 2) per worker
     thread, placed by Dask. None (one task per chunk, as before) where the graph cannot be split so (see
-    ``recipes.ChunkSources``) or there is nothing to gain (a chunk per thread or fewer)."""
+    ``recipes.ChunkSources``) or there is nothing to gain (a chunk per thread or fewer). A scan reads
+    ``keep_memory`` off the grouping (``scan_keep_memory``) to decide whether it keeps the chunks it made."""
     from .recipes import ChunkSources
 
     n = len(chunk_keys(x))
     per_thread = setting("multireduce.tasks-per-thread")
-    tasks = max(1, math.ceil(_threads(client) * per_thread))
+    reported = _workers(client)
+    tasks = max(1, math.ceil(_threads(client, reported) * per_thread))
     sources = sources if sources is not None else ChunkSources.of(x)
     if not sources.ok:
         return None
@@ -286,4 +319,7 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     else:
         split = even_groups(tasks)
     split.sources = sources
+    split.keep_memory = scan_keep_memory(x, reported)  # read when the call is made, as the grouping is
+    if split.keep_memory is not None:  # a scan's graph differs with it: so does its name (``stage_token``)
+        split.__qualname__ = f"{split.__qualname__}-keep{split.keep_memory}"
     return split

@@ -139,16 +139,19 @@ def test_environment_variables():
                                         "DASK_MULTIREDUCE__DIRECT_CHECK_INTERVAL": "0.5",
                                         "DASK_MULTIREDUCE__PLACEMENT_REUSE": "0",
                                         "DASK_MULTIREDUCE__TASKS_PER_THREAD": "3",
-                                        "DASK_MULTIREDUCE__FUSE_ELEMENTWISE": "off"})
+                                        "DASK_MULTIREDUCE__FUSE_ELEMENTWISE": "off",
+                                        "DASK_MULTIREDUCE__SCAN_KEEP_CHUNKS": "no"})
     assert got == {"multireduce.placement": False, "multireduce.direct-to-workers": False,
                    "multireduce.direct-connect-timeout": 0.75, "multireduce.direct-check-interval": 0.5,
                    "multireduce.placement-reuse": 0.0, "multireduce.tasks-per-thread": 3.0,
-                   "multireduce.fuse-elementwise": False}
+                   "multireduce.fuse-elementwise": False, "multireduce.scan-keep-chunks": False}
     got = _settings_in_a_fresh_process({"DASK_MULTIREDUCE__PLACEMENT": "0",
                                         "DASK_MULTIREDUCE__DIRECT_TO_WORKERS": "None",
                                         "DASK_MULTIREDUCE__DIRECT_CONNECT_TIMEOUT": "",
-                                        "DASK_MULTIREDUCE__PLACEMENT_REUSE": "soon"})
+                                        "DASK_MULTIREDUCE__PLACEMENT_REUSE": "soon",
+                                        "DASK_MULTIREDUCE__SCAN_KEEP_CHUNKS": "Auto"})
     assert got["multireduce.placement"] is False and got["multireduce.direct-to-workers"] is None
+    assert got["multireduce.scan-keep-chunks"] == "auto"
     assert got["multireduce.direct-connect-timeout"] == (
         "ValueError: dask.config 'multireduce.direct-connect-timeout': expected a duration above 0, a number of "
         "seconds or a string such as '2s', got ''")
@@ -165,11 +168,15 @@ def test_yaml_files(tmp_path):
           direct-connect-timeout: 1.5s
           direct-check-interval: 100ms
           placement-reuse: ""
+          scan-keep-chunks: sometimes
     """))
     got = _settings_in_a_fresh_process({"DASK_CONFIG": str(tmp_path)})
     assert got["multireduce.placement"] is False and got["multireduce.direct-to-workers"] is False
     assert got["multireduce.direct-connect-timeout"] == 1.5 and got["multireduce.direct-check-interval"] == 0.1
     assert got["multireduce.placement-reuse"].endswith("got ''")
+    assert got["multireduce.scan-keep-chunks"] == (
+        "ValueError: dask.config 'multireduce.scan-keep-chunks': expected True or False or 'auto' (or a string "
+        "such as 'true', 'false', 'yes', 'no', '1', '0'), got 'sometimes'")
 
 
 # ------------------------------------------------------------------------------------------------

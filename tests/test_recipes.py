@@ -191,7 +191,8 @@ def test_scans_of_lazy_inputs_and_held_expressions(cpu_client, name):
 
 def test_lazy_scan_totals_are_a_few_tasks_per_thread(cpu_client):
     x = da.from_array(_data(), chunks=997) + 1
-    result = mr.cumsum(x)
+    with dask.config.set({"multireduce.scan-keep-chunks": False}):  # kept chunks: test_scan_keeps_chunks.py
+        result = mr.cumsum(x)
     assert task_count(result, "cumsum-totals") <= 6
     assert task_count(result, "cumsum-") == 41 + task_count(result, "cumsum-totals")  # a scan task per chunk
 
