@@ -40,7 +40,7 @@ def _bits(a):
 EXPRESSIONS = {
     "x * 2 + 1": lambda x: x * 2 + 1,
     "(x + 0.1) / 3": lambda x: (x + 0.1) / 3,
-    "where(x > 0, x, -0.0)": lambda x: da.where(x > 0, x, -0.0),
+    "where(x > 0, x * 2, -0.0)": lambda x: da.where(x > 0, x * 2, -0.0),
     "abs(x) * 3 - x": lambda x: abs(x) * 3 - x,
 }
 CALLS = {
