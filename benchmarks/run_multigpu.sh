@@ -21,7 +21,7 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/env.txt"
 rc=0
 if has tests; then
-timeout 330 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/test_direct.py tests/test_scan_placement.py \
+timeout 420 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/test_direct.py tests/test_scan_placement.py \
   tests/gpu/test_oom.py tests/gpu/test_gpu_exact.py \
   -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 240 -rfEs > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
 tail -n 3 "$OUT/multi-gpu-tests.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/multi-gpu-tests.log" | head -30
