@@ -33,14 +33,24 @@ def default_client():
         return None
 
 
-def chunk_keys(x) -> list:
+def chunk_keys(x) -> tuple:
+    """``x``'s chunk keys in C order, read once per array (a held call asks several times)."""
     from dask.core import flatten
 
-    return list(flatten(x.__dask_keys__()))
+    from .recipes import read_once
+
+    return read_once(x, "_multireduce_chunk_keys", lambda x: tuple(flatten(x.__dask_keys__())))
 
 
 def is_persisted(x) -> bool:
-    """True when every chunk of ``x`` is a distributed future (``client.persist`` / ``x.persist()``)."""
+    """True when every chunk of ``x`` is a distributed future (``client.persist`` / ``x.persist()``); read
+    once per array, as its graph never changes."""
+    from .recipes import read_once
+
+    return read_once(x, "_multireduce_persisted", _futures_only)
+
+
+def _futures_only(x) -> bool:
     try:
         from distributed import Future
     except ImportError:
