@@ -84,17 +84,17 @@ def _moved(dask_worker=None):
 # ------------------------------------------------------------------------------------------------
 _RNG = np.random.default_rng(20261126)
 _A1 = _RNG.integers(-1000, 1000, 1000)
-_A3 = _RNG.integers(-1000, 1000, (13, 11, 17))
+_A3 = _RNG.integers(-1000, 1000, (9, 11, 13))
 CHUNKINGS = {
     # empty chunks first, inside and last, and a one-element chunk: more chunks than the 6 groups
     "empty chunks": (_A1, ((0, 100, 0, 0, 300, 1, 150, 0, 449, 0),), {}),
     "one chunk": (_A1, (1000,), {}),
     "many tiny chunks": (_A1[:29], (1,), {}),
     "uneven": (_A1, ((7, 500, 3, 90, 1, 399),), {}),
-    "3-D axis 0": (_A3, (5, (0, 5, 6), 7), {"axis": 0}),
-    "3-D axis 1": (_A3, (5, (0, 5, 6), 7), {"axis": 1}),
-    "3-D axis -1": (_A3, (5, (0, 5, 6), 7), {"axis": -1}),
-    "3-D axis None": (_A3, (5, (0, 5, 6), 7), {"axis": None}),
+    "3-D axis 0": (_A3, (4, (0, 5, 6), 5), {"axis": 0}),
+    "3-D axis 1": (_A3, (4, (0, 5, 6), 5), {"axis": 1}),
+    "3-D axis -1": (_A3, (4, (0, 5, 6), 5), {"axis": -1}),
+    "3-D axis None": (_A3, (4, (0, 5, 6), 5), {"axis": None}),
 }
 
 
@@ -116,6 +116,8 @@ def test_scans_over_awkward_chunkings_are_numpys_under_every_setting(cpu_client,
         "exclusive sum": lambda x: mr.scan(x, "sum", inclusive=False, **kw),
         "exclusive max": lambda x: mr.scan(x, "max", inclusive=False, **kw),
     }
+    if a.ndim > 1:
+        del scans["cumprod"]  # runtime: the 1-D cases cover it
     built = {(name, keep): r for name, fn in scans.items() for keep, r in _by_setting(lambda: fn(_lazy(a, chunks))).items()}
     # every setting's graph computed together: distinct graphs never share a key with another task
     with warnings.catch_warnings():
@@ -475,6 +477,27 @@ def test_bad_offsets_are_named_before_any_work(cpu_client, fn):
 # ------------------------------------------------------------------------------------------------
 # Held scans keeping their lineage
 # ------------------------------------------------------------------------------------------------
+def test_held_scans_over_empty_single_and_tiny_chunks(cpu_client):
+    a = np.random.default_rng(18).integers(-99, 99, 40)
+    lowest = np.iinfo(np.int64).min
+    scans = [(mr.cumsum, np.cumsum(a)), (lambda q: mr.scan(q, "sum", inclusive=False), np.cumsum(a) - a),
+             (lambda q: mr.cumsum(q * 2), np.cumsum(a * 2)),
+             (lambda q: mr.scan(q * 2, "max", inclusive=False),
+              np.concatenate([[lowest], np.maximum.accumulate(a * 2)[:-1]]))]
+    for chunks in (((0, 5, 0, 7, 28, 0),), ((40,),), ((0, 40),), ((1,) * 40,)):
+        held = cpu_client.persist(da.from_array(a, chunks=chunks))
+        distributed.wait(held)
+        for fn, want in scans:
+            result = fn(held)
+            persisted = result.persist()  # the direct path: a fresh name, no task
+            assert "-seeded-" in persisted.name, chunks
+            assert _same_bits(persisted.compute(), want) and _same_bits(result.compute(), want), chunks
+    empty = cpu_client.persist(da.from_array(np.ones((6, 0, 5), dtype=np.int64), chunks=(2, 0, 2)))
+    distributed.wait(empty)
+    for axis in (0, 2):
+        assert mr.cumsum(empty, axis=axis).persist().compute().shape == (6, 0, 5)
+
+
 def test_held_scans_dropped_at_once_or_failing_leave_nothing_behind(cpu_client):
     a = np.random.default_rng(16).integers(-99, 99, 1_000)
     x = cpu_client.persist(da.from_array(a, chunks=100) + 2)
