@@ -118,7 +118,8 @@ def test_scans_over_awkward_chunkings_are_numpys_under_every_setting(cpu_client,
     }
     if a.ndim > 1:
         del scans["cumprod"]  # runtime: the 1-D cases cover it
-    built = {(name, keep): r for name, fn in scans.items() for keep, r in _by_setting(lambda: fn(_lazy(a, chunks))).items()}
+    built = {(name, keep): r for name, fn in scans.items()
+             for keep, r in _by_setting(lambda: fn(_lazy(a, chunks))).items()}
     # every setting's graph computed together: distinct graphs never share a key with another task
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -232,7 +233,8 @@ def test_a_result_keeps_the_graph_it_was_built_with_and_releases_its_chunks(cpu_
 
 @pytest.mark.xfail(strict=True, reason=(
     "over lazily made chunks (no placement to pin to) a kept chunk's scan task is placed by Dask, which "
-    "often runs it on another worker and moves the chunk there (28 of 63 chunks of 32 KB on 3 workers): "
+    "often runs it on another worker and moves the chunk there (28 of 63 kept chunks of 32 KB in one run on "
+    "3 in-process workers; none move with the setting False): "
     "keeping costs a transfer per chunk where making it again cost none; graph.scan's docstring says every "
     "output chunk is made where its input lives"))
 def test_kept_chunks_are_scanned_where_they_were_made(cpu_client):
