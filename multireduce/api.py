@@ -281,7 +281,7 @@ def _scan(x, op, axis, dtype, inclusive, algorithm, *, caller, label=None, split
         held = direct.held_scan(x, plan, fan_in)  # .persist() scans held chunks where they are, with no task
         if held is not None:
             return held
-        return graph.scan(x, plan, fan_in, placement.grouping_for(x, commutative=True))
+        return graph.scan(x, plan, fan_in, placement.scan_grouping(x, placement.grouping_for(x, commutative=True)))
     with _run_device(kind, x), gpu_memory_guard(x, caller):
         return _into(out, plan(x), kind, x)
 

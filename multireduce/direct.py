@@ -1050,7 +1050,7 @@ def whole_of_held(x, plan, split_every: int, build=None, located=None, sources=N
 def scan_of_held(x, plan: ScanPlan, split_every: int, sources=None) -> ScanOfHeld:
     """The lazy scan of a persisted ``x`` (or, with ``sources``, of an expression over persisted arrays:
     ``held_scan``) whose graph is built only when asked for."""
-    groups = placement.grouping_for(x, commutative=True, sources=sources)
+    groups = placement.scan_grouping(x, placement.grouping_for(x, commutative=True, sources=sources))
     token = stage_token(x, plan, split_every, groups)
     name = f"{plan.label}-{token}"
     meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)

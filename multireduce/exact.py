@@ -469,7 +469,7 @@ def cumsum(x, axis=None, dtype=None, split_every=None, *, skipnan=False, caller=
     held = direct.held_scan(x, plan, fan)
     if held is not None:
         return held
-    return graph.scan(x, plan, fan, placement.grouping_for(x, commutative=True))
+    return graph.scan(x, plan, fan, placement.scan_grouping(x, placement.grouping_for(x, commutative=True)))
 
 
 __all__ = ["sum", "mean", "cumsum", "ExactState", "LaneState", "ExactSumPlan", "ExactScanPlan", "round_exact", "state_of", "finish"]

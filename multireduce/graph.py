@@ -165,7 +165,8 @@ def _pinned(tasks: dict, holder: dict, carriers=()) -> MaterializedLayer:
     for key, task in tasks.items():
         if type(task) is not tuple:  # a future or a constant: nothing to run
             continue
-        workers = {held[a] for a in task[1:] if type(a) is tuple and a in held}
+        # tuple keys of arrays, string keys of scattered data
+        workers = {held[a] for a in task[1:] if type(a) in (tuple, str) and a in held}
         if len(workers) == 1:
             where[key] = workers.pop()
             if key in carriers:
@@ -444,11 +445,12 @@ KEEP_MEMORY_FRACTION = 0.5  # of a worker's memory, for its share of a scan's ke
 
 def _keeps_chunks(x: da.Array, plan: ScanPlan, groups: Grouping) -> bool:
     """Whether a scan of chunks made by recipes keeps each group's chunks, made for its totals, for its
-    scan tasks (``multireduce.scan-keep-chunks``, as ``groups.keep_memory`` gives it): always (True), never
-    (False), or ("auto") where a worker's share fits in ``KEEP_MEMORY_FRACTION`` of the smallest worker's
-    memory (its GPU's for CuPy chunks). Dask places the groups, and every group may be made before any is
-    scanned, so a worker's share is what ceil(groups / workers) of the largest groups hold: their chunks
-    (the input's dtype) and their scanned chunks (the output's)."""
+    scan tasks (``multireduce.scan-keep-chunks``, as ``groups.keep_memory`` gives it: ``placement.
+    scan_grouping``): always (True), never (False), or ("auto") where a worker's share fits in
+    ``KEEP_MEMORY_FRACTION`` of the smallest worker's memory (its GPU's for CuPy chunks). Every group may be
+    made before any is scanned, so a worker's share is all its groups hold, their chunks (the input's dtype)
+    and their scanned chunks (the output's): the groups pinned to it (``groups.holder``, across every
+    lane), else ceil(groups / workers) of the largest."""
     found = getattr(groups, "keep_memory", None)
     if found is None:
         return False
@@ -456,13 +458,22 @@ def _keeps_chunks(x: da.Array, plan: ScanPlan, groups: Grouping) -> bool:
     if memory == math.inf:
         return True
     per_element = np.dtype(x.dtype).itemsize + np.dtype(plan.out_dtype).itemsize
-    sizes = []
+    holder, sources = getattr(groups, "holder", None), getattr(groups, "sources", None)
+    sizes, share = [], {}
     for _, index in _lanes(x, (plan.axis,)):
         keys = [(x.name, *i) for i in index[:-1]]
         for group in groups(keys) if keys else ():
-            sizes.append(sum(math.prod(x.chunks[d][b] for d, b in enumerate(k[1:])) for k in group) * per_element)
+            size = sum(math.prod(x.chunks[d][b] for d, b in enumerate(k[1:])) for k in group) * per_element
+            sizes.append(size)
+            if holder is not None:
+                reads = sources.reads.get(group[0]) if sources is not None else None
+                first = next(iter(reads)) if reads else group[0]
+                worker = holder.get(first)
+                share[worker] = share.get(worker, 0) + size
     if not sizes:
         return False
+    if share:
+        return max(share.values()) <= KEEP_MEMORY_FRACTION * memory
     return max(sizes) * math.ceil(len(sizes) / workers) <= KEEP_MEMORY_FRACTION * memory
 
 

@@ -273,16 +273,20 @@ def _threads(client, workers: dict | None = None) -> int:
     return sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
 
 
-def scan_keep_memory(x, workers: dict) -> tuple[int, float] | None:
+def scan_keep_memory(x, workers: dict, pinned: bool = True) -> tuple[int, float] | None:
     """For a scan of ``x`` made by recipes, what ``multireduce.scan-keep-chunks`` lets it keep: (how many
     workers, the memory of the smallest: its GPU's for CuPy chunks, else its ``memory_limit``), memory
     infinite where the setting is True; None (make every chunk again) where it is False, or "auto" and
-    some worker's memory is not reported (no limit set, no GPU monitoring)."""
+    the groups are not ``pinned`` to the workers holding what they read (Dask would place each kept
+    chunk's scan task and may move the chunk to another worker for it, where making it again moves
+    nothing) or some worker's memory is not reported (no limit set, no GPU monitoring)."""
     keep = setting("multireduce.scan-keep-chunks")
     if keep is False or not workers:
         return None
     if keep is True:
         return len(workers), math.inf
+    if not pinned:
+        return None
     on_device = type(x._meta).__module__.startswith("cupy")
     sizes = [_device_memory(w) if on_device else w.get("memory_limit") for w in workers.values()]
     if not all(isinstance(s, (int, float)) and s > 0 for s in sizes):
@@ -301,8 +305,8 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     arrays (every chunk made from held chunks of one worker) is grouped by that worker, as a persisted
     array is; anything else in contiguous runs, ``multireduce.tasks-per-thread`` (default 2) per worker
     thread, placed by Dask. None (one task per chunk, as before) where the graph cannot be split so (see
-    ``recipes.ChunkSources``) or there is nothing to gain (a chunk per thread or fewer). A scan reads
-    ``keep_memory`` off the grouping (``scan_keep_memory``) to decide whether it keeps the chunks it made."""
+    ``recipes.ChunkSources``) or there is nothing to gain (a chunk per thread or fewer). A scan's grouping
+    also carries what it may keep (``scan_grouping``)."""
     from .recipes import ChunkSources
 
     n = len(chunk_keys(x))
@@ -329,7 +333,26 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     else:
         split = even_groups(tasks)
     split.sources = sources
-    split.keep_memory = scan_keep_memory(x, reported)  # read when the call is made, as the grouping is
-    if split.keep_memory is not None:  # a scan's graph differs with it: so does its name (``stage_token``)
-        split.__qualname__ = f"{split.__qualname__}-keep{split.keep_memory}"
+    return split
+
+
+def scan_grouping(x, groups: Grouping | None) -> Grouping | None:
+    """``groups`` (``grouping_for``) as a scan's: where its groups make their chunks (``recipes``), with what
+    ``multireduce.scan-keep-chunks`` lets the scan keep (``keep_memory``, read now, as the grouping is) and,
+    where it keeps, a name that says so (``stage_token``: a graph that keeps differs from one that does not).
+    Reductions never read the setting."""
+    setting("multireduce.scan-keep-chunks")  # a bad value is named before any work, on every scan's path
+    if groups is None or getattr(groups, "sources", None) is None:
+        return groups
+    client = default_client()
+    keep = scan_keep_memory(x, _workers(client), pinned=getattr(groups, "holder", None) is not None)
+    if keep is None:
+        return groups
+
+    def split(keys):
+        return groups(keys)
+
+    split.__dict__.update(groups.__dict__)
+    split.keep_memory = keep
+    split.__qualname__ = f"{groups.__qualname__}-keep{keep}"
     return split

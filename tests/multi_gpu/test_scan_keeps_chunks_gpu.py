@@ -1,6 +1,7 @@
 """Scans of CuPy chunks made inside the graph on several GPUs (a LocalCUDACluster, one worker per GPU): with
-``multireduce.scan-keep-chunks`` "auto" the GPUs' memory (NVML) lets the scan keep the chunks it made for
-their totals, each chunk is made once instead of twice, no run of kept chunks crosses between workers,
+``multireduce.scan-keep-chunks`` "auto" the GPUs' memory (NVML) lets a scan over pinned runs keep the chunks it
+made for their totals, and with True each chunk is made once instead of twice, no run of kept chunks crosses
+between workers,
 and the bits are those of making every chunk twice. The same logic runs on a CPU cluster in
 tests/test_scan_keeps_chunks.py."""
 
@@ -74,7 +75,12 @@ def test_auto_reads_the_gpus_memory(client):
     found = placement.scan_keep_memory(x, workers)
     assert found is not None and found[0] == len(workers)
     assert found[1] == min(placement._device_memory(w) for w in workers.values()) > 1 << 30
-    assert any("-made-" in str(k[0]) for k in mr.cumsum(x).__dask_graph__())  # 64 MiB of chunks fit
+    # lazily made: no worker to pin a run to, so "auto" makes each chunk again
+    assert not any("-made-" in str(k[0]) for k in mr.cumsum(x).__dask_graph__())
+    held = client.persist(x)
+    distributed.wait(held)
+    expression = held.map_blocks(cupy.negative, dtype=held.dtype)  # not read into the loads: made by recipes
+    assert any("-made-" in str(k[0]) for k in mr.cumsum(expression).__dask_graph__())  # 64 MiB of chunks fit
 
 
 @pytest.mark.parametrize("name", sorted(SCANS))
