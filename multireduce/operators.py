@@ -59,9 +59,16 @@ class Operator:
     # -- the load transform ---------------------------------------------------------------------
     @property
     def masks_nan(self) -> bool:
-        """True for the nan-family: NaN input elements are read as the identity (kernels/common.cuh's
-        ``Op::load``; ``load`` on the CPU), partial results are folded by ``partials`` as they are."""
+        """True where input elements are read through ``load`` (kernels/common.cuh's ``Op::load``): the
+        nan-family's NaN -> identity, after elementwise steps for ``fusion.FusedOperator``; partial results
+        are folded by ``partials`` as they are."""
         return self.base is not None
+
+    @property
+    def nan_mask_only(self) -> bool:
+        """The built-in nan-family: ``load`` is the NaN mask and nothing else, so a backend may skip NaN its
+        own way (the NumPy backend's fmin/fmax and piecewise passes)."""
+        return self.builtin and self.base is not None
 
     def load(self, x):
         """Input elements as the operator reads them (NumPy, CPU): NaN -> the identity for the nan-family,

@@ -4,6 +4,9 @@ non-commutative operator, and one comparison used by the CPU and GPU tests alike
 from __future__ import annotations
 
 import math
+import os
+import signal
+import time
 
 import numpy as np
 
@@ -234,3 +237,14 @@ def hostile_slices(shape, axis: int, seed: int = 3) -> np.ndarray:
     m[(2,) * (x.ndim - 1)][-1] = np.nan
     m[(-1,) * (x.ndim - 1)][:] = np.nan
     return x
+
+
+def kill_worker(client, address: str) -> None:
+    """SIGKILL the worker process at ``address`` (its nanny starts a new one) and wait until the scheduler
+    has let it go."""
+    pid = client.run(os.getpid, workers=[address])[address]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while address in client.scheduler_info()["workers"]:
+        assert time.monotonic() < deadline, f"{address} still listed after SIGKILL"
+        time.sleep(0.05)

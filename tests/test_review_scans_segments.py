@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import fractions
 import gc
-import os
-import signal
 import time
 import types
 import warnings
@@ -26,7 +24,7 @@ from multireduce import graph, placement  # noqa: E402
 from multireduce.cluster import local_cluster  # noqa: E402
 from multireduce.operators import get_operator  # noqa: E402
 
-from .helpers import (MATMUL_IDENTITY, matmul_operator, persist_spread, random_matrices,  # noqa: E402
+from .helpers import (MATMUL_IDENTITY, kill_worker, matmul_operator, persist_spread, random_matrices,  # noqa: E402
                       sequential_fold, sequential_scan, task_count)
 
 KEEP = "multireduce.scan-keep-chunks"
@@ -530,15 +528,6 @@ def process_client():
         yield client
 
 
-def _kill(client, address: str) -> None:
-    pid = client.run(os.getpid, workers=[address])[address]
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while address in client.scheduler_info()["workers"]:
-        assert time.monotonic() < deadline, f"{address} still listed after SIGKILL"
-        time.sleep(0.05)
-
-
 def test_held_scans_of_every_kind_come_back_after_their_worker_is_killed(process_client):
     client = process_client
     rng = np.random.default_rng(15)
@@ -562,7 +551,7 @@ def test_held_scans_of_every_kind_come_back_after_their_worker_is_killed(process
     who = client.who_has(held)
     client.replicate([h for h in held if victim in who[h.key]], n=1, workers=[w for w in workers if w != victim])
     assert any(victim in w for w in client.who_has(distributed.futures_of(outs["nancumsum"])).values())
-    _kill(client, victim)
+    kill_worker(client, victim)
     after = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
     for k in outs:
         assert all(_same_bits(b, c) for b, c in zip(before[k], after[k])), k

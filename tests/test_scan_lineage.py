@@ -5,8 +5,6 @@ arrays, expressions over them and a scan along an axis of a 2-D array."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import dask
@@ -19,7 +17,7 @@ distributed = pytest.importorskip("distributed")
 import multireduce as mr  # noqa: E402
 from multireduce.cluster import local_cluster  # noqa: E402
 
-from .helpers import persist_spread  # noqa: E402
+from .helpers import kill_worker, persist_spread  # noqa: E402
 
 N_WORKERS = 4
 
@@ -66,17 +64,6 @@ def _held_scans(client, arrays: dict) -> dict:
     return outs
 
 
-def _kill(client, address: str) -> None:
-    """SIGKILL the worker process at ``address`` (its nanny starts a new one) and wait until the scheduler
-    has let it go."""
-    pid = client.run(os.getpid, workers=[address])[address]
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while address in client.scheduler_info()["workers"]:
-        assert time.monotonic() < deadline, f"{address} still listed after SIGKILL"
-        time.sleep(0.05)
-
-
 def _chunks(client, out) -> list:
     """Every output chunk, fetched to the client one by one (no copy lands on another worker)."""
     return client.gather(distributed.futures_of(out), errors="raise")
@@ -108,7 +95,7 @@ def test_outputs_lost_with_their_worker_come_back_from_held_inputs(client):
     held = distributed.futures_of(di) + distributed.futures_of(df)
     who = client.who_has(held)
     client.replicate([f for f in held if victim in who[f.key]], n=1, workers=[w for w in workers if w != victim])
-    _kill(client, victim)
+    kill_worker(client, victim)
     after = {label: _chunks(client, out) for label, out in outs.items()}
     np.testing.assert_array_equal(np.concatenate(after["int"]), np.cumsum(xi))
     np.testing.assert_array_equal(np.concatenate(after["expr"]), np.cumsum(xi * 2 - 5))
@@ -138,7 +125,7 @@ def test_inputs_lost_too_are_recomputed_first(client):
     inputs = client.who_has(distributed.futures_of(xa))
     victim = max(sorted(client.scheduler_info()["workers"]), key=lambda w: sum(w in h for h in inputs.values()))
     assert any(victim in h for h in client.who_has(distributed.futures_of(outs["axis 1"])).values())
-    _kill(client, victim)
+    kill_worker(client, victim)
     for label, axis in (("axis 0", 0), ("axis 1", 1)):
         np.testing.assert_array_equal(outs[label].compute(), np.cumsum(a + 1, axis=axis), err_msg=label)
     got = outs["float"].compute()
@@ -163,7 +150,7 @@ def test_outputs_of_inputs_without_lineage_raise_a_clear_error(client):
     where = client.who_has(distributed.futures_of(out))
     keys = [f.key for f in distributed.futures_of(out)]
     assert [list(where[k]) for k in keys] == [[workers[i % 2]] for i in range(6)]  # made where their inputs are
-    _kill(client, workers[1])
+    kill_worker(client, workers[1])
     futures = distributed.futures_of(out)
     want = np.cumsum(np.concatenate(blocks))
     for i, future in enumerate(futures):

@@ -80,10 +80,10 @@ def _nan_pieces(flat, op: Operator, acc_dtype):
 
 
 def _load_reduce(x, op: Operator, acc_dtype, axes=None):
-    """The built-in nan-family's one-pass reductions of float ``x`` (other operators' loads do more than
-    skip NaN) (``axes``: None for all; the result keeps the
-    reduced axes unless ``axes`` is None), or None where the load copy is the way (other operators,
-    partial axes of nansum/nanprod, small or non-contiguous data)."""
+    """The one-pass reductions of float ``x`` for an operator whose load only masks NaN
+    (``Operator.nan_mask_only``; ``axes``: None for all; the result keeps the reduced axes unless ``axes``
+    is None), or None where the load copy is the way (partial axes of nansum/nanprod, small or
+    non-contiguous data)."""
     if op.base in _NAN_SKIPPING:
         return _NAN_SKIPPING[op.base].reduce(x, axis=axes, dtype=acc_dtype, keepdims=axes is not None,
                                              initial=op.identity(acc_dtype))
@@ -105,7 +105,7 @@ def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "
     x = _aligned(x)
     acc_dtype = np.dtype(acc_dtype)
     identity = op.identity(acc_dtype)
-    if op.masks_nan and op.builtin and x.dtype.kind == "f" and type(x) is np.ndarray:
+    if op.nan_mask_only and x.dtype.kind == "f" and type(x) is np.ndarray:
         value = _load_reduce(x, op, acc_dtype, tuple(axes))
         if value is not None:
             return value
@@ -147,7 +147,7 @@ class _Launcher:
         if not x.flags.aligned:  # as _aligned, inline: this path is timed in microseconds
             x = np.array(x, copy=True, order="K")
         value = None
-        if self.load is not None and self.op.builtin and x.dtype.kind == "f":
+        if self.load is not None and self.op.nan_mask_only and x.dtype.kind == "f":
             value = _load_reduce(x, self.op, self.acc)
             if value is None:
                 x = self.load(x)
