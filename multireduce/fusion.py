@@ -7,7 +7,9 @@ only other operands, the reduction runs over the chunks they read instead, and e
 from its input as the kernel loads it (an operator's load transform, ``kernels/common.cuh``): one read
 of the input, no chunk of the expression at all, one kernel launch per chunk however long the chain.
 
-The bits are those of the unfused path. Every step keeps the input's dtype (checked with NumPy's own
+The bits are those of the unfused path. A chunk that is a view (``da.from_array`` of a device array
+slices it: misaligned, strided) is copied first, as the unfused step would have made a fresh array: the
+vectorized reduction's association follows the address. Every step keeps the input's dtype (checked with NumPy's own
 promotion) and is computed in it, with CUDA's correctly rounded intrinsics (``__fmul_rn`` & co.): NVRTC
 would otherwise contract ``x * 2 + 1`` into one fused multiply-add, which CuPy's one-kernel-per-step
 evaluation never does. Left to CuPy, because the bits could differ: transcendental functions, powers and

@@ -229,12 +229,23 @@ def _unfused(op: Operator, error: Exception | None = None):
     return unfused()
 
 
+def _as_the_steps_make_it(x, op: Operator):
+    """``x`` laid out as the chunk an operator's elementwise steps stand for would be (``fusion``): CuPy makes
+    each step's result a fresh C-contiguous array, and the vectorized reduction's association follows the
+    address (a misaligned start is read element by element first), so a chunk that is a view (misaligned,
+    strided or in Fortran order: ``da.from_array`` of a device array slices it) is copied first, as the
+    unfused step would have, and the unfused bits are kept. Any other operator's input is left as it is."""
+    if getattr(op, "steps", None) is None or (x._c_contiguous and x.data.ptr % 16 == 0):
+        return x
+    return x.copy(order="C")
+
+
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):
     """Reduce ``axes`` of ``x`` with ``op``, accumulating in ``acc_dtype``; reduced axes kept (size 1)."""
     found = _unfused(op)
     if found is None:
         try:
-            return _reduce(x, op, axes, acc_dtype, algorithm)
+            return _reduce(_as_the_steps_make_it(x, op), op, axes, acc_dtype, algorithm)
         except _k.KernelError as error:
             found = _unfused(op, error)
             if found is None:
@@ -288,9 +299,10 @@ class Launcher:
     """``reduce_vectorized`` over a whole array for one (operator, input dtype, accumulator, result
     dtype), bound to each device once: the kernel, its grid rule and a workspace per stream, looked up
     once because small inputs spend most of their time in Python. Returns None where the general path
-    is needed (empty or non-contiguous input, data on another device than the current one)."""
+    is needed (empty or non-contiguous input, data on another device than the current one, a misaligned
+    chunk read through elementwise steps: ``_as_the_steps_make_it``)."""
 
-    __slots__ = ("acc", "cast", "divisor", "identity", "op", "per_device", "type")
+    __slots__ = ("acc", "cast", "divisor", "identity", "op", "per_device", "steps", "type")
 
     def __init__(self, op: Operator, T, acc, out, mean=False):
         self.op, self.type, self.acc = op, np.dtype(T), np.dtype(acc)
@@ -298,6 +310,7 @@ class Launcher:
         # the count's type as core.ReductionPlan.finalize divides by it: the same bits as the general path
         self.divisor = _dt.division_dtype(self.acc).type if mean else None
         self.identity = _identity(op, self.acc)
+        self.steps = getattr(op, "steps", None) is not None  # misaligned views go the general way
         self.per_device: dict[int, tuple] = {}
 
     def _bind(self, device: int) -> tuple:
@@ -309,7 +322,7 @@ class Launcher:
 
     def __call__(self, x):
         # ndarray._c_contiguous is the flag itself; x.flags builds an object on every call
-        if x.size == 0 or not x._c_contiguous:
+        if x.size == 0 or not x._c_contiguous or (self.steps and x.data.ptr % 16):
             return None
         device = cupy.cuda.runtime.getDevice()
         if x.data.device_id != device:
