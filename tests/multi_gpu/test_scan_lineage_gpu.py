@@ -17,7 +17,8 @@ import distributed  # noqa: E402
 import multireduce as mr  # noqa: E402
 from multireduce.cluster import gpu_count, local_cluster  # noqa: E402
 
-from ..test_scan_lineage import _chunks, _held_scans, _kill  # noqa: E402
+from ..helpers import kill_worker  # noqa: E402
+from ..test_scan_lineage import _chunks, _held_scans  # noqa: E402
 from .test_multi_gpu import gpu_array  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def test_held_cumsum_survives_a_killed_worker():
         before = {label: _chunks(c, out) for label, out in outs.items()}
         where = c.who_has(distributed.futures_of(outs["int64"]))
         victim = sorted({w for holders in where.values() for w in holders})[-1]
-        _kill(c, victim)
+        kill_worker(c, victim)
         after = {label: _chunks(c, out) for label, out in outs.items()}
         assert all(isinstance(b, cupy.ndarray) for chunks in after.values() for b in chunks)
         np.testing.assert_array_equal(np.concatenate([cupy.asnumpy(b) for b in after["int64"]]), np.cumsum(hi))
