@@ -61,6 +61,7 @@ def even_groups(count: int) -> Grouping:
         return [list(keys[a:b]) for a, b in zip(bounds, bounds[1:])]
 
     split.__qualname__ = f"even_groups({count})"
+    split.count = count
     return split
 
 

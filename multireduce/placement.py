@@ -336,6 +336,13 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     return split
 
 
+# distributed's scheduler places a task group that reads the outputs of fewer than five tasks as root tasks,
+# on whichever thread is free, not where its input is (``Scheduler.is_rootish``): the tasks picking a kept
+# group's chunks would then carry the whole group to another worker. A scan that keeps the chunks of groups
+# Dask places makes at least this many groups.
+KEPT_GROUPS_AT_LEAST = 5
+
+
 def scan_grouping(x, groups: Grouping | None) -> Grouping | None:
     """``groups`` (``grouping_for``) as a scan's: where its groups make their chunks (``recipes``), with what
     ``multireduce.scan-keep-chunks`` lets the scan keep (``keep_memory``, read now, as the grouping is) and,
@@ -348,11 +355,15 @@ def scan_grouping(x, groups: Grouping | None) -> Grouping | None:
     keep = scan_keep_memory(x, _workers(client), pinned=getattr(groups, "holder", None) is not None)
     if keep is None:
         return groups
+    runs = groups
+    if getattr(groups, "holder", None) is None and getattr(groups, "count", KEPT_GROUPS_AT_LEAST) < KEPT_GROUPS_AT_LEAST:
+        runs = even_groups(KEPT_GROUPS_AT_LEAST)
 
     def split(keys):
-        return groups(keys)
+        return runs(keys)
 
     split.__dict__.update(groups.__dict__)
+    split.__dict__.update(runs.__dict__)
     split.keep_memory = keep
-    split.__qualname__ = f"{groups.__qualname__}-keep{keep}"
+    split.__qualname__ = f"{runs.__qualname__}-keep{keep}"
     return split

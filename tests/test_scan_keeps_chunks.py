@@ -191,3 +191,25 @@ def _moved_keys(dask_worker):
 
 def _keys_in_memory(dask_scheduler):
     return [str(k) for k, ts in dask_scheduler.tasks.items() if ts.state == "memory"]
+
+
+def test_kept_chunks_stay_put_on_a_cluster_of_two_threads():
+    """distributed places a task group that reads the outputs of fewer than five tasks as root tasks, on any
+    free thread (``Scheduler.is_rootish``): with two threads a lazy scan would make four groups, and their
+    kept chunks' picks would carry whole groups to the other worker. A kept scan makes five groups at least."""
+    from multireduce.cluster import local_cluster
+
+    a = np.random.default_rng(3).integers(-(1 << 30), 1 << 30, 17 * 1_009)
+    with local_cluster(n_workers=2, gpu=False, processes=False) as cluster, distributed.Client(cluster) as client:
+        assert placement._threads(client) == 2
+        for axis_scan in (False, True):
+            x = da.from_array(a.reshape(17, 1_009) if axis_scan else a, chunks=1_009 if not axis_scan else (1, 1_009))
+            x = x.map_blocks(_counted, dtype=a.dtype)
+            fn = (lambda v: mr.cumsum(v, axis=0)) if axis_scan else mr.cumsum
+            client.run(_clear_transfer_logs)
+            out, made, result = _scan(client, fn, x, True)
+            want = np.cumsum(a.reshape(17, 1_009) * 3 - 1, axis=0) if axis_scan else np.cumsum(a * 3 - 1)
+            assert np.array_equal(out, want) and set(made.values()) == {1}
+            assert task_count(result, f"{result.name.rsplit('-', 1)[0]}-made") >= 5
+            moved = [k for keys in client.run(_moved_keys).values() for k in keys]
+            assert not [k for k in moved if "-made-" in str(k)]

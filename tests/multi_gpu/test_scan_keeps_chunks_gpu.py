@@ -40,6 +40,7 @@ def _make_block(seed, block_info=None):
 
 
 def _gpu_array(shape, chunks, seed):
+    shape = (shape,) if isinstance(shape, int) else shape
     return da.map_blocks(_make_block, seed, chunks=da.core.normalize_chunks(chunks, shape), dtype=np.float32,
                          meta=cupy.empty((0,) * len(shape), dtype=np.float32))
 
