@@ -108,7 +108,7 @@ from . import placement
 from .backends import on_device_of
 from .core import ScanPlan
 from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, fold_in_order, reduction,
-                    scan, stage_token, to_host_together)
+                    scan, stage_token, stays_on_device, to_host_together)
 
 
 class _Failed:
@@ -156,6 +156,14 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
     extra = extra or {}
     computed = [None if k in only_where else _call_where_held(b, per_chunk, *extra.get(k, ()))
                 for k, b in zip(keys, blocks)]
+    if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
+        # partials of a reduction over some axes are combined on the GPU, as on every path: only the
+        # groups' results come to the host
+        values = dict(zip(keys, computed))
+        combine, groups = folds
+        for group in groups:
+            values[group[0]] = combine(*(values.pop(k) for k in group))
+        keys, computed, folds = list(values), list(values.values()), None
     columns = _PartialColumns.of(keys, computed)  # the common case: no per-chunk work on the host
     if not folds or not folds[1]:
         return _Packed(columns if columns is not None else dict(zip(keys, to_host_together(computed))))
@@ -1191,6 +1199,8 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
     if values is None:
         return None
     on_device = type(x._meta).__module__.startswith("cupy")
+    if on_device and not whole:  # partials that ``stays_on_device`` are folded on the GPU here too
+        values = {k: _to_device_again(v) for k, v in values.items()}
     blocks = {}
     for kept, keys in lanes:
         level = first_level(split_every, keys)
@@ -1204,6 +1214,18 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
             return value
         blocks[tuple(keys[0][1:]) if plan.keepdims else tuple(kept)] = _device(on_device, value)
     return _laid_out(blocks)
+
+
+def _to_device_again(value):
+    """A partial that ``stays_on_device`` on the workers, back on this process's GPU after crossing to it
+    as host memory."""
+    from .core import Partial
+
+    if type(value) is Partial and type(value.value) is np.ndarray and value.value.size > 1:
+        import cupy
+
+        return Partial(cupy.asarray(value.value), value.count)
+    return value
 
 
 def _laid_out(blocks: dict):

@@ -360,7 +360,8 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
             if len(grouped) == 1:
                 return {out: (_whole_in_order, plan, on_device, split_every, *grouped[0])}
             level = [(partial_name, *kept_index, g) for g in range(len(grouped))]
-            tasks = {key: (_chunk_partials, plan, *group) for key, group in zip(level, grouped)}
+            tasks = {key: (_chunk_partials, plan, split_every, len(keys), positions, *group)
+                     for key, group, positions in zip(level, grouped, layout)}
             tasks[out] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
             return tasks
         # one chunk per group: partials in chunk order, then the tree
@@ -579,14 +580,29 @@ def _like(block, value):
     return value
 
 
+def stays_on_device(partial) -> bool:
+    """Whether ``partial`` is folded where it is: a reduction's ``Partial`` whose value is a CuPy array of
+    more than one element (a reduction over some axes: as large as a slice of the input, 8 MB for a mean
+    over time of a 721 x 1440 field). Such partials stay on the GPUs and every fold of them runs there
+    (the backend's combine), on every path, so the bits do not depend on the path or the placement; a
+    whole reduction's one-element partials go to the host, where moving and folding them costs least."""
+    from .core import Partial
+
+    if type(partial) is not Partial:
+        return False
+    value = partial.value
+    return type(value).__module__.startswith("cupy") and getattr(value, "size", 0) > 1
+
+
 def _host_partial(plan, *blocks):
-    """A group's partial with its value on the host: the combine tree and the aggregate then move a few
-    bytes between workers and run on the host (every operator has a CPU implementation)."""
+    """A group's partial with its value on the host, unless it ``stays_on_device``: the combine tree and the
+    aggregate then move a few bytes between workers and run on the host (every operator has a CPU
+    implementation)."""
     import dataclasses
 
     partial = plan.partial(*blocks)
     value = getattr(partial, "value", None)  # other plans' partials (exact states, ...) are host data already
-    if value is None or not type(value).__module__.startswith("cupy"):
+    if value is None or not type(value).__module__.startswith("cupy") or stays_on_device(partial):
         return partial
     return dataclasses.replace(partial, value=_host(value))
 
@@ -606,22 +622,52 @@ def first_level(split_every: int, items: list) -> list[list]:
 def fold_in_order(plan, split_every: int, partials):
     """Per-chunk partials, in chunk order, through the tree the lazy graph builds (contiguous combines of
     ``split_every`` while more remain, then the aggregate): one shape for a given chunk count, so the
-    graph, the eager path and every placement give the same bits."""
+    graph, the eager path and every placement give the same bits. A first-level group combined already
+    where its chunks were (``fold_first_level``) comes as its value at its first position and None at
+    the others: the same combine of the same partials in the same order."""
     level = list(partials)
+    if len(level) > split_every:
+        level = [_combined(plan, level[j : j + split_every]) for j in range(0, len(level), split_every)]
     while len(level) > split_every:
         level = [plan.combine(*level[j : j + split_every]) for j in range(0, len(level), split_every)]
     return plan.aggregate(*level)
 
 
-def _chunk_partials(plan, *blocks):
-    """Each chunk's own partial (host values), in the group's order."""
-    return [_host_partial(plan, b) for b in blocks]
+def _combined(plan, group: list):
+    if len(group) > 1 and all(p is None for p in group[1:]):
+        return group[0]
+    return plan.combine(*group)
+
+
+def fold_first_level(plan, split_every: int, count: int, positions, parts: list) -> list:
+    """``parts`` (the partials of the chunks at ``positions`` of a lane of ``count`` chunks) with each
+    first-level group of ``fold_in_order``'s tree that lies wholly among them combined here, in order,
+    under the group's first position, None at its other positions: less crosses between workers, and
+    the combine is the one ``fold_in_order`` would make."""
+    if count <= split_every:
+        return list(parts)
+    at = {position: i for i, position in enumerate(positions)}
+    out = list(parts)
+    for j in range(0, count, split_every):
+        members = range(j, min(j + split_every, count))
+        if len(members) > 1 and all(m in at for m in members):
+            out[at[j]] = plan.combine(*(parts[at[m]] for m in members))
+            for m in members[1:]:
+                out[at[m]] = None
+    return out
+
+
+def _chunk_partials(plan, split_every: int, count: int, positions, *blocks):
+    """Each chunk's own partial (host values, or device values that ``stays_on_device``), in the group's
+    order, with the first-level groups it holds wholly combined here (``fold_first_level``)."""
+    return fold_first_level(plan, split_every, count, positions, [_host_partial(plan, b) for b in blocks])
 
 
 def _recipe_partials(plan, recipe, *inputs):
     """Each chunk's own partial (host values), in the group's order, made from the recipe one chunk at a
     time: a chunk is dropped as soon as its partial is taken, and the partials come to the host together
-    at the end (a copy per chunk would wait on the GPU between chunks)."""
+    at the end (a copy per chunk would wait on the GPU between chunks); partials that ``stays_on_device``
+    stay where they are."""
     return to_host_together([plan.partial(b) for b in recipe.make(dict(zip(recipe.inputs, inputs)))])
 
 
@@ -634,7 +680,7 @@ def to_host_together(values: list) -> list:
     found: dict = {}
     for i, v in enumerate(values):
         a = getattr(v, "value", v)
-        if type(a).__module__.startswith("cupy"):
+        if type(a).__module__.startswith("cupy") and not stays_on_device(v):
             found.setdefault((a.device.id, a.dtype.str), []).append((i, a))
     if not found:
         return values
@@ -673,7 +719,7 @@ def _device(on_device: bool, value):
 
 
 def _whole_in_order(plan, on_device: bool, split_every: int, *blocks):
-    return _device(on_device, fold_in_order(plan, split_every, _chunk_partials(plan, *blocks)))
+    return _device(on_device, fold_in_order(plan, split_every, [_host_partial(plan, b) for b in blocks]))
 
 
 def _aggregate_layout(plan, on_device: bool, split_every: int, layout, *groups):

@@ -134,3 +134,28 @@ def test_large_partials_over_some_axes_take_the_graph(cpu_client, field, monkeyp
     value, stream = _no_tasks(cpu_client, lambda: fn(x).compute())
     assert stream  # the graph ran
     assert np.array_equal(value, _graph(fn, x), equal_nan=True)
+
+
+def test_first_level_groups_folded_where_their_chunks_are_give_the_same_tree():
+    """A worker combines the first-level groups of the lane's tree that it holds wholly (fewer partials
+    cross); the aggregate then folds the same combines of the same partials in the same order."""
+    from multireduce import graph
+
+    class Recording:
+        def combine(self, *parts):
+            return ("combine", *parts)
+
+        def aggregate(self, *parts):
+            return ("aggregate", *parts)
+
+    plan, parts = Recording(), list(range(37))
+    want = graph.fold_in_order(plan, 8, parts)
+    mine = graph.fold_first_level(plan, 8, 37, list(range(5, 31)), parts[5:31])
+    assert mine[:3] == [5, 6, 7] and mine[-7:] == [24, 25, 26, 27, 28, 29, 30]  # groups held in part: apart
+    assert mine[3] == ("combine", *range(8, 16)) and mine[11] == ("combine", *range(16, 24))
+    assert mine[4:11] == [None] * 7 and mine[12:19] == [None] * 7
+    assert graph.fold_in_order(plan, 8, parts[:5] + mine + parts[31:]) == want
+    assert graph.fold_first_level(plan, 40, 37, list(range(37)), parts) == parts  # one level: nothing before it
+    shuffled = [30, 29] + list(range(5, 29))  # the group's own order need not be the lane's
+    mine = graph.fold_first_level(plan, 8, 37, shuffled, [parts[p] for p in shuffled])
+    assert mine[shuffled.index(8)] == ("combine", *range(8, 16))

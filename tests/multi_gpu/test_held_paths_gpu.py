@@ -78,6 +78,31 @@ def test_axis_mean_against_numpy(client):
     np.testing.assert_allclose(got, host.mean(axis=0), rtol=1e-4, atol=1e-6)
 
 
+def test_axis_partials_are_folded_on_the_gpus_alike_on_every_path(client):
+    """40 chunks: a tree of two levels, whose first-level groups a worker holding them folds itself; the
+    partials of a reduction over some axes stay on the GPUs on every path, with the same bits."""
+    from multireduce import graph
+
+    shape, chunks = (40_000, 96), (1_000, 96)
+    x = client.persist(_gpu_array(shape, chunks, seed=13))
+    distributed.wait(x)
+    host = cupy.asnumpy(x.compute()).astype(np.float64)
+    from multireduce.core import Partial
+
+    assert graph.stays_on_device(Partial(cupy.ones((1, 96)), 1))
+    assert not graph.stays_on_device(Partial(cupy.ones((1, 1)), 1)) and not graph.stays_on_device(Partial(np.ones(9), 1))
+    fns = {"mean": lambda v: mr.mean(v, axis=0), "nansum": lambda v: mr.nansum(v * 2, axis=0),
+           "max": lambda v: mr.max(v, axis=0, keepdims=True)}
+    for name, fn in fns.items():
+        value, tasks = _tasks(client, lambda: fn(x).compute())
+        assert tasks == 0
+        assert type(value) is cupy.ndarray
+        assert _same(value, _graph(fn, x)), name
+        assert _same(client.compute(fn(x)).result(), value), name
+        assert _same(fn(_gpu_array(shape, chunks, seed=13)).compute(), value), name  # lazily made chunks
+    np.testing.assert_allclose(cupy.asnumpy(mr.mean(x, axis=0).compute()), host.mean(axis=0), rtol=1e-5, atol=1e-7)
+
+
 def test_held_expression_scan_keeps_outputs_on_their_gpu(client):
     x = client.persist(_gpu_array((2**22,), (2**18,), seed=5))
     distributed.wait(x)
