@@ -1,6 +1,6 @@
-"""Reductions and scans of elementwise expressions on one GPU: the steps read into our kernels' loads
-(multireduce.fusion) against the same call unfused (CuPy's kernel per step, then ours), the bare array's
-reduction, dask.array, and the device-to-device copy roof. A Dask array of CuPy chunks in this process
+"""Reductions, scans and statistics (var, argmax) of elementwise expressions on one GPU: the steps read
+into our kernels' loads (multireduce.fusion) against the same call unfused (CuPy's kernel per step, then
+ours), the bare array's reduction, dask.array, and the device-to-device copy roof. A Dask array of CuPy chunks in this process
 (the synchronous scheduler: no task overhead to hide the kernels), float32, every value checked: the
 fused result's bits against the unfused result's, both against a float64 reference."""
 
@@ -74,6 +74,24 @@ def body(args, cupy, torch, env):
                                  ("mr.cumsum(x * 2 + 1) unfused", plain_ms, close)):
                 rows.append(Row("cumsum", impl, "float32", n, ms, 2 * n * 4 / ms / 1e6, 2 * read_ms / ms, ok,
                                 note=f"chunks 2^{chunk_log2}"))
+            for name, stat, make in (("var(x + 1)", mr.var, lambda v: v + 1), ("argmax(x * 2)", mr.argmax, lambda v: v * 2)):
+                e = make(x)
+                fused_ms, fused = _wall_ms(lambda: stat(e).compute(), cupy, repeats)
+                with dask.config.set({"multireduce.fuse-elementwise": False}):
+                    plain_ms, plain = _wall_ms(lambda: stat(e).compute(), cupy, repeats)
+                peer = getattr(e, stat.__name__)
+                dask_ms, theirs = _wall_ms(lambda: peer().compute(), cupy, repeats)
+                if stat is mr.var:
+                    reference = float(make(data.astype(cupy.float64)).var())
+                    close = abs(float(fused) - reference) <= 1e-4 * abs(reference)
+                else:
+                    close = int(fused) == int(cupy.argmax(make(data)))
+                same = cupy.asnumpy(fused).tobytes() == cupy.asnumpy(plain).tobytes()
+                for impl, ms, ok in ((f"mr.{name} read through", fused_ms, same and close),
+                                     (f"mr.{name} unfused", plain_ms, close),
+                                     (f"da.{name}", dask_ms, True)):
+                    rows.append(Row(stat.__name__, impl, "float32", n, ms, n * 4 / ms / 1e6, read_ms / ms, ok,
+                                    note=f"chunks 2^{chunk_log2}; x bare {bare_ms:.2f} ms"))
         x = data = e = None
         cupy.get_default_memory_pool().free_all_blocks()
     print(markdown(rows, ("family", "impl", "n", "ms", "gbps", "ratio_copy", "ok", "note")))

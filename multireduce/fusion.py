@@ -434,4 +434,60 @@ def fused(x, plan):
     return below, dataclasses.replace(plan, op=fused_operator(op, steps, x.dtype))
 
 
-__all__ = ["Steps", "FusedOperator", "split_steps", "read_steps", "fused_operator", "fused"]
+# statistics whose kernels (kernels/stats.cuh) read each element through the steps: the others keep them
+STATISTICS_READING_STEPS = frozenset({"argmin", "argmax", "nanargmin", "nanargmax", "var", "std", "nanvar",
+                                      "nanstd", "nanmean", "nanmin", "nanmax"})
+
+
+def stat_reading_steps(stat_type: str, steps: Steps, dtype) -> tuple[str, str]:
+    """(the C++ name, its source) of a Stat policy that is ``stat_type`` (a ``kernels/stats.cuh`` policy over
+    ``dtype`` elements) reading each element through ``steps``: its visits hand the policy the steps' value
+    of each loaded element, so the statistics kernels run unchanged over the array the steps read."""
+    ctype = _CTYPES[np.dtype(dtype)]
+    digest = hashlib.sha256(repr((stat_type, steps, str(np.dtype(dtype)))).encode()).hexdigest()[:16]
+    name = f"mr_user::stat_fused_{digest}"
+    source = (
+        "namespace mr_user {\n"
+        f"struct stat_fused_{digest} : {stat_type} {{\n"
+        f"  typedef {stat_type} Plain;\n"
+        "  typedef Plain::Elem Elem;\n"
+        "  typedef Plain::State State;\n"
+        "  __device__ __forceinline__ static Elem step(const Elem& v) {\n"
+        f"    const {ctype} e = v;\n"
+        f"    return {steps.cuda(ctype)};\n"
+        "  }\n"
+        "  __device__ __forceinline__ static void visit(State& s, const Elem& v, mr::index_t at) {\n"
+        "    Plain::visit(s, step(v), at);\n"
+        "  }\n"
+        "  template <int G>\n"
+        "  __device__ __forceinline__ static void visit_run(State& s, const Elem (&v)[G], const mr::index_t (&at)[G]) {\n"
+        "    Elem w[G];\n"
+        "#pragma unroll\n"
+        "    for (int k = 0; k < G; ++k) w[k] = step(v[k]);\n"
+        "    Plain::template visit_run<G>(s, w, at);\n"
+        "  }\n"
+        "};\n"
+        "}  // namespace mr_user\n"
+    )
+    return name, source
+
+
+def fused_statistic(x, plan):
+    """(the array to take a statistic of instead of ``x``, the plan reading it through the steps) where ``x``
+    is CuPy-backed elementwise steps over another array (``split_steps``) and ``plan`` (a
+    ``statistics.StatPlan``) is one the statistics kernels can read so (``STATISTICS_READING_STEPS``);
+    None otherwise."""
+    from .placement import setting
+
+    if (not setting("multireduce.fuse-elementwise") or getattr(plan, "steps", None) is not None
+            or plan.stat not in STATISTICS_READING_STEPS or not worth_fusing(x)):
+        return None
+    found = split_steps(x)
+    if found is None:
+        return None
+    below, steps = found
+    return below, dataclasses.replace(plan, steps=steps)
+
+
+__all__ = ["Steps", "FusedOperator", "split_steps", "read_steps", "fused_operator", "fused", "fused_statistic",
+           "stat_reading_steps"]

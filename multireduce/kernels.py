@@ -308,13 +308,16 @@ def standalone_key(entry: str) -> str:
     return source_key(kernel_source(entry))
 
 
-def get_standalone_kernels(entry: str, names: dict) -> dict:
+def get_standalone_kernels(entry: str, names: dict, extra: str = "") -> dict:
     """role -> Kernel for the name expressions ``names`` of the operator-free source ``entry`` on the
     current device: the shipped binary when it matches the source, else NVRTC (cached on disk by CuPy).
+    ``extra``: source appended to ``entry`` (a generated policy the names use), always compiled by NVRTC.
     Callers that launch often keep the result, as with ``get_kernels``."""
     import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), entry, frozenset(names.items()))
+    key = (cupy.cuda.runtime.getDevice(), entry, frozenset(names.items()), extra)
+    if extra:
+        return _memoized(key, lambda: _compiled(kernel_source(entry) + "\n" + extra, names, entry))
     return _memoized(key, lambda: _from_prebuilt("module:" + entry, lambda: standalone_key(entry), names, key[0])
                      or _compiled(kernel_source(entry), names, entry))
 

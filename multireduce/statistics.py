@@ -99,6 +99,7 @@ class StatPlan:
     shape: tuple = ()  # the whole array's shape (argmin/argmax over every axis)
     gpu: bool = False  # CuPy input: the result goes back to the GPU
     skipnan: bool = False  # a nan-statistic of floating input (integers have no NaN: NumPy's plain rules)
+    steps: object = None  # fusion.Steps each element is read through (``fusion.fused_statistic``), or None
     op: ClassVar[_Commutative] = _Commutative()
 
     @property
@@ -116,12 +117,19 @@ class StatPlan:
         else:
             offsets = (0,) * block.ndim
         be = _backend(block)
+        steps = self.steps
+        if steps is not None and not getattr(be, "READS_STEPS", False):  # the steps first, as the graph would
+            block, steps = steps.evaluate(block), None
+        through = {} if steps is None else {"steps": steps}
         if self.stat in _ARG:
-            return be.arg_chunk(block, self.axes, self._largest, self.stat.startswith("nan"), offsets, self.shape)
+            return be.arg_chunk(block, self.axes, self._largest, self.stat.startswith("nan"), offsets, self.shape,
+                                **through)
         if self.stat in _MOMENTS:
-            return be.moments_chunk(block, self.axes, self.stat.startswith("nan"))
+            return be.moments_chunk(block, self.axes, self.stat.startswith("nan"), **through)
         if self.stat in ("nanmin", "nanmax"):
-            return be.extreme_chunk(block, self.axes, self._largest)
+            return be.extreme_chunk(block, self.axes, self._largest, **through)
+        if steps is not None:
+            block = steps.evaluate(block)
         if self.stat in ("any", "all"):
             return be.truth_chunk(block, self.axes, self.stat == "all")
         return be.count_chunk(block, self.axes)
@@ -183,7 +191,7 @@ class StatPlan:
 
     def __dask_tokenize__(self):
         return ("multireduce.StatPlan", self.stat, self.axes, self.keepdims, str(self.out_dtype), self.ddof,
-                self.shape, self.gpu, self.skipnan)
+                self.shape, self.gpu, self.skipnan, repr(self.steps))
 
 
 def _finish_arg(stat, partial):
@@ -259,8 +267,11 @@ def _whole_launcher(stat, x, kinds):
 
 def _run(x, kind, plan, split_every, caller):
     if kind.startswith("dask"):
-        from . import direct, graph, placement  # dask loads on the first dask input only
+        from . import direct, fusion, graph, placement  # dask loads on the first dask input only
 
+        found = fusion.fused_statistic(x, plan)
+        if found is not None:  # elementwise steps at the top of x, read by the kernels as they load
+            x, plan = found
         fan = v.fan_in(split_every, plan.axes, caller)
         if plan.stat not in _ARG:
             # a statistic of held chunks: .compute() folds the chunks' partials where they are

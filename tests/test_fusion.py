@@ -159,3 +159,52 @@ def test_held_chunks_are_reduced_and_scanned_through_the_steps_on_a_cluster(fusi
         got = [held.compute(), mr.cumsum(e).persist().compute(), client.compute(mr.mean(e)).result()]
         assert len(fusing) == 3
         assert [_bits(g) for g in got] == [_bits(w) for w in want]
+
+
+STATISTICS = {
+    "var": lambda e: mr.var(e).compute(), "std_axis0": lambda e: mr.std(e, axis=0, ddof=1).compute(),
+    "nanvar": lambda e: mr.nanvar(e).compute(), "nanmean": lambda e: mr.nanmean(e).compute(),
+    "argmax": lambda e: mr.argmax(e).compute(), "nanargmin": lambda e: mr.nanargmin(e).compute(),
+    "nanmax": lambda e: mr.nanmax(e).compute(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATISTICS))
+def test_statistics_read_the_steps_and_give_the_unfused_bits(monkeypatch, name):
+    """A statistic of elementwise steps reads the array under them, its plan carrying the steps (the GPU's
+    kernels read each element through them; NumPy's chunk functions take the steps' values first)."""
+    make = fusion.fused_statistic
+    monkeypatch.setattr(fusion, "worth_fusing", lambda x: True)
+    x = da.from_array(_data(), chunks=(CHUNKS,))
+    e = abs(x) * 3 - x if name.startswith("nan") else x * 2 + 1
+    if name == "std_axis0":
+        x = da.from_array(_data()[: (N // 8) * 8].reshape(-1, 8), chunks=((100, 0, 106, 50), (3, 5)))
+        e = x * 2 + 1
+    with np.errstate(all="ignore"):
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = STATISTICS[name](e)
+        made = []
+        with monkeypatch.context() as m:
+            m.setattr(fusion, "fused_statistic", lambda x, plan: made.append(make(x, plan)) or made[-1])
+            got = STATISTICS[name](e)
+    assert made and made[0] is not None and made[0][1].steps is not None
+    assert _bits(got) == _bits(want)
+
+
+def test_statistics_the_kernels_cannot_read_so_keep_their_steps(monkeypatch):
+    monkeypatch.setattr(fusion, "worth_fusing", lambda x: True)
+    x = da.from_array(_data(), chunks=(CHUNKS,))
+    from multireduce.statistics import StatPlan
+
+    for stat in ("any", "all", "count_nonzero"):
+        assert fusion.fused_statistic(x * 2, StatPlan(stat, (0,), False, np.dtype(bool))) is None
+    plan = StatPlan("var", (0,), False, np.dtype(x.dtype))
+    with dask.config.set({"multireduce.fuse-elementwise": False}):
+        assert fusion.fused_statistic(x * 2, plan) is None
+    below, fused = fusion.fused_statistic(x * 2, plan)
+    assert below.name == x.name and fused.steps == fusion.split_steps(x * 2)[1]
+    assert fusion.fused_statistic(below, fused) is None  # read once
+    name, source = fusion.stat_reading_steps("mr::MomentsStat<float, false>", fused.steps, np.float32)
+    assert name.startswith("mr_user::stat_fused_") and name.split("::")[1] in source
+    assert "Plain::visit(s, step(v), at)" in source and "__fmul_rn(e, __uint_as_float(0x40000000u))" in source
+    assert dask.base.tokenize(fused) != dask.base.tokenize(plan)

@@ -40,6 +40,7 @@ if cupy is not None:
     from . import cupy_backend as _cupy_backend
 
 ENTRY = "stats.cuh"
+READS_STEPS = True  # the chunk functions take ``steps`` (fusion.Steps) and read each element through them
 
 # The launch constants are tuning.Policy's (what each one is, and what it measured, is said there). The
 # module is prebuilt from one instantiation list for every architecture, so it takes the one policy
@@ -82,8 +83,8 @@ def stat_type(stat: str, dtype) -> str:
     raise KeyError(stat)
 
 
-def stat_names(stat: str, dtype) -> dict:
-    S = stat_type(stat, dtype)
+def stat_names(stat: str, dtype, S: str | None = None) -> dict:
+    S = S or stat_type(stat, dtype)
     return {"rows": f"mr::stats_rows<{S}, {BLOCK}, {ROW_UNROLL}>",
             "columns": f"mr::stats_columns<{S}, {BLOCK}, {COLUMN_UNROLL}>",
             "fold": f"mr::stats_fold<{S}, {BLOCK}>"}
@@ -259,11 +260,20 @@ def fold_grid(outputs: int, splits: int, sms: int) -> int:
 _loaded: dict = {}
 
 
-def _kernels_for(stat: str, dtype, device: int) -> dict:
-    key = (device, stat, dtype)
+def _kernels_for(stat: str, dtype, device: int, steps=None) -> dict:
+    key = (device, stat, dtype, steps)
     found = _loaded.get(key)
     if found is None:
-        found = _loaded[key] = _kernels.get_standalone_kernels(ENTRY, stat_names(stat, dtype))
+        if steps is None:
+            found = _kernels.get_standalone_kernels(ENTRY, stat_names(stat, dtype))
+        else:  # the policy reading each element through the steps: compiled once per expression (NVRTC)
+            from ..fusion import stat_reading_steps
+
+            name, source = stat_reading_steps(stat_type(stat, dtype), steps, dtype)
+            found = _kernels.get_standalone_kernels(ENTRY, stat_names(stat, dtype, name), extra=source)
+        if len(_loaded) >= 1024:
+            _loaded.clear()
+        _loaded[key] = found
     return found
 
 
@@ -284,11 +294,15 @@ def handles(block, stat: str) -> bool:
 _NULL = np.uint64(0)
 
 
-def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0):
+def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0, steps=None):
     """(states, result) of ``stat`` over ``axes`` of ``block`` (on its GPU): ``states`` a device byte
     buffer of one State per output (view it with ``state_dtype``), ``result`` the final values
-    (``result_dtype``), each only if asked for; outputs in C order of the kept axes."""
+    (``result_dtype``), each only if asked for; outputs in C order of the kept axes. ``steps``
+    (``fusion.Steps``): each element read through them, over ``block`` laid out as the chunk they stand
+    for would be (fresh, C-ordered: the rows kernel's association follows the address)."""
     device = block.data.device_id
+    if steps is not None and not (block._c_contiguous and block.data.ptr % 16 == 0):
+        block = block.copy(order="C")
     isz = block.itemsize
     strides = tuple(s // isz for s in block.strides) if all(s % isz == 0 for s in block.strides) else None
     if strides is None:
@@ -299,7 +313,7 @@ def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0
         block = cupy.ascontiguousarray(cupy.moveaxis(block, sorted(axes), list(range(len(rest), block.ndim))))
     elif layout.copy == "contiguous":
         block = cupy.ascontiguousarray(block)
-    ks = _kernels_for(stat, block.dtype, device)
+    ks = _kernels_for(stat, block.dtype, device, steps)
     sms = _sm_count(device)
     sdt = state_dtype(stat, block.dtype)
     if layout.kind == "rows":
@@ -388,9 +402,13 @@ def _kept(block, axes):
     return tuple(1 if d in axes else s for d, s in enumerate(block.shape))
 
 
-def _states(block, stat, axes):
-    states, _ = run(block, stat, axes, states=True, result=False)
+def _states(block, stat, axes, steps=None):
+    states, _ = run(block, stat, axes, states=True, result=False, steps=steps)
     return host_states(states, stat, block.dtype, _kept(block, axes))
+
+
+def _evaluated(block, steps):
+    return block if steps is None else steps.evaluate(block)
 
 
 def arg_partial(st, dtype, block_shape, axes, largest, skipnan, offsets, shape):
@@ -414,29 +432,29 @@ def arg_partial(st, dtype, block_shape, axes, largest, skipnan, offsets, shape):
     return value, np.where(local >= 0, local + offsets[axis], -1), seen
 
 
-def arg_chunk(block, axes, largest, skipnan, offsets, shape):
+def arg_chunk(block, axes, largest, skipnan, offsets, shape, steps=None):
     with on_device_of(block):
         if not handles(block, "argmax"):
-            return to_host(_host.arg_chunk(block, axes, largest, skipnan, offsets, shape, xp=cupy))
+            return to_host(_host.arg_chunk(_evaluated(block, steps), axes, largest, skipnan, offsets, shape, xp=cupy))
         stat = ("nanarg" if skipnan else "arg") + ("max" if largest else "min")
-        return arg_partial(_states(block, stat, axes), block.dtype, tuple(block.shape), axes, largest, skipnan,
-                           offsets, shape)
+        return arg_partial(_states(block, stat, axes, steps), block.dtype, tuple(block.shape), axes, largest,
+                           skipnan, offsets, shape)
 
 
-def moments_chunk(block, axes, skipnan):
+def moments_chunk(block, axes, skipnan, steps=None):
     with on_device_of(block):
         if not handles(block, "var"):
-            return to_host(_host.moments_chunk(block, axes, skipnan, xp=cupy))
-        st = _states(block, "nanvar" if skipnan else "var", axes)
+            return to_host(_host.moments_chunk(_evaluated(block, steps), axes, skipnan, xp=cupy))
+        st = _states(block, "nanvar" if skipnan else "var", axes, steps)
         return tuple(np.ascontiguousarray(st[f]) for f in ("n", "anchor", "offset", "m2"))
 
 
-def extreme_chunk(block, axes, largest):
+def extreme_chunk(block, axes, largest, steps=None):
     with on_device_of(block):
         if not handles(block, "nanmax"):
-            return to_host(_host.extreme_chunk(block, axes, largest, xp=cupy))
+            return to_host(_host.extreme_chunk(_evaluated(block, steps), axes, largest, xp=cupy))
         kept = _kept(block, axes)
-        st = _states(block, "nanmax" if largest else "nanmin", axes)
+        st = _states(block, "nanmax" if largest else "nanmin", axes, steps)
         value = st["value"].astype(block.dtype)
         if block.dtype.kind == "f":
             value = np.where(st["seen"] != 0, value, np.nan).astype(block.dtype)

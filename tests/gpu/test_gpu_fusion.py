@@ -75,6 +75,48 @@ def test_fused_reductions_and_scans_give_the_unfused_bits(name, n, monkeypatch):
     assert got == want
 
 
+STATISTICS = {
+    "var": lambda e: mr.var(e).compute(), "nanstd": lambda e: mr.nanstd(e, ddof=1).compute(),
+    "nanmean": lambda e: mr.nanmean(e).compute(), "argmax": lambda e: mr.argmax(e).compute(),
+    "nanargmin": lambda e: mr.nanargmin(e).compute(), "nanmax": lambda e: mr.nanmax(e).compute(),
+}
+
+
+@pytest.mark.parametrize("n", [31, 1025, (1 << 20) + 3])
+@pytest.mark.parametrize("name", list(EXPRESSIONS))
+def test_statistics_read_through_the_steps_give_the_unfused_bits(name, n, monkeypatch):
+    """The statistics kernels (kernels/stats.cuh) with a policy reading each element through the steps."""
+    made = []
+    make = fusion.fused_statistic
+    monkeypatch.setattr(fusion, "fused_statistic", lambda x, plan: made.append(make(x, plan)) or made[-1])
+    xn = _data(n, np.float32, n + 1)
+    if n > 33:
+        xn[n // 3] = np.nan  # a chunk with NaN beside one without: an all-NaN slice raises on both paths alike
+    x = da.from_array(cupy.asarray(xn), chunks=(_chunks(n),), asarray=False)
+    e = EXPRESSIONS[name](x)
+    with np.errstate(all="ignore"), dask.config.set(scheduler="sync"):
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = {k: _bits(call(e)) for k, call in STATISTICS.items()}
+        assert not any(made)
+        got = {k: _bits(call(e)) for k, call in STATISTICS.items()}
+    assert len(made) == len(STATISTICS) and all(m is not None for m in made)
+    assert got == want
+
+
+def test_statistics_over_an_axis_and_float64_read_through_the_steps():
+    rng = np.random.default_rng(9)
+    xn = rng.standard_normal((1000, 257))
+    x = da.from_array(cupy.asarray(xn), chunks=((300, 700), (100, 157)), asarray=False)  # strided views
+    e = x * 3 - 1
+    calls = [lambda v: mr.var(v, axis=0), lambda v: mr.argmax(v, axis=1), lambda v: mr.nanmax(v, axis=0)]
+    with dask.config.set(scheduler="sync"):
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = [_bits(c(e).compute()) for c in calls]
+        got = [_bits(c(e).compute()) for c in calls]
+    assert got == want
+    np.testing.assert_allclose(cupy.asnumpy(mr.var(e, axis=0).compute()), (xn * 3 - 1).var(axis=0), rtol=1e-12)
+
+
 def test_float64_and_a_two_dimensional_axis_reduction():
     rng = np.random.default_rng(7)
     xn = rng.standard_normal((1000, 257))
