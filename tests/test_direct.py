@@ -254,6 +254,7 @@ def test_held_argmax_of_a_2d_array_knows_each_chunks_place(client):
         assert tasks == 0 and got == getattr(np, fn)(x) == client.compute(lazy).result(), fn
 
 
+@pytest.mark.slow  # a benchmark run end to end: CI runs it in its second step
 def test_profile_held_runs_on_the_cpu(capsys):
     """python -m benchmarks multigpu --profile held --cpu: a real LocalCluster (loopback); the direct scan
     shows no task."""

@@ -448,6 +448,7 @@ def test_kernel_names_come_from_the_dtype_table():
         assert cupy_stats.state_dtype(stat, np.float16).itemsize in (4, 8, 16, 32)
 
 
+@pytest.mark.slow  # a benchmark run end to end: CI runs it in its second step
 def test_multigpu_stats_benchmark_cpu_smoke(tmp_path, monkeypatch):
     """python -m benchmarks multigpu-stats --cpu: a real LocalCluster (loopback, ports 0), every row correct."""
     from benchmarks import multigpu_stats
