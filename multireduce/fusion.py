@@ -19,7 +19,11 @@ same result dtype: ``x * 0.5`` over float64 could be over int32); a Python const
 the input (the kernels convert each element to it before the load transform runs); and float32 input
 that reaches the result through no arithmetic step (``where(x > 0, x, 0)``): CuPy and our runtime-
 compiled kernels both flush float32 subnormals (NVRTC's -ftz=true), in CuPy's arithmetic steps and in our
-load's conversion alike, but CuPy's ``where`` passes a subnormal through untouched. Each new expression
+load's conversion alike, but CuPy's ``where`` passes a subnormal through untouched; a float32 constant that
+is itself subnormal, for the same reason. One difference is left: the fused kernels are compiled at run
+time (-ftz=true) where the plain float32 ones are prebuilt without it, so a float32 running sum or
+comparison that passes through the subnormal range (|values| below 1.2e-38) is flushed to zero by the
+fused kernel and not by the plain one. Each new expression
 (constants included) is compiled once per device (NVRTC, cached on disk by CuPy); should NVRTC refuse it,
 the backend runs the steps as CuPy kernels instead. ``multireduce.fuse-elementwise: false`` turns this off.
 """
@@ -152,6 +156,10 @@ def _writable(tree, dtype: np.dtype) -> bool:
                 with np.errstate(over="ignore"):
                     converted = np.float64(t[1])
                 return bool(np.isfinite(converted)) and int(converted) == t[1]
+            if dtype == np.float32:  # a subnormal literal: our -ftz kernels would read it as zero
+                with np.errstate(over="ignore", under="ignore"):
+                    magnitude = abs(np.float32(t[1]))
+                return not 0 < magnitude < np.finfo(np.float32).tiny
             return True
         operands = t[1:]
         if len(operands) == 2 and any(boolean(o) for o in operands) and any(o[0] == "constant" for o in operands):

@@ -89,6 +89,23 @@ def _backend(block):
     return numpy_stats
 
 
+# (statistic, steps, dtype) whose generated policy failed to build: the steps run apart, not tried again
+_REFUSED: set = set()
+
+
+def _refused(plan, dtype) -> bool:
+    return (plan.stat, plan.steps, np.dtype(dtype)) in _REFUSED
+
+
+def _refuse(plan, dtype, error) -> None:
+    key = (plan.stat, plan.steps, np.dtype(dtype))
+    if key not in _REFUSED:
+        _REFUSED.add(key)
+        warnings.warn(f"multireduce: the {plan.stat} kernels reading through elementwise steps failed to build; "
+                      f"the steps run as CuPy kernels instead. Set multireduce.fuse-elementwise to False to skip "
+                      f"them. {error}", RuntimeWarning, stacklevel=4)
+
+
 @dataclass(frozen=True)
 class StatPlan:
     stat: str
@@ -118,8 +135,19 @@ class StatPlan:
             offsets = (0,) * block.ndim
         be = _backend(block)
         steps = self.steps
-        if steps is not None and not getattr(be, "READS_STEPS", False):  # the steps first, as the graph would
-            block, steps = steps.evaluate(block), None
+        if steps is not None and (not getattr(be, "READS_STEPS", False) or _refused(self, block.dtype)):
+            block, steps = steps.evaluate(block), None  # the steps first, as the graph would
+        if steps is not None:
+            from .kernels import KernelError
+
+            try:
+                return self._chunk_of(be, block, offsets, steps)
+            except KernelError as error:  # the generated policy did not build: the steps run apart
+                _refuse(self, block.dtype, error)
+                block = steps.evaluate(block)
+        return self._chunk_of(be, block, offsets, None)
+
+    def _chunk_of(self, be, block, offsets, steps):
         through = {} if steps is None else {"steps": steps}
         if self.stat in _ARG:
             return be.arg_chunk(block, self.axes, self._largest, self.stat.startswith("nan"), offsets, self.shape,
@@ -129,7 +157,7 @@ class StatPlan:
         if self.stat in ("nanmin", "nanmax"):
             return be.extreme_chunk(block, self.axes, self._largest, **through)
         if steps is not None:
-            block = steps.evaluate(block)
+            block = steps.evaluate(block)  # not read through by the kernels (fusion.STATISTICS_READING_STEPS)
         if self.stat in ("any", "all"):
             return be.truth_chunk(block, self.axes, self.stat == "all")
         return be.count_chunk(block, self.axes)

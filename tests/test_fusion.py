@@ -208,3 +208,49 @@ def test_statistics_the_kernels_cannot_read_so_keep_their_steps(monkeypatch):
     assert name.startswith("mr_user::stat_fused_") and name.split("::")[1] in source
     assert "Plain::visit(s, step(v), at)" in source and "__fmul_rn(e, __uint_as_float(0x40000000u))" in source
     assert dask.base.tokenize(fused) != dask.base.tokenize(plan)
+
+
+def test_a_subnormal_float32_constant_is_left_to_cupy():
+    """Our runtime-compiled kernels flush float32 subnormals (-ftz): such a constant would read as zero."""
+    x = da.from_array(_data(np.float32), chunks=(CHUNKS,))
+    assert fusion.read_steps(da.where(x > 0, x * 0, 1e-40)) is None
+    assert fusion.read_steps(x * 2 + 1e-44) is None
+    assert fusion.read_steps(da.where(x > 0, x * 0, 1e-30)) is not None  # a normal float32 constant
+    assert fusion.read_steps(x + 0.0) is not None and fusion.read_steps(x * -0.0) is not None
+    assert fusion.read_steps(x * 1e-50) is not None  # zero in float32, as NumPy takes it: not subnormal
+
+
+def test_a_statistic_whose_kernels_fail_to_build_runs_the_steps_apart(monkeypatch):
+    """A generated policy the compiler refuses costs speed, not the result: one warning, the steps computed
+    first, the unfused bits, and no second try."""
+    from multireduce import statistics
+    from multireduce.backends import numpy_stats
+    from multireduce.kernels import KernelError
+
+    tried = []
+
+    class Refusing:
+        READS_STEPS = True
+
+        def __getattr__(self, name):
+            return getattr(numpy_stats, name)
+
+        @staticmethod
+        def moments_chunk(block, axes, skipnan, steps=None):
+            if steps is not None:
+                tried.append(steps)
+                raise KernelError("compiling the policy failed (refused by the test)")
+            return numpy_stats.moments_chunk(block, axes, skipnan)
+
+    monkeypatch.setattr(fusion, "worth_fusing", lambda x: True)
+    monkeypatch.setattr(statistics, "_backend", lambda block: Refusing())
+    monkeypatch.setattr(statistics, "_REFUSED", set())
+    x = da.from_array(_data(), chunks=(CHUNKS,))
+    e = x * 2 + 1
+    with dask.config.set({"multireduce.fuse-elementwise": False}):
+        want = mr.var(e).compute()
+    assert not tried
+    with pytest.warns(RuntimeWarning, match="var kernels reading through elementwise steps failed to build"):
+        got = mr.var(e).compute()
+    assert len(tried) == 1 and _bits(got) == _bits(want)
+    assert _bits(mr.var(e).compute()) == _bits(want) and len(tried) == 1  # not tried again

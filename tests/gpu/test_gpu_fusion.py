@@ -194,3 +194,26 @@ def test_kernels_that_fail_to_build_leave_the_steps_to_cupy(monkeypatch):
         with pytest.warns(RuntimeWarning, match="failed to build"):
             got = [_bits(mr.sum(e).compute()), _bits(mr.cumsum(e).compute())]
     assert got == want
+
+
+def test_statistics_whose_kernels_fail_to_build_run_the_steps_apart(monkeypatch):
+    """The same for the statistics' generated policy: one warning, the unfused bits."""
+    from multireduce import kernels, statistics
+
+    compiled = kernels._compiled
+
+    def refusing(text, names, what):
+        if "mr_user::stat_fused_" in " ".join(names.values()):
+            raise kernels.KernelError(f"compiling {what} failed (refused by the test)")
+        return compiled(text, names, what)
+
+    monkeypatch.setattr(kernels, "_compiled", refusing)
+    monkeypatch.setattr(statistics, "_REFUSED", set())
+    x = da.from_array(cupy.asarray(_data(5003, np.float32, 13)), chunks=1000, asarray=False)
+    e = x * 9 - 4  # an expression no other test compiles
+    with dask.config.set(scheduler="sync"):
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = [_bits(mr.var(e).compute()), _bits(mr.argmax(e).compute())]
+        with pytest.warns(RuntimeWarning, match="failed to build"):
+            got = [_bits(mr.var(e).compute()), _bits(mr.argmax(e).compute())]
+    assert got == want
