@@ -34,7 +34,9 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from .core import ReductionPlan, ScanPlan
+from dask.sizeof import sizeof
+
+from .core import Partial, ReductionPlan, ScanPlan
 
 Key = tuple
 FOLD_TOTALS_UP_TO = 32  # up to this many totals groups per lane, scan tasks fold them (no carries stage)
@@ -348,7 +350,9 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
                 return _recipe_tasks(recipes, shared, [out],
                                      lambda r: (_recipe_whole_in_order, plan, on_device, split_every, r))
             level = [(partial_name, *kept_index, g) for g in range(len(grouped))]
-            tasks = _recipe_tasks(recipes, shared, level, lambda r: (_recipe_partials, plan, r))
+            positions = {id(r): layout[g] for g, r in enumerate(recipes)}
+            tasks = _recipe_tasks(recipes, shared, level, lambda r: (
+                _recipe_partials_folded, plan, split_every, len(keys), positions[id(r)], r))
             tasks[out] = (_aggregate_layout, plan, on_device, split_every, layout, *level)
             return tasks
         if len(keys) == 1:  # one chunk: reduce and finalize in one task
@@ -580,14 +584,19 @@ def _like(block, value):
     return value
 
 
+@sizeof.register(Partial)
+def _sizeof_partial(partial) -> int:
+    """A partial's bytes as Dask (and dask-cuda's spilling) should count them: its value's, where
+    ``sys.getsizeof`` would say a few dozen bytes for an 8 MB partial kept on a GPU."""
+    return sizeof(partial.value) + sizeof(partial.count)
+
+
 def stays_on_device(partial) -> bool:
     """Whether ``partial`` is folded where it is: a reduction's ``Partial`` whose value is a CuPy array of
     more than one element (a reduction over some axes: as large as a slice of the input, 8 MB for a mean
     over time of a 721 x 1440 field). Such partials stay on the GPUs and every fold of them runs there
     (the backend's combine), on every path, so the bits do not depend on the path or the placement; a
     whole reduction's one-element partials go to the host, where moving and folding them costs least."""
-    from .core import Partial
-
     if type(partial) is not Partial:
         return False
     value = partial.value
@@ -661,6 +670,13 @@ def _chunk_partials(plan, split_every: int, count: int, positions, *blocks):
     """Each chunk's own partial (host values, or device values that ``stays_on_device``), in the group's
     order, with the first-level groups it holds wholly combined here (``fold_first_level``)."""
     return fold_first_level(plan, split_every, count, positions, [_host_partial(plan, b) for b in blocks])
+
+
+def _recipe_partials_folded(plan, split_every: int, count: int, positions, recipe, *inputs):
+    """``_recipe_partials`` with the first-level groups of the lane's tree that the group holds whole
+    combined here (``fold_first_level``), after the partials came to the host: the combines the aggregate
+    would make, where it would make them (host partials on the host, ``stays_on_device`` ones on a GPU)."""
+    return fold_first_level(plan, split_every, count, positions, _recipe_partials(plan, recipe, *inputs))
 
 
 def _recipe_partials(plan, recipe, *inputs):

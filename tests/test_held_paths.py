@@ -159,3 +159,36 @@ def test_first_level_groups_folded_where_their_chunks_are_give_the_same_tree():
     shuffled = [30, 29] + list(range(5, 29))  # the group's own order need not be the lane's
     mine = graph.fold_first_level(plan, 8, 37, shuffled, [parts[p] for p in shuffled])
     assert mine[shuffled.index(8)] == ("combine", *range(8, 16))
+
+
+def test_dask_counts_a_partials_bytes():
+    """Partials of reductions over some axes are as large as a slice of the input: Dask's scheduler and
+    dask-cuda's spilling weigh them by their value's bytes."""
+    from dask.sizeof import sizeof
+
+    from multireduce import graph  # noqa: F401 - registers the size of a Partial
+    from multireduce.core import Partial
+
+    assert sizeof(Partial(np.ones((1, 1000)), 7)) >= 8000
+    assert sizeof(Partial(np.float32(1), 7)) < 200
+
+
+@pytest.mark.parametrize("split_every", [3])
+def test_groups_made_by_recipes_fold_what_they_hold_with_the_same_bits(cpu_client, split_every):
+    """Lazily made chunks and expressions over held ones, reduced over one axis with a tree of several
+    levels: the recipe groups combine the first-level groups they hold; the bits are those of one task
+    per chunk."""
+    a = np.random.default_rng(split_every).standard_normal((40 * 7, 5)).astype(np.float32)
+    lazy = da.from_array(a, chunks=(7, 5)).map_blocks(lambda b: b * 3, dtype=a.dtype)
+    held = cpu_client.persist(da.from_array(a, chunks=(7, 5)))
+    distributed = pytest.importorskip("distributed")
+    distributed.wait(held)
+    for x in (lazy, held * 3, held):
+        for fn in (lambda v: mr.sum(v, axis=0, split_every=split_every),
+                   lambda v: mr.mean(v, axis=0, split_every=split_every),
+                   lambda v: mr.max(v, axis=0, keepdims=True, split_every=split_every)):
+            got = [fn(x).compute(), cpu_client.compute(fn(x)).result()]
+            with dask.config.set({"multireduce.placement": False}):
+                want = fn(x).compute()
+            for g in got:
+                assert g.dtype == want.dtype and g.tobytes() == want.tobytes()
