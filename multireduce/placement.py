@@ -336,11 +336,15 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     return split
 
 
-# distributed's scheduler places a task group that reads the outputs of fewer than five tasks as root tasks,
-# on whichever thread is free, not where its input is (``Scheduler.is_rootish``): the tasks picking a kept
-# group's chunks would then carry the whole group to another worker. A scan that keeps the chunks of groups
-# Dask places makes at least this many groups.
-KEPT_GROUPS_AT_LEAST = 5
+def kept_groups_at_least() -> int:
+    """How many groups a scan that keeps the chunks of groups Dask places makes at least: distributed's
+    scheduler places a task group that reads the outputs of fewer than
+    ``distributed.scheduler.rootish-taskgroup-dependencies`` tasks (5 by default) as root tasks, on
+    whichever thread is free, not where its input is (``Scheduler.is_rootish``), and the tasks picking a
+    kept group's chunks would then carry the whole group to another worker."""
+    import dask
+
+    return max(1, int(dask.config.get("distributed.scheduler.rootish-taskgroup-dependencies", 5)))
 
 
 def scan_grouping(x, groups: Grouping | None) -> Grouping | None:
@@ -355,9 +359,9 @@ def scan_grouping(x, groups: Grouping | None) -> Grouping | None:
     keep = scan_keep_memory(x, _workers(client), pinned=getattr(groups, "holder", None) is not None)
     if keep is None:
         return groups
-    runs = groups
-    if getattr(groups, "holder", None) is None and getattr(groups, "count", KEPT_GROUPS_AT_LEAST) < KEPT_GROUPS_AT_LEAST:
-        runs = even_groups(KEPT_GROUPS_AT_LEAST)
+    runs, least = groups, kept_groups_at_least()
+    if getattr(groups, "holder", None) is None and getattr(groups, "count", least) < least:
+        runs = even_groups(least)
 
     def split(keys):
         return runs(keys)
