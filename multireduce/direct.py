@@ -159,19 +159,21 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
     if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
         # partials of a reduction over some axes are combined on the GPU, as on every path: only the
         # groups' results come to the host
-        values = dict(zip(keys, computed))
-        combine, groups = folds
-        for group in groups:
-            values[group[0]] = combine(*(values.pop(k) for k in group))
+        values = _folded(dict(zip(keys, computed)), folds)
         keys, computed, folds = list(values), list(values.values()), None
     columns = _PartialColumns.of(keys, computed)  # the common case: no per-chunk work on the host
     if not folds or not folds[1]:
         return _Packed(columns if columns is not None else dict(zip(keys, to_host_together(computed))))
-    values = columns.expand() if columns is not None else dict(zip(keys, to_host_together(computed)))
+    return _Packed(_folded(columns.expand() if columns is not None else dict(zip(keys, to_host_together(computed))),
+                           folds))
+
+
+def _folded(values: dict, folds) -> dict:
+    """``values`` with each group of ``folds`` (combine, groups of keys) combined in order under its first key."""
     combine, groups = folds
     for group in groups:
         values[group[0]] = combine(*(values.pop(k) for k in group))
-    return _Packed(values)
+    return values
 
 
 class _Packed:
@@ -1203,13 +1205,9 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
         values = {k: _to_device_again(v) for k, v in values.items()}
     blocks = {}
     for kept, keys in lanes:
-        level = first_level(split_every, keys)
-        if level:  # each group combined where its chunks were, or here: the same combine in the same order
-            parts = [values[g[0]] if all(k not in values for k in g[1:]) else plan.combine(*(values[k] for k in g))
-                     for g in level]
-        else:
-            parts = [values[k] for k in keys]
-        value = fold_in_order(plan, split_every, parts)
+        # a first-level group combined where its chunks were comes under its first key alone (None at the
+        # others): fold_in_order takes it as it is, and combines every other group here
+        value = fold_in_order(plan, split_every, [values.get(k) for k in keys])
         if whole:
             return value
         blocks[tuple(keys[0][1:]) if plan.keepdims else tuple(kept)] = _device(on_device, value)

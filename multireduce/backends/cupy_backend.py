@@ -229,15 +229,20 @@ def _unfused(op: Operator, error: Exception | None = None):
     return unfused()
 
 
-def _as_the_steps_make_it(x, op: Operator):
-    """``x`` laid out as the chunk an operator's elementwise steps stand for would be (``fusion``): CuPy makes
-    each step's result a fresh C-contiguous array, and the vectorized reduction's association follows the
-    address (a misaligned start is read element by element first), so a chunk that is a view (misaligned,
-    strided or in Fortran order: ``da.from_array`` of a device array slices it) is copied first, as the
-    unfused step would have, and the unfused bits are kept. Any other operator's input is left as it is."""
-    if getattr(op, "steps", None) is None or (x._c_contiguous and x.data.ptr % 16 == 0):
+def as_a_step_makes_it(x):
+    """``x`` laid out as the chunk elementwise steps over it would be (``fusion``): CuPy makes each step's
+    result a fresh C-contiguous array, and our kernels' association follows the address (a misaligned start
+    is read element by element first), so a chunk that is a view (misaligned, strided or in Fortran order:
+    ``da.from_array`` of a device array slices it) is copied first, as the unfused step would have, and the
+    unfused bits are kept."""
+    if x._c_contiguous and x.data.ptr % 16 == 0:
         return x
     return x.copy(order="C")
+
+
+def _as_the_steps_make_it(x, op: Operator):
+    """``as_a_step_makes_it`` for an operator reading through steps; any other operator's input as it is."""
+    return x if getattr(op, "steps", None) is None else as_a_step_makes_it(x)
 
 
 def reduce(x, op: Operator, axes: tuple[int, ...], acc_dtype, algorithm: str = "auto"):

@@ -301,8 +301,8 @@ def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0
     (``fusion.Steps``): each element read through them, over ``block`` laid out as the chunk they stand
     for would be (fresh, C-ordered: the rows kernel's association follows the address)."""
     device = block.data.device_id
-    if steps is not None and not (block._c_contiguous and block.data.ptr % 16 == 0):
-        block = block.copy(order="C")
+    if steps is not None:
+        block = _cupy_backend.as_a_step_makes_it(block)
     isz = block.itemsize
     strides = tuple(s // isz for s in block.strides) if all(s % isz == 0 for s in block.strides) else None
     if strides is None:

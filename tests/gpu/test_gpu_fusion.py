@@ -171,20 +171,27 @@ def test_the_fused_kernel_is_compiled_once_per_expression():
         assert len(kernels._modules) == before + 1
 
 
-def test_kernels_that_fail_to_build_leave_the_steps_to_cupy(monkeypatch):
-    """A compiler that refuses the generated code costs speed, not the result: the steps run as CuPy kernels
-    and the plain operator's kernels reduce them (the unfused bits), with one warning."""
+def _refuse_to_compile(monkeypatch, refused):
+    """Kernel modules for which ``refused(what, the kernel names joined)`` fail to build, as a compiler
+    that rejects the generated code would; the others build as usual."""
     from multireduce import kernels
-    from multireduce.backends import cupy_backend
 
     compiled = kernels._compiled
 
     def refusing(text, names, what):
-        if "fused_" in what or "mr_user::op_fused_" in " ".join(names.values()):
+        if refused(what, " ".join(names.values())):
             raise kernels.KernelError(f"compiling {what} failed (refused by the test)")
         return compiled(text, names, what)
 
     monkeypatch.setattr(kernels, "_compiled", refusing)
+
+
+def test_kernels_that_fail_to_build_leave_the_steps_to_cupy(monkeypatch):
+    """A compiler that refuses the generated code costs speed, not the result: the steps run as CuPy kernels
+    and the plain operator's kernels reduce them (the unfused bits), with one warning."""
+    from multireduce.backends import cupy_backend
+
+    _refuse_to_compile(monkeypatch, lambda what, names: "fused_" in what or "mr_user::op_fused_" in names)
     monkeypatch.setattr(cupy_backend, "_unfused_warned", set())
     x = da.from_array(cupy.asarray(_data(5003, np.float32, 11)), chunks=1000, asarray=False)
     e = x * 7 - 3  # an expression no other test compiles
@@ -198,16 +205,9 @@ def test_kernels_that_fail_to_build_leave_the_steps_to_cupy(monkeypatch):
 
 def test_statistics_whose_kernels_fail_to_build_run_the_steps_apart(monkeypatch):
     """The same for the statistics' generated policy: one warning, the unfused bits."""
-    from multireduce import kernels, statistics
+    from multireduce import statistics
 
-    compiled = kernels._compiled
-
-    def refusing(text, names, what):
-        if "mr_user::stat_fused_" in " ".join(names.values()):
-            raise kernels.KernelError(f"compiling {what} failed (refused by the test)")
-        return compiled(text, names, what)
-
-    monkeypatch.setattr(kernels, "_compiled", refusing)
+    _refuse_to_compile(monkeypatch, lambda what, names: "mr_user::stat_fused_" in names)
     monkeypatch.setattr(statistics, "_REFUSED", set())
     x = da.from_array(cupy.asarray(_data(5003, np.float32, 13)), chunks=1000, asarray=False)
     e = x * 9 - 4  # an expression no other test compiles
