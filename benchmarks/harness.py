@@ -341,6 +341,11 @@ def make_host_block(seed, block_info=None):
     return random_chunk(seed + block_info[None]["chunk-location"][0], block_info[None]["chunk-shape"], host=True)
 
 
+#: The workers' device allocator, by name: local_cluster's RMM options ("cupy": none of them, CuPy's pool).
+ALLOCATOR_POOL_FRACTION = 0.85
+ALLOCATORS = {"cupy": {}, "pool": {"rmm_pool_size": ALLOCATOR_POOL_FRACTION}, "async": {"rmm_async": True}}
+
+
 @dataclass
 class Setting:
     """What a multi-worker suite runs on: one worker per GPU with CuPy chunks or, with ``cpu``, CPU workers
@@ -358,10 +363,13 @@ class Setting:
         xp = np if self.cpu else __import__("cupy")
         return xp.empty((0,) * ndim, dtype=np.float32)
 
-    def cluster(self, n_workers: int):
+    def cluster(self, n_workers: int, allocator: str = "cupy"):
+        """A local cluster of ``n_workers``; ``allocator`` (GPU workers): "cupy" (CuPy's own pool), "pool"
+        (an RMM pool of ALLOCATOR_POOL_FRACTION of each GPU, CuPy allocating through it) or "async"
+        (RMM's cudaMallocAsync allocator, CuPy allocating through it)."""
         from multireduce.cluster import local_cluster
 
-        return local_cluster(n_workers=n_workers, gpu=not self.cpu)
+        return local_cluster(n_workers=n_workers, gpu=not self.cpu, **ALLOCATORS[allocator])
 
     def free(self, client) -> None:
         """The workers' pooled device memory back to the driver between configurations."""
@@ -536,12 +544,14 @@ def time_case(client, case: Case, repeats: int, timeout_s: float, stream: bool =
     row = dict(path=case.path, impl=case.impl, op=case.op, peer=case.peer)
     step = case.step
     try:
-        times, ok = [], False
+        times, ok, first = [], False, float("nan")
         for i in range(repeats + 1):
             t0 = time.perf_counter()
             result = bounded(step, timeout_s)
             if i:
                 times.append(time.perf_counter() - t0)
+            else:
+                first = time.perf_counter() - t0
             if i == repeats:
                 ok = bool(case.check(result))
             del result
@@ -557,7 +567,7 @@ def time_case(client, case: Case, repeats: int, timeout_s: float, stream: bool =
             wait_released(client, step.names)
             found = breakdown(ts.data, wall, moved)
         seconds = statistics.median(times)
-        row.update(ms=seconds * 1e3, gbps=case.moved / seconds / 1e9, ok=ok, note="", **found)
+        row.update(ms=seconds * 1e3, first_ms=first * 1e3, gbps=case.moved / seconds / 1e9, ok=ok, note="", **found)
     except TimeoutError:
         row.update(ms=float("nan"), gbps=float("nan"), ok=False, note=f"timed out after {timeout_s:g} s")
         if not wait_idle(client, getattr(step, "futures", []), timeout=max(120.0, 10 * timeout_s)):

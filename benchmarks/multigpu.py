@@ -84,7 +84,7 @@ SCALING_IMPLS = ("dask.array.sum", "mr.sum().compute()", "mr.sum(compute=True)",
 #: each of those; options given on the command line win
 PRESETS = {
     "default": dict(gpus="all", per_gpu_gib="8", chunk_log2="24,26,28", repeats=5, timeout_s=60.0, budget_s=0.0,
-                    placements="dask,contiguous", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
+                    placements="dask,contiguous", allocators="cupy", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
                     dask_cumsum_methods="sequential", field_gib=8.4704, field_shape="721,1440",
                     field_chunk_steps=166, tall_cols=32),
     # 4 GPUs first: the targets are there, and the budget cuts what comes last
@@ -113,6 +113,8 @@ def parse(argv=None):
     p.add_argument("--timeout-s", type=float, help="a row that takes longer is reported as timed out (default 60)")
     p.add_argument("--budget-s", type=float, help="start no new configuration after this many seconds (default: none)")
     p.add_argument("--placements", help=f"any of {', '.join(PLACEMENTS)} (default dask,contiguous)")
+    p.add_argument("--allocators", help=f"the workers' device allocators, one cluster each: any of "
+                                        f"{', '.join(h.ALLOCATORS)} (default cupy; RMM's need GPU workers)")
     p.add_argument("--dask-cumsum-max-gib", type=float, help="skip dask's cumsum above this per GPU (default 8)")
     # blelloch never finished in 10 s on CuPy chunks in any GPU run (60 s on 40 chunks of 1 MB on the CPU),
     # and its cancelled tasks kept the workers busy so that every row after it timed out: by name only
@@ -137,6 +139,8 @@ def parse(argv=None):
                 setattr(args, k, v)
     lists = [("--paths", args.paths, lambda t: t in PATHS or t == "all", f"any of {', '.join(PATHS)} or all"),
              ("--placements", args.placements, lambda t: t in PLACEMENTS, f"any of {', '.join(PLACEMENTS)}"),
+             ("--allocators", args.allocators, lambda t: t in h.ALLOCATORS and (t == "cupy" or not args.cpu),
+              f"any of {', '.join(h.ALLOCATORS)} (with --cpu: cupy)"),
              ("--gpus", args.gpus, lambda t: t in ("all", "powers") or int(t) > 0, "worker counts > 0, all or powers"),
              ("--per-gpu-gib", args.per_gpu_gib, lambda t: float(t) > 0, "sizes > 0"),
              ("--chunk-log2", args.chunk_log2, lambda t: 0 <= int(t) <= 40, "whole numbers 0..40"),
@@ -157,6 +161,7 @@ def parse(argv=None):
             p.error(f"{option}: expected at least {least:g}; got {value:g}")
     args.paths = PATHS if "all" in args.paths.split(",") else tuple(args.paths.split(","))
     args.placements = tuple(args.placements.split(","))
+    args.allocators = tuple(args.allocators.split(","))
     args.field_shape = tuple(int(v) for v in args.field_shape.split(","))
     return args
 
@@ -553,6 +558,7 @@ class Run:
         self.rows: list[dict] = []
         self.skipped: list[str] = []
         self.started = time.time()
+        self.allocator = "cupy"  # of the cluster being measured
 
     def over_budget(self, what: str) -> bool:
         if self.args.budget_s and time.time() - self.started > self.args.budget_s:
@@ -596,7 +602,7 @@ def configuration(run: Run, client, n: int, gib: float, log2: int, chunk: int, t
     args, setting = run.args, run.setting
     x, layout = place(client, setting, ((chunk,) * (total // chunk),), kind)
     base = dict(gpus=n, gib_per_gpu=gib, chunk_log2=log2, chunk=f"2^{log2}", placement=layout.placement,
-                runs=layout.runs, chunks_per_worker=layout.per_worker)
+                runs=layout.runs, chunks_per_worker=layout.per_worker, allocator=run.allocator)
     paths = args.paths if kind == "dask" else ("held",)
     ref = reference(x)
     if "held" in paths:
@@ -670,19 +676,27 @@ def main(argv=None):
         return multigpu_profile.main(args, setting)
     run = Run(args, setting)
     for n in worker_counts(args.gpus, setting.available):
-        if run.over_budget(f"{n} workers"):
-            continue
-        with setting.cluster(n) as cluster, distributed.Client(cluster) as client:
-            # the field first: it is one configuration per worker count, and the budget cuts what comes last
-            if "axes" in args.paths and "dask" in args.placements and not run.over_budget(f"field on {n} workers"):
-                run.attempt(f"field on {n} workers", field, client, n)
-            for gib, log2, chunk, total in float32_sizes(args, n):
-                for kind in args.placements:
-                    if kind != "dask" and n == 1:
-                        continue  # one worker: the same as Dask's placement
-                    what = f"{n} x {gib:g} GiB, 2^{log2}, {kind}"
-                    if not run.over_budget(what):
-                        run.attempt(what, configuration, client, n, gib, log2, chunk, total, kind)
+        for allocator in args.allocators:
+            if run.over_budget(f"{n} workers, {allocator}"):
+                continue
+            run.allocator = allocator
+            try:
+                cluster = setting.cluster(n, allocator)
+            except Exception as exc:  # noqa: BLE001 - an allocator this machine lacks is reported, not fatal
+                run.skipped.append(f"{n} workers, {allocator}: {exc!r}"[:200])
+                print(f"{n} workers, {allocator}: {exc!r}", flush=True)
+                continue
+            with cluster, distributed.Client(cluster) as client:
+                # the field first: one configuration per worker count, and the budget cuts what comes last
+                if "axes" in args.paths and "dask" in args.placements and not run.over_budget(f"field on {n} workers"):
+                    run.attempt(f"field on {n} workers", field, client, n)
+                for gib, log2, chunk, total in float32_sizes(args, n):
+                    # one worker: every placement is Dask's, measured once
+                    for kind in (args.placements if n > 1 else args.placements[:1]):
+                        what = f"{n} x {gib:g} GiB, 2^{log2}, {kind}, {allocator}"
+                        if not run.over_budget(what):
+                            run.attempt(what, configuration, client, n, gib, log2, chunk, total,
+                                        kind if n > 1 else "dask")
     env = {"date": time.strftime("%Y-%m-%d %H:%M"), "workers": setting.available, "device": setting.device,
            "seconds": round(time.time() - run.started, 1), "args": vars(args), "left_out": run.skipped}
     # a CPU smoke run never replaces the GPU tables in docs/
@@ -694,7 +708,7 @@ def main(argv=None):
 # ------------------------------------------------------------------------------------------------
 # Tables
 # ------------------------------------------------------------------------------------------------
-CONFIG = ("gpus", "gib_per_gpu", "chunk", "placement")
+CONFIG = ("gpus", "gib_per_gpu", "chunk", "placement", "allocator")
 
 
 def x_dask(rows: list[dict], r: dict, key: str = "ms") -> float:
@@ -713,10 +727,11 @@ def _f(v, spec: str) -> str:
 def full_table(rows: list[dict]) -> str:
     timed = [r for r in rows if r["path"] != "memory"]
     return h.md_table(
-        ("workers", "GiB/worker", "chunk", "placement (runs)", "chunks/worker", "path", "impl", "ms", "GB/s", "x dask",
-         "tasks", "transfers (bytes)", "outside tasks ms", "ok", "note"),
+        ("workers", "GiB/worker", "chunk", "placement (runs)", "chunks/worker", "allocator", "path", "impl", "ms",
+         "first call ms", "GB/s", "x dask", "tasks", "transfers (bytes)", "outside tasks ms", "ok", "note"),
         ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], f"{r['placement']} ({r['runs']})", r["chunks_per_worker"],
-          r["path"], r["impl"], _f(r["ms"], ".2f"), _f(r["gbps"], ".1f"), _f(x_dask(rows, r), ".2f"),
+          r.get("allocator", "cupy"), r["path"], r["impl"], _f(r["ms"], ".2f"), _f(r.get("first_ms"), ".2f"),
+          _f(r["gbps"], ".1f"), _f(x_dask(rows, r), ".2f"),
           r.get("tasks", ""), f"{r.get('transfers', '')} ({r.get('transfer_bytes', '')})" if "transfers" in r else "",
           _f(r.get("outside_tasks_ms"), ".1f"), r["ok"], r["note"]) for r in timed))
 
@@ -734,9 +749,11 @@ def memory_table(rows: list[dict]) -> str:
 
 
 def short_table(rows: list[dict]) -> str:
-    return h.md_table(("workers", "GiB/worker", "chunk", "placement", "chunks/worker", "impl", "ms", "x dask", "ok"),
+    return h.md_table(("workers", "GiB/worker", "chunk", "placement", "chunks/worker", "allocator", "impl", "ms",
+                       "first ms", "x dask", "ok"),
                       ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], r["placement"], r["chunks_per_worker"],
-                        r["impl"], _f(r["ms"], ".2f"), _f(x_dask(rows, r), ".2f"), r["ok"] if r["ok"] else
+                        r.get("allocator", "cupy"), r["impl"], _f(r["ms"], ".2f"), _f(r.get("first_ms"), ".1f"),
+                        _f(x_dask(rows, r), ".2f"), r["ok"] if r["ok"] else
                         f"{r['ok']} ({r['note'][:60]})") for r in rows if r["path"] != "memory"))
 
 
