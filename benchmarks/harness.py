@@ -341,9 +341,21 @@ def make_host_block(seed, block_info=None):
     return random_chunk(seed + block_info[None]["chunk-location"][0], block_info[None]["chunk-shape"], host=True)
 
 
-#: The workers' device allocator, by name: local_cluster's RMM options ("cupy": none of them, CuPy's pool).
+#: The workers' device allocator, by name, as local_cluster's RMM options ("cupy": CuPy's own pool, said
+#: explicitly, since local_cluster's default is RMM's asynchronous allocator where rmm is installed).
 ALLOCATOR_POOL_FRACTION = 0.85
-ALLOCATORS = {"cupy": {}, "pool": {"rmm_pool_size": ALLOCATOR_POOL_FRACTION}, "async": {"rmm_async": True}}
+ALLOCATORS = {"cupy": {"rmm_async": False}, "pool": {"rmm_pool_size": ALLOCATOR_POOL_FRACTION},
+              "async": {"rmm_async": True}}
+
+
+def default_allocator(cpu: bool) -> str:
+    """The allocator local_cluster gives workers that name none: RMM's asynchronous one on GPU workers
+    where rmm is installed, else CuPy's pool (CPU workers allocate no device memory: "cupy")."""
+    import importlib.util
+
+    from multireduce import cluster
+
+    return "async" if not cpu and cluster.DEFAULT_RMM and importlib.util.find_spec("rmm") else "cupy"
 
 
 @dataclass
@@ -369,7 +381,8 @@ class Setting:
         (RMM's cudaMallocAsync allocator, CuPy allocating through it)."""
         from multireduce.cluster import local_cluster
 
-        return local_cluster(n_workers=n_workers, gpu=not self.cpu, **ALLOCATORS[allocator])
+        return local_cluster(n_workers=n_workers, gpu=not self.cpu,
+                             **(ALLOCATORS[allocator] if not self.cpu else {}))
 
     def free(self, client) -> None:
         """The workers' pooled device memory back to the driver between configurations."""

@@ -84,7 +84,7 @@ SCALING_IMPLS = ("dask.array.sum", "mr.sum().compute()", "mr.sum(compute=True)",
 #: each of those; options given on the command line win
 PRESETS = {
     "default": dict(gpus="all", per_gpu_gib="8", chunk_log2="24,26,28", repeats=5, timeout_s=60.0, budget_s=0.0,
-                    placements="dask,contiguous", allocators="cupy", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
+                    placements="dask,contiguous", allocators="", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
                     dask_cumsum_methods="sequential", field_gib=8.4704, field_shape="721,1440",
                     field_chunk_steps=166, tall_cols=32),
     # 4 GPUs first: the targets are there, and the budget cuts what comes last
@@ -114,7 +114,8 @@ def parse(argv=None):
     p.add_argument("--budget-s", type=float, help="start no new configuration after this many seconds (default: none)")
     p.add_argument("--placements", help=f"any of {', '.join(PLACEMENTS)} (default dask,contiguous)")
     p.add_argument("--allocators", help=f"the workers' device allocators, one cluster each: any of "
-                                        f"{', '.join(h.ALLOCATORS)} (default cupy; RMM's need GPU workers)")
+                                        f"{', '.join(h.ALLOCATORS)} (default: local_cluster's, async where rmm "
+                                        f"is installed, else cupy; RMM's need GPU workers)")
     p.add_argument("--dask-cumsum-max-gib", type=float, help="skip dask's cumsum above this per GPU (default 8)")
     # blelloch never finished in 10 s on CuPy chunks in any GPU run (60 s on 40 chunks of 1 MB on the CPU),
     # and its cancelled tasks kept the workers busy so that every row after it timed out: by name only
@@ -139,7 +140,8 @@ def parse(argv=None):
                 setattr(args, k, v)
     lists = [("--paths", args.paths, lambda t: t in PATHS or t == "all", f"any of {', '.join(PATHS)} or all"),
              ("--placements", args.placements, lambda t: t in PLACEMENTS, f"any of {', '.join(PLACEMENTS)}"),
-             ("--allocators", args.allocators, lambda t: t in h.ALLOCATORS and (t == "cupy" or not args.cpu),
+             ("--allocators", args.allocators or h.default_allocator(args.cpu),
+              lambda t: t in h.ALLOCATORS and (t == "cupy" or not args.cpu),
               f"any of {', '.join(h.ALLOCATORS)} (with --cpu: cupy)"),
              ("--gpus", args.gpus, lambda t: t in ("all", "powers") or int(t) > 0, "worker counts > 0, all or powers"),
              ("--per-gpu-gib", args.per_gpu_gib, lambda t: float(t) > 0, "sizes > 0"),
@@ -161,7 +163,7 @@ def parse(argv=None):
             p.error(f"{option}: expected at least {least:g}; got {value:g}")
     args.paths = PATHS if "all" in args.paths.split(",") else tuple(args.paths.split(","))
     args.placements = tuple(args.placements.split(","))
-    args.allocators = tuple(args.allocators.split(","))
+    args.allocators = tuple((args.allocators or h.default_allocator(args.cpu)).split(","))
     args.field_shape = tuple(int(v) for v in args.field_shape.split(","))
     return args
 

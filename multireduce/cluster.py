@@ -7,14 +7,16 @@ Kubernetes); this helper is the one-box default::
     with local_cluster() as cluster, distributed.Client(cluster) as client:
         ...
 
-GPU memory: by default each worker's CuPy allocates from CuPy's own pool, which keeps freed blocks for
-CuPy alone. dask-cuda's spilling and unspilling allocate outside it, so a worker near its GPU's capacity
-can fail in ``cuMemAlloc`` while CuPy's pool holds free memory (measured on 4 x H200, 32 GiB per GPU:
-a held ``mr.cumsum(x).persist()`` failed so while a chunk was unspilled). ``rmm_pool_size=`` or
-``rmm_async=True`` gives every worker one RMM allocator that CuPy allocates through too
-(``rmm_allocator_external_lib_list=["cupy"]``, set by dask-cuda in each worker process), as RAPIDS
-deployments run; the same call then finished with the right values. ``DEFAULT_RMM`` is what a call that
-names no RMM option gets.
+GPU memory: where the ``rmm`` package is installed, every GPU worker allocates through RMM's asynchronous
+allocator (``cudaMallocAsync``) and CuPy allocates through it too (``rmm_allocator_external_lib_list=
+["cupy"]``, set by dask-cuda in each worker process), as RAPIDS deployments run: CuPy, dask-cuda's
+spilling and unspilling and everything else share one allocator. With CuPy's own pool instead (the
+default without ``rmm``, or ``rmm_async=False``), CuPy keeps freed blocks for itself, and dask-cuda's
+unspilling, which allocates outside it, failed with out-of-memory while the pool held free memory:
+2 x H200, 32 GiB of float32 per GPU, every held sum and scan and ``dask.array.sum`` itself failed so on
+one and on two workers; on RMM's pool or its asynchronous allocator all of them finished with the right
+values, the asynchronous one as fast or faster (docs/performance.md, "Allocators"). ``DEFAULT_RMM`` is
+what a call that names no RMM option gets.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import importlib.util
 import numbers
 
 #: RMM options that ``local_cluster`` gives GPU workers when the call names none of ``rmm_pool_size``,
-#: ``rmm_async``, ``rmm_managed_memory`` (or another ``rmm_*`` option of LocalCUDACluster): None keeps
-#: CuPy's own memory pool on every worker; a dict of those options (for instance ``{"rmm_async": True}``)
-#: puts every worker's CuPy on RMM. Never applied to CPU clusters.
-DEFAULT_RMM: dict | None = None
+#: ``rmm_async``, ``rmm_managed_memory`` (or another ``rmm_*`` option of LocalCUDACluster), where the
+#: ``rmm`` package is installed (without it: CuPy's own pool, as with None). None keeps CuPy's own memory
+#: pool on every worker. Never applied to CPU clusters.
+DEFAULT_RMM: dict | None = {"rmm_async": True}
 
 _RMM_OPTIONS = ("rmm_pool_size", "rmm_async", "rmm_managed_memory")
 
@@ -147,8 +149,9 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_
     ``rmm_async=True`` RMM's asynchronous allocator (``cudaMallocAsync``) instead; ``rmm_managed_memory``
     managed memory. With any of them CuPy allocates through RMM on every worker ("cupy" is added to
     ``rmm_allocator_external_lib_list``), so CuPy, dask-cuda's spilling and everything else share one
-    allocator. None (the default) for all three: ``DEFAULT_RMM`` decides (CuPy's own pool unless it is
-    set). They need the ``rmm`` package (``rmm-cu13`` or ``rmm-cu12``) and GPU workers: on a CPU cluster
+    allocator. None (the default) for all three: ``DEFAULT_RMM`` decides (RMM's asynchronous allocator
+    where ``rmm`` is installed, else CuPy's own pool); ``rmm_async=False`` asks for CuPy's own pool. The
+    options need the ``rmm`` package (``rmm-cu13`` or ``rmm-cu12``) and GPU workers: on a CPU cluster
     they are refused, not ignored, so a script that asked for RMM never runs without it unnoticed. Every
     argument is checked before anything starts.
 
@@ -186,7 +189,7 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_
             raise RuntimeError("local_cluster(gpu=True): no CUDA GPU is visible to this process")
         if not have_dask_cuda:
             raise RuntimeError("local_cluster(gpu=True) needs dask-cuda: pip install 'multireduce[cluster]'")
-        if not rmm_given and DEFAULT_RMM:
+        if not rmm_given and DEFAULT_RMM and importlib.util.find_spec("rmm") is not None:
             unknown = sorted(set(DEFAULT_RMM) - set(_RMM_OPTIONS))
             if unknown:
                 raise ValueError(f"multireduce.cluster.DEFAULT_RMM: unknown option {unknown[0]!r}; expected "

@@ -99,9 +99,22 @@ def test_managed_memory_and_libraries_named_by_the_caller_keep_theirs(fake_gpus)
     assert calls[-1]["rmm_maximum_pool_size"] == "4GiB"
 
 
-def test_no_option_keeps_cupys_pool(fake_gpus):
+def test_no_option_takes_rmms_async_allocator_where_rmm_is_installed(fake_gpus):
+    calls, absent = fake_gpus
+    assert cluster.DEFAULT_RMM == {"rmm_async": True}
+    cluster.local_cluster()
+    assert calls[-1]["rmm_async"] is True and calls[-1]["rmm_allocator_external_lib_list"] == ["cupy"]
+    cluster.local_cluster(rmm_async=False)  # said explicitly: CuPy's own pool
+    assert not [k for k, v in calls[-1].items() if k.startswith("rmm_") and v]
+    absent("rmm")  # the default without rmm: CuPy's own pool, no error
+    cluster.local_cluster()
+    assert not [k for k in calls[-1] if k.startswith("rmm_")]
+    assert len(calls) == 3
+
+
+def test_no_default_keeps_cupys_pool(fake_gpus, monkeypatch):
     calls, _ = fake_gpus
-    assert cluster.DEFAULT_RMM is None
+    monkeypatch.setattr(cluster, "DEFAULT_RMM", None)
     cluster.local_cluster()
     assert not [k for k in calls[-1] if k.startswith("rmm_")]
 

@@ -104,7 +104,8 @@ def cuda_client():
     pytest.importorskip("dask_cuda", reason="dask-cuda is not installed (pip install 'multireduce[cluster]')")
     from multireduce.cluster import local_cluster
 
-    with local_cluster(n_workers=1, gpu=True) as cluster, distributed.Client(cluster) as client:
+    # CuPy's own pool, said explicitly (the default is RMM's where rmm is installed): these tests cap it
+    with local_cluster(n_workers=1, gpu=True, rmm_async=False) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(1, timeout=120)
         yield client
 

@@ -32,7 +32,8 @@ WORKERS = 2
 
 @pytest.fixture(scope="module")
 def client():
-    with local_cluster(n_workers=WORKERS, gpu=True, device_memory_limit=DEVICE_LIMIT) as cluster, \
+    # CuPy's own pool, said explicitly (the default is RMM's where rmm is installed): the test caps it
+    with local_cluster(n_workers=WORKERS, gpu=True, device_memory_limit=DEVICE_LIMIT, rmm_async=False) as cluster, \
             distributed.Client(cluster) as c:
         c.wait_for_workers(WORKERS, timeout=120)
         yield c
