@@ -21,6 +21,8 @@ SUITES = {
                              "(--profile call | kernels)"),
     "segments": ("bench_segments", "segmented sums and scans against CuPy and torch "
                                    "(--profile kernels | call)"),
+    "groupby": ("bench_groupby", "group-by reductions (sorted, unsorted, a field by month and by day) against "
+                                 "the copy roof"),
     "exact": ("bench_exact", "exact sums and cumsums against the plain ones, CPU or GPU "
                              "(--profile shapes | terms | ncu | call | scan)"),
     "fusion": ("bench_fusion", "sums and cumsums of elementwise expressions read through the steps vs unfused, "

@@ -451,7 +451,10 @@ def run(clients=4, requests=80, min_bytes=1024, max_bytes=1e9, cpu=False, seed=0
                   for i, (d, op, nb) in enumerate(grid)]
     per_client = [_specs(np.random.default_rng([seed, i]), requests, min_bytes, max_bytes, gpu) for i in range(clients)]
     cuts = np.linspace(0, requests, rounds + 1).astype(int)
-    with local_cluster(gpu=gpu) as cluster, Client(cluster) as client:
+    # CuPy's own pool, said explicitly (local_cluster's default is RMM's asynchronous allocator where rmm is
+    # installed): the samples read live bytes from CuPy's pool and driver-level use after emptying it, and
+    # RMM's asynchronous pool keeps what it reserved (driver-level use then reads as growth)
+    with local_cluster(gpu=gpu, **({"rmm_async": False} if gpu else {})) as cluster, Client(cluster) as client:
         n_workers = len(client.scheduler_info()["workers"])
         t_warm = time.perf_counter()
         if grid:
