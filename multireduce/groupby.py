@@ -81,13 +81,21 @@ class _Segments:
         key = np.where(codes < 0, ngroups, codes)
         self.counts = np.bincount(key, minlength=ngroups + 1)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+        self.ngroups, self.xp = ngroups, xp
+        self.rows = _keeps_rows(xp, block, axis, flat)
+        if self.rows:
+            self.flat, self.at, self.values, self.key = False, axis, xp.ascontiguousarray(block), key
+            self.lead = tuple(s for d, s in enumerate(block.shape) if d != axis)
+            return
         self.flat = flat or xp is not np
         self.at = block.ndim - 1 if self.flat else axis  # where the grouped axis is in ``values``
         values = xp.moveaxis(block, axis, -1) if self.flat else block
+        self.key = key
         if key.size > 1 and (key[1:] < key[:-1]).any():
-            values = xp.take(values, xp.asarray(np.argsort(key, kind="stable")), axis=self.at)
+            order = np.argsort(key, kind="stable")
+            values = xp.take(values, xp.asarray(order), axis=self.at)
+            self.key = key[order]
         self.values = xp.ascontiguousarray(values) if self.flat else values
-        self.ngroups, self.xp = ngroups, xp
         self.lead = tuple(s for d, s in enumerate(values.shape) if d != self.at)
 
     def lengths(self):
@@ -100,6 +108,8 @@ class _Segments:
         an array of shape lead + (ngroups,); an empty group gives the operator's identity."""
         dtype = np.dtype(dtype)
         g = self.ngroups
+        if self.rows:
+            return self._reduce_rows(values, op, dtype)
         if self.flat:
             xp = self.xp
             rows, n = math.prod(self.lead), values.shape[-1]
@@ -116,13 +126,48 @@ class _Segments:
             out[..., filled] = np.moveaxis(found, self.at, -1)
         return out[..., :g]
 
+    def _reduce_rows(self, values, op: str, dtype: np.dtype):
+        """reduce() on the GPU with the rows in place: each run of equal labels along the axis folded
+        (cupy_segment.segment_reduce_rows), then the runs of each group folded in order, in one more
+        launch where a group has several runs or runs are out of group order."""
+        from .backends import cupy_segment
+
+        at, g, key = self.at, self.ngroups, self.key
+        shape = values.shape
+        x3 = values.reshape(math.prod(shape[:at]), shape[at], math.prod(shape[at + 1:]))
+        bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
+        run_starts = np.concatenate([[0], bounds, [key.size]]).astype(np.int64)
+        run_key = key[run_starts[:-1]]
+        operator = get_operator(op)
+        out = cupy_segment.segment_reduce_rows(x3, run_starts, operator, dtype)
+        if not np.array_equal(run_key, np.arange(g)):
+            order = np.argsort(run_key, kind="stable")
+            order = order[run_key[order] < g]  # runs in no group dropped
+            per_group = np.bincount(run_key[order], minlength=g)
+            group_starts = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int64)
+            runs = self.xp.take(out, self.xp.asarray(order), axis=1)
+            out = cupy_segment.segment_reduce_rows(runs, group_starts, operator.partials, dtype)
+        out = out.reshape(shape[:at] + (g,) + shape[at + 1:])
+        return self.xp.moveaxis(out, at, -1)
+
     def spread(self, per_group):
         """Per-group values (lead + (ngroups,)) repeated over each group's elements, in the layout of
         ``values``."""
         xp = self.xp
         padded = xp.concatenate([per_group, xp.zeros(self.lead + (1,), dtype=per_group.dtype)], axis=-1)
-        index = np.repeat(np.arange(self.ngroups + 1), self.counts)
-        return xp.moveaxis(xp.take(padded, xp.asarray(index), axis=padded.ndim - 1), -1, self.at)
+        return xp.moveaxis(xp.take(padded, xp.asarray(self.key), axis=padded.ndim - 1), -1, self.at)
+
+
+#: Columns after the grouped axis from which a GPU chunk keeps its rows in place (one thread per column of
+#: each run of equal labels) instead of moving the axis last and cutting the flattened rows into segments
+ROWS_MIN_COLUMNS = 256
+
+
+def _keeps_rows(xp, block, axis: int, flat: bool) -> bool:
+    """Whether a chunk is reduced with its rows in place (``_Segments._reduce_rows``): on the GPU, the
+    grouped axis not the last, and at least ROWS_MIN_COLUMNS elements after it."""
+    return (xp is not np and not flat and axis < block.ndim - 1
+            and math.prod(block.shape[axis + 1:]) >= ROWS_MIN_COLUMNS)
 
 
 def _valid_count(seg: _Segments, floating: bool):

@@ -292,3 +292,79 @@ class OffsetsCheck:
         found = int(self._host[0])
         return not found & 1, not found & 2
 
+
+
+# ------------------------------------------------------------------------------------------------
+# Segments of rows (kernels/segment_rows.cuh): a group-by along an axis that is not the last
+# ------------------------------------------------------------------------------------------------
+ROWS_ENTRY = "segment_rows.cuh"
+ROWS_BLOCK = 256
+ROWS_UNROLL = 8  # rows in flight per thread
+#: the longest piece of a segment one thread walks: longer segments are cut, and the pieces' partials
+#: folded by a second launch (their bytes are 1/ROWS_PIECE of the data's, times the accumulator's size)
+ROWS_PIECE = 64
+_GRID_Y = 65535
+
+
+def rows_module_text(op: Operator) -> str:
+    """segment_rows.cuh with the common headers and ``op``'s functor."""
+    return _kernels.kernel_source(ROWS_ENTRY) + "\n" + op.cuda_source()
+
+
+def _rows_kernel(op: Operator, dtype, acc):
+    device = cupy.cuda.runtime.getDevice()
+    name = (f"mr::segment_reduce_rows<{_kernels.ctype(dtype)}, {_kernels.ctype(acc)}, {op.cuda_functor}, "
+            f"{ROWS_BLOCK}, {ROWS_UNROLL}>")
+    key = (device, ROWS_ENTRY, op.cuda_functor, op.cuda_source(), name)
+    # compiled at first use (NVRTC, then CuPy's disk cache): not among the shipped binaries
+    return _kernels._memoized(key, lambda: _kernels._compiled(
+        rows_module_text(op), {"rows": name}, f"the row-segment kernel for operator {op.name!r}"))["rows"]
+
+
+def _rows_launch(x3, starts, op: Operator, acc):
+    """One launch: (pre, len(starts) - 1, post) ``acc`` folds of x3's (pre, n, post) rows per segment."""
+    pre, n, post = x3.shape
+    segments = int(starts.shape[0]) - 1
+    out = cupy.empty((pre, segments, post), dtype=acc)
+    if out.size == 0:
+        return out
+    kernel = _rows_kernel(op, x3.dtype, acc)
+    grid = (-(-post // ROWS_BLOCK), min(pre * segments, _GRID_Y))
+    kernel(grid, (ROWS_BLOCK,), (x3, starts, np.int64(pre), np.int64(n), np.int64(post), np.int64(segments),
+                                 op.identity(acc), out))
+    return out
+
+
+def row_pieces(starts: np.ndarray):
+    """(cuts, piece_starts) of segments of rows [starts[s], starts[s + 1]) cut into pieces of at most
+    ROWS_PIECE rows (an empty segment keeps one empty piece): piece j is rows [cuts[j], cuts[j + 1]),
+    segment s its pieces [piece_starts[s], piece_starts[s + 1]). None where no segment is cut."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.diff(starts)
+    pieces = np.maximum(-(-lengths // ROWS_PIECE), 1)
+    if int(pieces.max(initial=1)) == 1:
+        return None
+    piece_starts = np.concatenate([[0], np.cumsum(pieces)]).astype(np.int64)
+    segment = np.repeat(np.arange(lengths.size), pieces)
+    within = np.arange(int(piece_starts[-1])) - piece_starts[segment]
+    cuts = np.concatenate([np.minimum(starts[segment] + ROWS_PIECE * within, starts[segment + 1]),
+                           starts[-1:]]).astype(np.int64)
+    return cuts, piece_starts
+
+
+def segment_reduce_rows(x3, starts, op: Operator, acc):
+    """``op`` over the rows [starts[s], starts[s + 1]) of the CuPy (pre, n, post) ``x3`` for each segment
+    s, in ``acc``, on x3's GPU: a (pre, len(starts) - 1, post) CuPy array; an empty segment gives the
+    identity. ``starts``: host int64, ascending, from 0 to n. Each thread folds its column's rows in order;
+    a segment longer than ROWS_PIECE rows is folded in pieces (``row_pieces``), whose partials are folded
+    in order with ``op.partials``, so the bits depend on the data and ``starts`` alone."""
+    acc = np.dtype(acc)
+    starts = np.asarray(starts, dtype=np.int64)
+    with cupy.cuda.Device(x3.data.device_id):
+        x3 = cupy.ascontiguousarray(x3)
+        cut = row_pieces(starts)
+        if cut is None:
+            return _rows_launch(x3, cupy.asarray(starts), op, acc)
+        cuts, piece_starts = cut
+        partials = _rows_launch(x3, cupy.asarray(cuts), op, acc)
+        return _rows_launch(partials, cupy.asarray(piece_starts), op.partials, acc)

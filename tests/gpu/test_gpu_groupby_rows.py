@@ -1,0 +1,80 @@
+"""groupby_reduce on CuPy data grouped along an axis that is not the last, with many elements after it
+(a time x space field by month or by day): the chunk's rows stay in place and the row-segment kernel
+(kernels/segment_rows.cuh) folds each run of labels, then the runs of each group. Against the same
+calls on NumPy data; the planning is tested without a GPU in tests/test_groupby_rows.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+pytestmark = pytest.mark.gpu
+
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+
+import multireduce as mr  # noqa: E402
+from multireduce.backends import cupy_segment  # noqa: E402
+from multireduce.groupby import FUNCS, ROWS_MIN_COLUMNS  # noqa: E402
+
+from .test_gpu_groupby import _close, _data  # noqa: E402
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """How many times the row-segment path ran."""
+    calls = []
+    real = cupy_segment.segment_reduce_rows
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cupy_segment, "segment_reduce_rows", counted)
+    return calls
+
+
+def _months(n: int) -> np.ndarray:
+    days = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]) * 24
+    return np.resize(np.repeat(np.arange(12), days), n).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8])
+@pytest.mark.parametrize("func", FUNCS)
+@pytest.mark.parametrize("shape, axis, labelled", [((301, ROWS_MIN_COLUMNS), 0, "random"),
+                                                    ((2, 203, 17, 19), 1, "random"),
+                                                    ((1500, 300), 0, "months"),
+                                                    ((3, 700, 257), 1, "sorted")])
+def test_rows_in_place_match_numpy(launches, func, dtype, shape, axis, labelled):
+    rng = np.random.default_rng(21)
+    x, labels = _data(rng, shape, dtype, axis)
+    if labelled == "months":  # runs of 672-744 rows: cut into pieces, folded again
+        labels = _months(shape[axis] * 8)[::8]
+    elif labelled == "sorted":
+        labels = np.repeat(np.arange(5.0), -(-shape[axis] // 5))[:shape[axis]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want, groups = mr.groupby_reduce(x, labels, func, axis=axis)
+        got, got_groups = mr.groupby_reduce(cupy.asarray(x), labels, func, axis=axis)
+        again, _ = mr.groupby_reduce(cupy.asarray(x), labels, func, axis=axis)
+    assert launches, "the rows path did not run"
+    np.testing.assert_array_equal(got_groups, groups)
+    _close(got, want, 1e-5 if dtype == np.float32 else 1e-12)
+    assert got.tobytes() == again.tobytes()  # the same bits on every call
+
+
+def test_a_field_by_month_in_dask_chunks_along_time(launches):
+    rng = np.random.default_rng(22)
+    steps = 8760 // 4
+    x = rng.standard_normal((steps, 16, 32)).astype(np.float32)
+    labels = _months(8760)[::4]
+    want, groups = mr.groupby_reduce(x, labels, "mean", axis=0)
+    d = da.from_array(cupy.asarray(x), chunks=(400, 16, 32), asarray=False)
+    got, got_groups = mr.groupby_reduce(d, labels, "mean", axis=0)
+    with dask.config.set(scheduler="synchronous"):
+        _close(got.compute(), want, 1e-5)
+    np.testing.assert_array_equal(got_groups, groups)
+    assert launches
