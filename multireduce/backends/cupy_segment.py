@@ -330,7 +330,7 @@ def _rows_launch(x3, starts, op: Operator, acc):
         return out
     kernel = _rows_kernel(op, x3.dtype, acc)
     grid = (-(-post // ROWS_BLOCK), min(pre * segments, _GRID_Y))
-    kernel(grid, (ROWS_BLOCK,), (x3, starts, np.int64(pre), np.int64(n), np.int64(post), np.int64(segments),
+    kernel(grid, ROWS_BLOCK, (x3, starts, np.int64(pre), np.int64(n), np.int64(post), np.int64(segments),
                                  op.identity(acc), out))
     return out
 
