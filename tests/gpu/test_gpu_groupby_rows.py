@@ -60,7 +60,8 @@ def test_rows_in_place_match_numpy(launches, func, dtype, shape, axis, labelled)
         want, groups = mr.groupby_reduce(x, labels, func, axis=axis)
         got, got_groups = mr.groupby_reduce(cupy.asarray(x), labels, func, axis=axis)
         again, _ = mr.groupby_reduce(cupy.asarray(x), labels, func, axis=axis)
-    assert launches, "the rows path did not run"
+    # every function reads the data through the rows path, but a count of integers (the group sizes)
+    assert launches or (func == "count" and np.dtype(dtype).kind != "f"), "the rows path did not run"
     np.testing.assert_array_equal(got_groups, groups)
     _close(got, want, 1e-5 if dtype == np.float32 else 1e-12)
     assert got.tobytes() == again.tobytes()  # the same bits on every call
