@@ -36,8 +36,11 @@ def _rows_model(x3, starts, op, acc):
     return _kernel_model(_kernel_model(x3, cuts, op, acc), piece_starts, op.partials, acc)
 
 
-@pytest.mark.parametrize("lengths", [[0], [1], [64], [65], [3, 0, 200, 64, 1], [129, 0, 0]])
+@pytest.mark.parametrize("lengths", [  # in pieces of P rows
+    lambda P: [0], lambda P: [1], lambda P: [P], lambda P: [P + 1], lambda P: [3, 0, 3 * P + 7, P, 1],
+    lambda P: [2 * P + 1, 0, 0]])
 def test_pieces_cover_each_segment_in_order(lengths):
+    lengths = lengths(cupy_segment.ROWS_PIECE)
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     cut = cupy_segment.row_pieces(starts)
     if max(lengths) <= cupy_segment.ROWS_PIECE:

@@ -47,12 +47,16 @@ def _months(n: int) -> np.ndarray:
 @pytest.mark.parametrize("shape, axis, labelled", [((301, ROWS_MIN_COLUMNS), 0, "random"),
                                                     ((2, 203, 17, 19), 1, "random"),
                                                     ((1500, 300), 0, "months"),
-                                                    ((3, 700, 257), 1, "sorted")])
+                                                    ((3, 700, 257), 1, "sorted"),
+                                                    ((1200, 258), 0, "long runs")])
 def test_rows_in_place_match_numpy(launches, func, dtype, shape, axis, labelled):
     rng = np.random.default_rng(21)
     x, labels = _data(rng, shape, dtype, axis)
     if labelled == "months":  # runs of 672-744 rows: cut into pieces, folded again
         labels = _months(shape[axis] * 8)[::8]
+    elif labelled == "long runs":  # longer than a piece: folded in pieces, then the pieces folded
+        labels = np.repeat([2.0, 0.0, 1.0], 400)
+        assert 400 > cupy_segment.ROWS_PIECE
     elif labelled == "sorted":
         labels = np.repeat(np.arange(5.0), -(-shape[axis] // 5))[:shape[axis]]
     with warnings.catch_warnings():
