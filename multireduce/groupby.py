@@ -347,6 +347,25 @@ def _null(labels: np.ndarray) -> np.ndarray:
     return np.zeros(labels.shape, dtype=bool)
 
 
+def _small_integer_codes(labels: np.ndarray):
+    """factorize's (codes, groups) for integer labels spanning few values (months, days, hours, classes)
+    through a table of the span, in O(n + span) instead of sorting the labels (``numpy.unique``); None
+    for other labels or a span wider than the labels are many."""
+    if labels.dtype.kind not in "iu" or labels.size == 0:
+        return None
+    lo, hi = int(labels.min()), int(labels.max())
+    span = hi - lo + 1
+    if span > 4 * labels.size + 1024:
+        return None
+    offset = (labels - labels.dtype.type(lo)).astype(np.intp, copy=False)
+    present = np.zeros(span, dtype=bool)
+    present[offset] = True
+    where = np.flatnonzero(present)
+    table = np.full(span, -1, dtype=np.int64)
+    table[where] = np.arange(where.size)
+    return table[offset], (where + lo).astype(labels.dtype)
+
+
 def factorize(by, n: int, expected_groups, caller: str):
     """(codes, groups): the position of each label in ``groups`` (int64; -1 for NaN labels and, with
     ``expected_groups``, labels not in it), and the groups: the sorted distinct labels, or
@@ -358,6 +377,10 @@ def factorize(by, n: int, expected_groups, caller: str):
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(f"{caller}: argument 'by' must be 1-D with one label per element along 'axis' ({n}); "
                          f"got shape {labels.shape}")
+    if expected_groups is None:
+        found = _small_integer_codes(labels)
+        if found is not None:
+            return found
     null = _null(labels)
     try:
         if expected_groups is None:
