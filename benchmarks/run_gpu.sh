@@ -6,7 +6,8 @@
 # STEPS: "all" (= "tests bench") or a quoted list of tests (the whole GPU suite; FOCUS="files" narrows it),
 # bench (reduce, scan, summary; BENCH_ARGS="--quick" narrows it), sweep (sweep-scan), small (reduce --profile small), profile (ncu on
 # scan --profile), segprofile (ncu on segments --profile kernels), segcall (segments --profile call),
-# statscall (stats --profile call), statskernels (stats --profile kernels), pending (the exact sum and
+# statscall (stats --profile call), groupby (the GPU group-by tests and the groupby suite; GROUPBY_ARGS replaces
+# "--quick --cases field"), statskernels (stats --profile kernels), pending (the exact sum and
 # scan tests alone, Dask arrays of CuPy chunks included), stats (statistics GPU tests and the stats suite),
 # statsbench (the stats suite alone), seg (segments), exact (exact --gpu-exact --quick; EXACT_ARGS="--logs
 # 26,28" replaces --quick), exactfull (exact --gpu-exact, 2^20..2^30), exactsweep (sweep-exact-scan;
@@ -54,6 +55,13 @@ fi
 if has fusion; then
   timeout 400 python3 -m benchmarks fusion ${FUSION_ARGS:-} > "$OUT/fusion.log" 2>&1 || rc=1
   grep -E "^\|" "$OUT/fusion.log" || tail -n 30 "$OUT/fusion.log"
+fi
+if has groupby; then
+  timeout 200 python3 -m pytest tests/gpu/test_gpu_groupby_rows.py tests/gpu/test_gpu_groupby.py -q -p no:cacheprovider \
+    > "$OUT/groupby-tests.log" 2>&1 || rc=1
+  tail -n 1 "$OUT/groupby-tests.log"
+  timeout 300 python3 -m benchmarks groupby ${GROUPBY_ARGS:---quick --cases field} > "$OUT/groupby.log" 2>&1 || rc=1
+  grep -E "^\|" "$OUT/groupby.log" || tail -n 20 "$OUT/groupby.log"
 fi
 if has first; then
   { timeout 400 python3 -m benchmarks first-call; timeout 400 python3 -m benchmarks first-call --no-prebuilt; } \

@@ -53,7 +53,7 @@ def test_help_lists_every_suite_with_one_line_each():
         listed = [line for line in lines if line.split()[:1] == [name]]
         assert len(listed) == 1 and len(listed[0].split()) > 3, (name, listed)
     assert {"reduce", "scan", "stats", "segments", "exact", "cub", "first-call", "multigpu", "multigpu-stats", "soak",
-            "sweep-scan", "sweep-exact-scan", "fusion"} == set(SUITES)
+            "sweep-scan", "sweep-exact-scan", "fusion", "groupby"} == set(SUITES)
 
 
 @pytest.mark.parametrize("suite", [*SUITES, *OTHER])
