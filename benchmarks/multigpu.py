@@ -585,7 +585,7 @@ class Run:
                     m for m in self.args.dask_cumsum_methods.split(",") if m != method)
 
     def add(self, base: dict, row: dict) -> None:
-        row = {**base, **row}
+        row = {"allocator": self.allocator, **base, **row}
         self.rows.append(row)
         print(json.dumps(row, default=str), flush=True)
 

@@ -176,7 +176,9 @@ def test_multigpu_paths_on_a_cpu_cluster(tmp_path):
     assert field["chunk"] == "166x9x16"  # 745 time steps: 4 chunks of 166 and one of 81
     # the short table printed last: one line per timed row, as wide as its header
     short = _tables(run.stdout)[-1]
-    assert short[0] == ["workers", "GiB/worker", "chunk", "placement", "chunks/worker", "impl", "ms", "x dask", "ok"]
+    assert short[0] == ["workers", "GiB/worker", "chunk", "placement", "chunks/worker", "allocator", "impl", "ms",
+                        "first ms", "x dask", "ok"]
+    assert {r["allocator"] for r in rows} == {"cupy"}  # CPU workers: no device allocator to choose
     assert len(short) - 1 == len(rows) - len(memory)
     assert all(len(line) == len(short[0]) and line[-1] == "True" for line in short[1:])
     full, mem = _tables((tmp_path / "bench_multigpu_latest.md").read_text())
