@@ -357,7 +357,9 @@ def _small_integer_codes(labels: np.ndarray):
     span = hi - lo + 1
     if span > 4 * labels.size + 1024:
         return None
-    offset = (labels - labels.dtype.type(lo)).astype(np.intp, copy=False)
+    # in a type that holds the span: int8 labels from -128 to 127 are 255 apart (unsigned ones never wrap)
+    wide = labels - labels.dtype.type(lo) if labels.dtype.kind == "u" else labels.astype(np.int64) - lo
+    offset = wide.astype(np.intp, copy=False)
     present = np.zeros(span, dtype=bool)
     present[offset] = True
     where = np.flatnonzero(present)

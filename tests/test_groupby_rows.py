@@ -107,7 +107,9 @@ def test_rows_path_with_expected_groups_and_empty_ones(rows_on_host):
 @pytest.mark.parametrize("labels", [
     np.array([3, 1, 3, 7, 7, 0]), np.array([-5, 2, -5, 9], dtype=np.int8), np.arange(300, dtype=np.uint8) % 7,
     np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min, 0]),  # a span too wide for a table
-    np.array([2**62, 2**62 + 3, 2**62]), np.array([], dtype=np.int32).reshape(0), np.array([4], dtype=np.uint64)])
+    np.array([2**62, 2**62 + 3, 2**62]), np.array([], dtype=np.int32).reshape(0), np.array([4], dtype=np.uint64),
+    np.array([-128, 127, 0, -128], dtype=np.int8), np.array([2**64 - 1, 2**64 - 3], dtype=np.uint64),
+    np.array([-2**63, -2**63 + 2])])
 def test_integer_labels_factorize_as_sorted_distinct_labels(labels):
     codes, groups = groupby.factorize(labels, labels.size, None, "test")
     want = np.unique(labels)
