@@ -365,7 +365,11 @@ def _small_integer_codes(labels: np.ndarray):
     where = np.flatnonzero(present)
     table = np.full(span, -1, dtype=np.int64)
     table[where] = np.arange(where.size)
-    return table[offset], (where + lo).astype(labels.dtype)
+    if labels.dtype.kind == "u":
+        groups = where.astype(np.uint64) + np.uint64(lo)
+    else:
+        groups = where.astype(np.int64) + np.int64(lo)
+    return table[offset], groups.astype(labels.dtype)
 
 
 def factorize(by, n: int, expected_groups, caller: str):
