@@ -5,7 +5,10 @@ axis (the order comes from the labels alone, found on the host: labels are small
 each group is then a segment, and the segments are reduced with the same operators as everywhere else
 (NumPy: ``ufunc.reduceat`` along the axis; CuPy: the rows flattened into one vector and reduced by the
 segment kernels of ``multireduce.segment_reduce``, one segment per (row, group), on the GPU that holds
-the chunk). No step loops over groups in Python.
+the chunk). A CuPy chunk grouped along an axis that is not the last, with many elements after it (a
+field by month), keeps its rows where they are instead: each run of equal labels is folded by the
+row-segment kernel, then the runs of each group (``_Segments._reduce_rows``). No step loops over groups
+in Python.
 
 A chunk's result is a partial: a tuple of arrays whose last axis has one entry per group (the sum and
 the non-NaN count, the count, mean and M2 of the moments, ...). Partials merge elementwise, so a
@@ -32,7 +35,7 @@ from . import api
 from . import dtypes as _dt
 from .backends import is_cupy_array, numpy_stats, on_device_of
 from .operators import get_operator
-from .statistics import _Commutative, segment_reduce
+from .statistics import _as_dtype, _Commutative, segment_reduce
 
 __all__ = ["groupby_reduce", "FUNCS"]
 
@@ -74,7 +77,9 @@ class _Segments:
 
     NumPy reduces along the grouped axis where it is (``reduceat`` adds whole rows of a leading axis at
     once); the GPU, which has no reduceat, moves the axis last and flattens the rows into one contiguous
-    vector for the segment kernels (``flat``), made once here rather than by every reduction of the chunk."""
+    vector for the segment kernels (``flat``), made once here rather than by every reduction of the chunk,
+    except where it keeps the rows in place (``rows``, see ``_keeps_rows``): there only labels that change
+    often along the axis (runs shorter than ROWS_MIN_RUN on average) put the rows in group order first."""
 
     def __init__(self, block, codes, axis: int, ngroups: int, flat: bool):
         xp = _xp(block)
@@ -84,7 +89,15 @@ class _Segments:
         self.ngroups, self.xp = ngroups, xp
         self.rows = _keeps_rows(xp, block, axis, flat)
         if self.rows:
-            self.flat, self.at, self.values, self.key = False, axis, xp.ascontiguousarray(block), key
+            self.flat, self.at, self.key = False, axis, key
+            runs = 1 + int(np.count_nonzero(key[1:] != key[:-1])) if key.size else 0
+            if runs > ngroups + 1 and key.size < ROWS_MIN_RUN * runs:
+                # short runs (by hour of day, by day of year) would each leave a partial row as large
+                # as a row of data: one gather of whole rows puts each group in one run instead
+                order = np.argsort(key, kind="stable")
+                block = xp.take(block, xp.asarray(order), axis=axis)
+                self.key = key[order]
+            self.values = xp.ascontiguousarray(block)
             self.lead = tuple(s for d, s in enumerate(block.shape) if d != axis)
             return
         self.flat = flat or xp is not np
@@ -136,17 +149,20 @@ class _Segments:
         shape = values.shape
         x3 = values.reshape(math.prod(shape[:at]), shape[at], math.prod(shape[at + 1:]))
         bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
-        run_starts = np.concatenate([[0], bounds, [key.size]]).astype(np.int64)
+        # no run at all along an empty axis: every group then folds nothing (the identity)
+        run_starts = np.concatenate([[0], bounds, [key.size]] if key.size else [[0]]).astype(np.int64)
         run_key = key[run_starts[:-1]]
         operator = get_operator(op)
-        out = cupy_segment.segment_reduce_rows(x3, run_starts, operator, dtype)
+        acc = _dt.accumulator_dtype(dtype)  # float16 folded in float32, as the flat path's segment kernels do
+        out = cupy_segment.segment_reduce_rows(x3, run_starts, operator, acc)
         if not np.array_equal(run_key, np.arange(g)):
             order = np.argsort(run_key, kind="stable")
             order = order[run_key[order] < g]  # runs in no group dropped
             per_group = np.bincount(run_key[order], minlength=g)
             group_starts = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int64)
             runs = self.xp.take(out, self.xp.asarray(order), axis=1)
-            out = cupy_segment.segment_reduce_rows(runs, group_starts, operator.partials, dtype)
+            out = cupy_segment.segment_reduce_rows(runs, group_starts, operator.partials, acc)
+        out = _as_dtype(out, dtype)
         out = out.reshape(shape[:at] + (g,) + shape[at + 1:])
         return self.xp.moveaxis(out, at, -1)
 
@@ -161,6 +177,9 @@ class _Segments:
 #: Columns after the grouped axis from which a GPU chunk keeps its rows in place (one thread per column of
 #: each run of equal labels) instead of moving the axis last and cutting the flattened rows into segments
 ROWS_MIN_COLUMNS = 256
+#: The shortest average run of equal labels the rows path folds where the rows lie; shorter runs are put
+#: in group order first (a gather of whole rows, in the data's dtype)
+ROWS_MIN_RUN = 16
 
 
 def _keeps_rows(xp, block, axis: int, flat: bool) -> bool:

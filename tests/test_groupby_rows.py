@@ -5,6 +5,8 @@ test is tests/gpu/test_gpu_groupby_rows.py."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,13 @@ from multireduce.backends import cupy_segment
 
 
 def _kernel_model(x3, starts, op, acc):
-    """What one launch of segment_reduce_rows computes: each segment's rows folded in order, in acc."""
+    """What one launch of segment_reduce_rows computes: each segment's rows folded in order, in acc. Like
+    the kernel, it takes no float16 accumulator (``mr::half`` is bits without arithmetic or comparisons:
+    float16 data are folded in float32) and only starts that run in order from 0 to the rows' end."""
+    assert np.dtype(acc) != np.float16, "the row-segment kernel has no float16 accumulator"
+    starts = np.asarray(starts)
+    assert starts.dtype == np.int64 and starts.size >= 1 and starts[0] == 0 and starts[-1] == x3.shape[1]
+    assert np.all(np.diff(starts) >= 0)
     pre, _, post = x3.shape
     out = np.empty((pre, len(starts) - 1, post), dtype=acc)
     for s in range(len(starts) - 1):
@@ -115,3 +123,131 @@ def test_integer_labels_factorize_as_sorted_distinct_labels(labels):
     want = np.unique(labels)
     assert groups.dtype == labels.dtype and np.array_equal(groups, want)
     assert codes.dtype == np.int64 and np.array_equal(groups[codes], labels)
+
+
+def _both_paths(x, labels, func, **kwargs):
+    """(rows path, flat path) results of one call; NumPy's warnings for empty groups silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = mr.groupby_reduce(x, labels, func, **kwargs)
+        with pytest.MonkeyPatch.context() as undo:
+            undo.setattr(groupby, "_keeps_rows", lambda *a: False)
+            want = mr.groupby_reduce(x, labels, func, **kwargs)
+    return got, want
+
+
+def _assert_same(got, want, atol=1e-10):
+    """Integers and bools equal; floats close (the two paths add in different orders)."""
+    (got, groups), (want, want_groups) = got, want
+    assert np.array_equal(groups, want_groups)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if want.dtype.kind == "f":
+        rtol = 1e-3 if want.dtype == np.float16 else 1e-10
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol,
+                                   equal_nan=True)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def _typed(dtype, shape, rng):
+    """Data of ``dtype`` with its extremes (integers), NaN and both infinities (floats)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.choice(np.array([info.min, info.max, 0, 1, info.max // 3], dtype=dtype), shape)
+    x = rng.standard_normal(shape).astype(dtype)
+    x[rng.random(shape) < 0.15] = np.nan
+    x.flat[::17] = np.inf
+    x.flat[5::23] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int8, np.int64, np.uint64, np.float16, np.float32])
+@pytest.mark.parametrize("func", groupby.FUNCS)
+def test_rows_path_matches_the_flat_path_for_every_dtype(rows_on_host, dtype, func):
+    """float16 min and max are folded in float32 (the kernel has no float16 accumulator) and rounded back,
+    as the flat path's segment kernels do; integers wrap and compare exactly."""
+    rng = np.random.default_rng(7)
+    x = _typed(dtype, (2, 60, 3), rng)
+    labels = rng.integers(0, 4, 60)  # unsorted: many runs per group
+    # float64 sums of int64 extremes cancel: their rounding differs by up to a few ulps of the largest
+    atol = 1e-10 if x.dtype.kind == "f" else 64 * np.finfo(np.float64).eps * float(np.abs(x.astype(float)).max())
+    _assert_same(*_both_paths(x, labels, func, axis=1), atol=atol)
+
+
+@pytest.mark.parametrize("func", groupby.FUNCS)
+@pytest.mark.parametrize("expected", [None, [1, 2]])
+def test_rows_path_along_an_empty_axis(rows_on_host, func, expected):
+    """No row along the grouped axis (a chunk of length 0, expected_groups naming groups): no run to fold,
+    every group empty, as on the flat path."""
+    x = np.zeros((2, 0, 3))
+    labels = np.array([], dtype=np.int64)
+    _assert_same(*_both_paths(x, labels, func, axis=1, expected_groups=expected))
+
+
+@pytest.mark.parametrize("layout", ["fortran", "strided", "no lead rows", "one row", "axis first"])
+@pytest.mark.parametrize("func", ["sum", "nanmax", "var", "count"])
+def test_rows_path_layouts(rows_on_host, layout, func):
+    rng = np.random.default_rng(8)
+    x = _typed(np.float64, (3, 20, 8), rng)
+    labels = rng.integers(0, 3, 20).astype(float)
+    labels[::7] = np.nan
+    axis = 1
+    if layout == "fortran":
+        x = np.asfortranarray(x)
+    elif layout == "strided":
+        x = x[:, :, ::3]
+    elif layout == "no lead rows":
+        x = x[:0]
+    elif layout == "one row":
+        x, labels = x[:, 4:5], labels[4:5]
+    else:
+        x, axis = np.moveaxis(x, 1, 0), 0
+    kwargs = {"ddof": 1} if func == "var" else {}
+    _assert_same(*_both_paths(x, labels, func, axis=axis, **kwargs))
+
+
+def test_which_chunks_keep_their_rows():
+    """Only GPU chunks grouped along an axis that is not the last, with ROWS_MIN_COLUMNS elements or more
+    after it, keep their rows in place."""
+    gpu = object()  # any array module but NumPy
+    wide = np.empty((2, 5, groupby.ROWS_MIN_COLUMNS))
+    assert groupby._keeps_rows(gpu, wide, 1, False)
+    assert not groupby._keeps_rows(np, wide, 1, False)
+    assert not groupby._keeps_rows(gpu, wide, 1, True)  # the flat path asked for
+    assert not groupby._keeps_rows(gpu, wide, 2, False)  # the last axis
+    assert not groupby._keeps_rows(gpu, wide[..., 1:], 1, False)  # too few columns after the axis
+
+
+@pytest.mark.parametrize("labels", [np.array([5, 3, 5, -2], dtype=">i4"), np.array([7, 7, 1], dtype=">u8"),
+                                    np.array([2**63 + 5, 2**63, 2**63 + 5], dtype=np.uint64)])
+def test_integer_labels_of_any_byte_order_factorize_as_sorted_distinct_labels(labels):
+    codes, groups = groupby.factorize(labels, labels.size, None, "test")
+    want = np.unique(labels)
+    assert groups.dtype == labels.dtype and np.array_equal(groups, want)
+    assert codes.dtype == np.int64 and np.array_equal(groups[codes], labels)
+
+
+def test_short_runs_are_put_in_group_order_first(rows_on_host, monkeypatch):
+    """Labels that change every row or two (hour of day): the rows path gathers the rows into group order
+    once, so its first fold makes one partial row per group, not one per run; the result is unchanged."""
+    folded = []
+    real = cupy_segment.segment_reduce_rows
+
+    def recording(x3, starts, op, acc):
+        folded.append(len(starts) - 1)
+        return real(x3, starts, op, acc)
+
+    monkeypatch.setattr(cupy_segment, "segment_reduce_rows", recording)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((240, 7))
+    hour = np.arange(240) % 24
+    got, _ = mr.groupby_reduce(x, hour, "mean", axis=0)
+    np.testing.assert_allclose(got, np.stack([x[hour == h].mean(axis=0) for h in range(24)], axis=-1))
+    assert folded and max(folded) <= 24 + 1, folded  # one run per group, not 240
+    folded.clear()
+    months = np.repeat(np.arange(12), 20)  # long runs stay where they are: 12 runs, one fold
+    mr.groupby_reduce(x, months, "sum", axis=0)
+    assert folded == [12], folded

@@ -89,3 +89,32 @@ def test_a_field_by_month_in_dask_chunks_along_time(launches):
         _close(got.compute(), want, 1e-5)
     np.testing.assert_array_equal(got_groups, groups)
     assert launches
+
+
+@pytest.mark.parametrize("func", ["sum", "max", "nanmin", "mean", "var", "any", "count"])
+@pytest.mark.parametrize("dtype", [np.float16, np.bool_])
+@pytest.mark.parametrize("case", ["pre > 1, even columns", "a view one element off", "hour of day", "empty axis"])
+def test_rows_in_place_edge_layouts(launches, func, dtype, case):
+    """Two columns per thread with several leading rows, the one-column fallback for a misaligned view,
+    labels that change every row (put in group order first) and an empty grouped axis."""
+    rng = np.random.default_rng(23)
+    expected = None
+    if case == "pre > 1, even columns":
+        x, axis, labels = rng.uniform(-1, 1, (3, 150, 2, 130)), 1, _months(150 * 58)[::58]
+    elif case == "a view one element off":
+        x, axis, labels = rng.uniform(-1, 1, 1 + 90 * 300)[1:].reshape(90, 300), 0, np.arange(90.0) // 30
+    elif case == "hour of day":
+        x, axis, labels = rng.uniform(-1, 1, (96, 260)), 0, np.arange(96.0) % 24
+    else:
+        x, axis, labels, expected = rng.uniform(-1, 1, (2, 0, 300)), 1, np.array([]), [1.0, 2.0]
+    x = (x > 0) if dtype == np.bool_ else x.astype(dtype)
+    device = cupy.asarray(x)
+    if case == "a view one element off":  # the same bytes, one element into an allocation
+        device = cupy.asarray(np.concatenate([x.reshape(-1)[:1], x.reshape(-1)])).reshape(-1)[1:].reshape(x.shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want, groups = mr.groupby_reduce(x, labels, func, axis=axis, expected_groups=expected)
+        got, got_groups = mr.groupby_reduce(device, labels, func, axis=axis, expected_groups=expected)
+    assert launches or func == "count", "the rows path did not run"
+    np.testing.assert_array_equal(got_groups, groups)
+    _close(got, want, 2e-3 if dtype == np.float16 else 1e-12)
