@@ -60,6 +60,11 @@ def translation_units() -> list[tuple[str, str, list[str]]]:
         text = cupy_segment.module_text(get_operator(opname)) + \
             f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
         units.append((f"{opname}-segment", text, expressions))
+    for opname, expressions in cupy_segment.all_rows_instantiations():  # group-by along a leading axis
+        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
+        text = cupy_segment.rows_module_text(get_operator(opname)) + \
+            f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        units.append((f"{opname}-rows", text, expressions))
     return units
 
 

@@ -315,11 +315,41 @@ def rows_module_text(op: Operator) -> str:
     return _kernels.kernel_source(ROWS_ENTRY) + "\n" + op.cuda_source()
 
 
+def rows_names(dtype, acc, op: Operator) -> dict[int, str]:
+    """{columns per thread: name expression} of the row-segment kernel for these types."""
+    return {vec: (f"mr::segment_reduce_rows<{_kernels.ctype(dtype)}, {_kernels.ctype(acc)}, {op.cuda_functor}, "
+                  f"{ROWS_BLOCK}, {ROWS_UNROLL}, {vec}>") for vec in sorted({1, ROWS_VEC})}
+
+
+def all_rows_instantiations() -> list[tuple[str, list[str]]]:
+    """(operator, name expressions) of every row-segment kernel a group-by asks for, per built-in operator:
+    each GPU dtype folded in its result's accumulator, floats also in float64 (group-by sums and the
+    moments), and the partials of each in their own type. CI compiles them with nvcc
+    (tools/compile_kernels.py); they are compiled at run time, not shipped."""
+    from ..operators import get_operator
+
+    groups = []
+    for opname in ("sum", "prod", "min", "max", "nansum", "nanprod", "nanmin", "nanmax"):
+        op = get_operator(opname)
+        exprs: set[str] = set()
+        for dtype in _dt.GPU_DTYPES:
+            if dtype.kind not in op.kinds:
+                continue
+            accs = {_dt.accumulator_dtype(_dt.result_dtype(op.family, dtype)), _dt.accumulator_dtype(dtype)}
+            if dtype.kind == "f" and op.family == "sum":
+                accs.add(np.dtype(np.float64))
+            for acc in accs:
+                if _dt.gpu_supported(acc) and acc.kind in op.kinds:
+                    exprs.update(rows_names(dtype, acc, op).values())
+                    exprs.update(rows_names(acc, acc, get_operator(op.partials.name)).values())
+        groups.append((opname, sorted(exprs)))
+    return groups
+
+
 def _rows_kernels(op: Operator, dtype, acc) -> dict:
     """{columns per thread: Kernel} of the row-segment kernel for these types (1 and ROWS_VEC)."""
     device = cupy.cuda.runtime.getDevice()
-    names = {vec: (f"mr::segment_reduce_rows<{_kernels.ctype(dtype)}, {_kernels.ctype(acc)}, {op.cuda_functor}, "
-                   f"{ROWS_BLOCK}, {ROWS_UNROLL}, {vec}>") for vec in sorted({1, ROWS_VEC})}
+    names = rows_names(dtype, acc, op)
     key = (device, ROWS_ENTRY, op.cuda_functor, op.cuda_source(), tuple(names.values()))
     # compiled at first use (NVRTC, then CuPy's disk cache): not among the shipped binaries
     found = _kernels._memoized(key, lambda: _kernels._compiled(
