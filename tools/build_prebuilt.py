@@ -104,15 +104,20 @@ def _external(symbol: str) -> str:
 
 def build(name: str, expressions: list[str], nvcc: str, work: str) -> dict:
     """One fatbin: ``name`` is a built-in operator's name (the production source with its functor) or
-    ``module:<entry>`` (an operator-free source, kernels.STANDALONE) or ``segment:<operator>`` (the
-    segment kernels of a built-in operator, backends/cupy_segment)."""
-    stem = name.replace("module:", "module-").replace(".cuh", "").replace(cupy_segment.PREBUILT_PREFIX, "segment-")
+    ``module:<entry>`` (an operator-free source, kernels.STANDALONE), ``segment:<operator>`` (the
+    segment kernels of a built-in operator, backends/cupy_segment) or ``rows:<operator>`` (its
+    row-segment kernels, the group-by along a leading axis)."""
+    stem = (name.replace("module:", "module-").replace(".cuh", "").replace(cupy_segment.PREBUILT_PREFIX, "segment-")
+            .replace(cupy_segment.ROWS_PREBUILT_PREFIX, "rows-"))
     if name.startswith("module:"):
         entry = name.split(":", 1)[1]
         source, key = kernels.kernel_source(entry), kernels.standalone_key(entry)
     elif name.startswith(cupy_segment.PREBUILT_PREFIX):
         op = get_operator(name[len(cupy_segment.PREBUILT_PREFIX):])
         source, key = cupy_segment.module_text(op), cupy_segment.prebuilt_key(op)
+    elif name.startswith(cupy_segment.ROWS_PREBUILT_PREFIX):
+        op = get_operator(name[len(cupy_segment.ROWS_PREBUILT_PREFIX):])
+        source, key = cupy_segment.rows_module_text(op), cupy_segment.rows_prebuilt_key(op)
     else:
         op = get_operator(name)
         source, key = kernels.module_text(op), kernels.prebuilt_key(op)
@@ -132,12 +137,17 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
     parser.add_argument("--no-check", action="store_true", help="skip compile_kernels.py's full check")
+    parser.add_argument("--only", default="", help="rebuild only the modules whose index name contains this "
+                                                   "(e.g. rows:), keeping the others' entries")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
     groups = [(op, exprs) for op, entry, exprs in kernels.all_instantiations(policy(9), candidates=False)
               if entry == kernels.ENTRY]
     groups += [("module:" + entry, kernels.standalone_instantiations(entry)) for entry in kernels.STANDALONE]
     groups += [(cupy_segment.PREBUILT_PREFIX + op, exprs) for op, exprs in cupy_segment.all_segment_instantiations()]
+    groups += [(cupy_segment.ROWS_PREBUILT_PREFIX + op, exprs) for op, exprs in cupy_segment.all_rows_instantiations()]
+    if args.only:
+        groups = [g for g in groups if args.only in g[0]]
     work = tempfile.mkdtemp(prefix="multireduce-prebuilt-")
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -145,6 +155,9 @@ def main(argv=None) -> int:
                              pool.map(lambda g: build(g[0], g[1], args.nvcc, work), groups)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if args.only:  # the other modules' entries as they were
+        kept = json.loads((OUT / "index.json").read_text()) if (OUT / "index.json").exists() else {}
+        built = {**kept, **built}
     (OUT / "index.json").write_text(json.dumps(built, indent=1, sort_keys=True) + "\n")
     for op, entry in built.items():
         size = (OUT / entry["file"]).stat().st_size

@@ -315,6 +315,15 @@ def rows_module_text(op: Operator) -> str:
     return _kernels.kernel_source(ROWS_ENTRY) + "\n" + op.cuda_source()
 
 
+#: kernels.py's prebuilt index names a built-in operator's row-segment module "rows:<operator>"
+ROWS_PREBUILT_PREFIX = "rows:"
+
+
+def rows_prebuilt_key(op: Operator) -> str:
+    """kernels.source_key of ``op``'s row-segment module."""
+    return _kernels.source_key(rows_module_text(op))
+
+
 def rows_names(dtype, acc, op: Operator) -> dict[int, str]:
     """{columns per thread: name expression} of the row-segment kernel for these types."""
     return {vec: (f"mr::segment_reduce_rows<{_kernels.ctype(dtype)}, {_kernels.ctype(acc)}, {op.cuda_functor}, "
@@ -324,8 +333,8 @@ def rows_names(dtype, acc, op: Operator) -> dict[int, str]:
 def all_rows_instantiations() -> list[tuple[str, list[str]]]:
     """(operator, name expressions) of every row-segment kernel a group-by asks for, per built-in operator:
     each GPU dtype folded in its result's accumulator, floats also in float64 (group-by sums and the
-    moments), and the partials of each in their own type. CI compiles them with nvcc
-    (tools/compile_kernels.py); they are compiled at run time, not shipped."""
+    moments), and the partials of each in their own type. tools/build_prebuilt.py ships these
+    precompiled; CI compiles them with nvcc (tools/compile_kernels.py)."""
     from ..operators import get_operator
 
     groups = []
@@ -349,12 +358,13 @@ def all_rows_instantiations() -> list[tuple[str, list[str]]]:
 def _rows_kernels(op: Operator, dtype, acc) -> dict:
     """{columns per thread: Kernel} of the row-segment kernel for these types (1 and ROWS_VEC)."""
     device = cupy.cuda.runtime.getDevice()
-    names = rows_names(dtype, acc, op)
+    names = {str(v): name for v, name in rows_names(dtype, acc, op).items()}
     key = (device, ROWS_ENTRY, op.cuda_functor, op.cuda_source(), tuple(names.values()))
-    # compiled at first use (NVRTC, then CuPy's disk cache): not among the shipped binaries
-    found = _kernels._memoized(key, lambda: _kernels._compiled(
-        rows_module_text(op), {str(v): name for v, name in names.items()},
-        f"the row-segment kernel for operator {op.name!r}"))
+    # the shipped binary for built-in operators (no compiler at first call), else NVRTC
+    found = _kernels._memoized(key, lambda: (
+        op.builtin and _kernels._from_prebuilt(ROWS_PREBUILT_PREFIX + op.name, lambda: rows_prebuilt_key(op), names,
+                                               device))
+        or _kernels._compiled(rows_module_text(op), names, f"the row-segment kernel for operator {op.name!r}"))
     return {int(v): kernel for v, kernel in found.items()}
 
 
