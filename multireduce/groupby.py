@@ -89,14 +89,26 @@ class _Segments:
         self.ngroups, self.xp = ngroups, xp
         self.rows = _keeps_rows(xp, block, axis, flat)
         if self.rows:
-            self.flat, self.at, self.key = False, axis, key
-            runs = 1 + int(np.count_nonzero(key[1:] != key[:-1])) if key.size else 0
+            self.flat, self.at = False, axis
+            run_starts = _run_starts(key)
+            runs = run_starts.size - 1
             if runs > ngroups + 1 and key.size < ROWS_MIN_RUN * runs:
                 # short runs (by hour of day, by day of year) would each leave a partial row as large
                 # as a row of data: one gather of whole rows puts each group in one run instead
                 order = np.argsort(key, kind="stable")
                 block = xp.take(block, xp.asarray(order), axis=axis)
-                self.key = key[order]
+                key = key[order]
+                run_starts = _run_starts(key)
+            self.key, self.run_starts = key, run_starts
+            # the runs of each group, in group order, for the second fold (None: the runs are the groups)
+            run_key = key[run_starts[:-1]]
+            self.run_order = self.group_starts = None
+            if not np.array_equal(run_key, np.arange(ngroups)):
+                order = np.argsort(run_key, kind="stable")
+                order = order[run_key[order] < ngroups]  # runs in no group dropped
+                per_group = np.bincount(run_key[order], minlength=ngroups)
+                self.run_order = xp.asarray(order)
+                self.group_starts = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int64)
             self.values = xp.ascontiguousarray(block)
             self.lead = tuple(s for d, s in enumerate(block.shape) if d != axis)
             return
@@ -145,23 +157,15 @@ class _Segments:
         launch where a group has several runs or runs are out of group order."""
         from .backends import cupy_segment
 
-        at, g, key = self.at, self.ngroups, self.key
+        at, g = self.at, self.ngroups
         shape = values.shape
         x3 = values.reshape(math.prod(shape[:at]), shape[at], math.prod(shape[at + 1:]))
-        bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
-        # no run at all along an empty axis: every group then folds nothing (the identity)
-        run_starts = np.concatenate([[0], bounds, [key.size]] if key.size else [[0]]).astype(np.int64)
-        run_key = key[run_starts[:-1]]
         operator = get_operator(op)
         acc = _dt.accumulator_dtype(dtype)  # float16 folded in float32, as the flat path's segment kernels do
-        out = cupy_segment.segment_reduce_rows(x3, run_starts, operator, acc)
-        if not np.array_equal(run_key, np.arange(g)):
-            order = np.argsort(run_key, kind="stable")
-            order = order[run_key[order] < g]  # runs in no group dropped
-            per_group = np.bincount(run_key[order], minlength=g)
-            group_starts = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int64)
-            runs = self.xp.take(out, self.xp.asarray(order), axis=1)
-            out = cupy_segment.segment_reduce_rows(runs, group_starts, operator.partials, acc)
+        out = cupy_segment.segment_reduce_rows(x3, self.run_starts, operator, acc)
+        if self.run_order is not None:
+            runs = self.xp.take(out, self.run_order, axis=1)
+            out = cupy_segment.segment_reduce_rows(runs, self.group_starts, operator.partials, acc)
         out = _as_dtype(out, dtype)
         out = out.reshape(shape[:at] + (g,) + shape[at + 1:])
         return self.xp.moveaxis(out, at, -1)
@@ -180,6 +184,14 @@ ROWS_MIN_COLUMNS = 256
 #: The shortest average run of equal labels the rows path folds where the rows lie; shorter runs are put
 #: in group order first (a gather of whole rows, in the data's dtype)
 ROWS_MIN_RUN = 16
+
+
+def _run_starts(key: np.ndarray) -> np.ndarray:
+    """Where each run of equal codes begins, and the end: int64, [0] alone for no codes (no run at all:
+    every group then folds nothing, the identity)."""
+    if not key.size:
+        return np.zeros(1, dtype=np.int64)
+    return np.concatenate([[0], np.flatnonzero(key[1:] != key[:-1]) + 1, [key.size]]).astype(np.int64)
 
 
 def _keeps_rows(xp, block, axis: int, flat: bool) -> bool:

@@ -169,22 +169,19 @@ def test_prebuilt_kernels_match_the_current_source():
         total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
     from multireduce.backends import cupy_segment
 
-    for opname, expressions in cupy_segment.all_segment_instantiations():
-        built = index.get(cupy_segment.PREBUILT_PREFIX + opname)
-        assert built is not None, f"{opname}'s segment kernels: not prebuilt: run tools/build_prebuilt.py"
-        assert built["key"] == cupy_segment.prebuilt_key(get_operator(opname)), \
-            f"{opname}'s segment kernels changed since the prebuilt binaries were made: run tools/build_prebuilt.py"
-        missing = sorted(set(expressions) - set(built["mangled"]))
-        assert not missing, f"{opname}'s segment kernels: {len(missing)} not prebuilt, e.g. {missing[0]}"
-        total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
-    for opname, expressions in cupy_segment.all_rows_instantiations():
-        built = index.get(cupy_segment.ROWS_PREBUILT_PREFIX + opname)
-        assert built is not None, f"{opname}'s row-segment kernels: not prebuilt: run tools/build_prebuilt.py"
-        assert built["key"] == cupy_segment.rows_prebuilt_key(get_operator(opname)), \
-            f"{opname}'s row-segment kernels changed since the prebuilt binaries were made: run tools/build_prebuilt.py"
-        missing = sorted(set(expressions) - set(built["mangled"]))
-        assert not missing, f"{opname}'s row-segment kernels: {len(missing)} not prebuilt, e.g. {missing[0]}"
-        total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
+    for what, prefix, groups, key in (
+            ("segment kernels", cupy_segment.PREBUILT_PREFIX, cupy_segment.all_segment_instantiations(),
+             cupy_segment.prebuilt_key),
+            ("row-segment kernels", cupy_segment.ROWS_PREBUILT_PREFIX, cupy_segment.all_rows_instantiations(),
+             cupy_segment.rows_prebuilt_key)):
+        for opname, expressions in groups:
+            built = index.get(prefix + opname)
+            assert built is not None, f"{opname}'s {what}: not prebuilt: run tools/build_prebuilt.py"
+            assert built["key"] == key(get_operator(opname)), \
+                f"{opname}'s {what} changed since the prebuilt binaries were made: run tools/build_prebuilt.py"
+            missing = sorted(set(expressions) - set(built["mangled"]))
+            assert not missing, f"{opname}'s {what}: {len(missing)} not prebuilt, e.g. {missing[0]}"
+            total += (kernels.PREBUILT_DIR / built["file"]).stat().st_size
     assert total < 24e6, f"prebuilt binaries take {total / 1e6:.1f} MB"
 
 

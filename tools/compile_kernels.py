@@ -40,30 +40,28 @@ def unit_name(opname: str, entry: str) -> str:
     return opname if entry == kernels.ENTRY else f"{opname}-{entry.split('.')[0]}"
 
 
+def _with_table(source: str, expressions: list[str]) -> str:
+    """``source`` and a table taking every expression's address, so that nvcc instantiates each."""
+    body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
+    return source + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+
+
 def translation_units() -> list[tuple[str, str, list[str]]]:
     """(unit name, source text with the instantiation table, name expressions) for every unit."""
     units = []
     for opname, entry, expressions in kernels.all_instantiations(policy(9)):
-        op = get_operator(opname)
-        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
-        text = kernels.module_text(op, entry) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        text = _with_table(kernels.module_text(get_operator(opname), entry), expressions)
         units.append((unit_name(opname, entry), text, expressions))
     for entry in kernels.STANDALONE:  # the operator-free sources (statistics, exact sums, ...)
         expressions = kernels.standalone_instantiations(entry)
-        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
-        text = kernels.kernel_source(entry) + f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
-        units.append((entry.split(".")[0], text, expressions))
-    from multireduce.backends import cupy_segment  # per-operator, compiled at run time (not prebuilt)
+        units.append((entry.split(".")[0], _with_table(kernels.kernel_source(entry), expressions), expressions))
+    from multireduce.backends import cupy_segment  # per-operator modules of their own
 
     for opname, expressions in cupy_segment.all_segment_instantiations():
-        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
-        text = cupy_segment.module_text(get_operator(opname)) + \
-            f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        text = _with_table(cupy_segment.module_text(get_operator(opname)), expressions)
         units.append((f"{opname}-segment", text, expressions))
     for opname, expressions in cupy_segment.all_rows_instantiations():  # group-by along a leading axis
-        body = ",\n  ".join(f"(void*)&{e}" for e in expressions)
-        text = cupy_segment.rows_module_text(get_operator(opname)) + \
-            f"\nvoid* const multireduce_instantiations[] = {{\n  {body}\n}};\n"
+        text = _with_table(cupy_segment.rows_module_text(get_operator(opname)), expressions)
         units.append((f"{opname}-rows", text, expressions))
     return units
 
