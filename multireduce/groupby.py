@@ -83,11 +83,15 @@ class _Segments:
 
     def __init__(self, block, codes, axis: int, ngroups: int, flat: bool):
         xp = _xp(block)
-        key = np.where(codes < 0, ngroups, codes)
-        self.counts = np.bincount(key, minlength=ngroups + 1)
-        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         self.ngroups, self.xp = ngroups, xp
         self.rows = _keeps_rows(xp, block, axis, flat)
+        # the labels are planned where the data are when they are many (sorting them on the host would take
+        # longer than the reduction), else on the host; the rows path's labels are few (one per row)
+        many = xp is not np and not self.rows and codes.size >= DEVICE_LABELS_MIN
+        codes = xp.asarray(codes) if many else _host(codes)
+        key = _xp(codes).where(codes < 0, ngroups, codes)
+        self.counts = _host(_xp(codes).bincount(key, minlength=ngroups + 1))
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         if self.rows:
             self.flat, self.at = False, axis
             run_starts = _run_starts(key)
@@ -116,8 +120,8 @@ class _Segments:
         self.at = block.ndim - 1 if self.flat else axis  # where the grouped axis is in ``values``
         values = xp.moveaxis(block, axis, -1) if self.flat else block
         self.key = key
-        if key.size > 1 and (key[1:] < key[:-1]).any():
-            order = np.argsort(key, kind="stable")
+        if key.size > 1 and bool((key[1:] < key[:-1]).any()):
+            order = _group_order(key, ngroups)
             values = xp.take(values, xp.asarray(order), axis=self.at)
             self.key = key[order]
         self.values = xp.ascontiguousarray(values) if self.flat else values
@@ -192,6 +196,15 @@ def _run_starts(key: np.ndarray) -> np.ndarray:
     if not key.size:
         return np.zeros(1, dtype=np.int64)
     return np.concatenate([[0], np.flatnonzero(key[1:] != key[:-1]) + 1, [key.size]]).astype(np.int64)
+
+
+def _group_order(key, ngroups: int):
+    """The stable order that sorts group keys (0..ngroups, on the host or the GPU). On the GPU the keys
+    are sorted as int32 where they fit: a radix sort of half the bytes."""
+    xp = _xp(key)
+    if xp is not np and ngroups < np.iinfo(np.int32).max:
+        key = key.astype(np.int32)
+    return xp.argsort(key, kind="stable")
 
 
 def _keeps_rows(xp, block, axis: int, flat: bool) -> bool:
@@ -368,22 +381,30 @@ def _fill_of(stat: str, fill_value):
 # ------------------------------------------------------------------------------------------------
 # Labels -> codes
 # ------------------------------------------------------------------------------------------------
-def _null(labels: np.ndarray) -> np.ndarray:
+def _null(labels):
+    """Where labels are missing (NaN, NaT, None): on the labels' device."""
+    xp = _xp(labels)
     if labels.dtype.kind in "fc":
-        return np.isnan(labels)
+        return xp.isnan(labels)
     if labels.dtype.kind in "mM":
         return np.isnat(labels)
     if labels.dtype.kind == "O":
         return np.array([x is None or x != x for x in labels], dtype=bool)
-    return np.zeros(labels.shape, dtype=bool)
+    return xp.zeros(labels.shape, dtype=bool)
 
 
-def _small_integer_codes(labels: np.ndarray):
+def _host(a) -> np.ndarray:
+    """``a`` as a NumPy array (a CuPy array copied to the host)."""
+    return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
+def _small_integer_codes(labels):
     """factorize's (codes, groups) for integer labels spanning few values (months, days, hours, classes)
-    through a table of the span, in O(n + span) instead of sorting the labels (``numpy.unique``); None
-    for other labels or a span wider than the labels are many."""
+    through a table of the span, in O(n + span) instead of sorting the labels (``unique``); None for
+    other labels or a span wider than the labels are many. Codes on the labels' device, groups NumPy."""
     if labels.dtype.kind not in "iu" or labels.size == 0:
         return None
+    xp = _xp(labels)
     lo, hi = int(labels.min()), int(labels.max())
     span = hi - lo + 1
     if span > 4 * labels.size + 1024:
@@ -391,11 +412,12 @@ def _small_integer_codes(labels: np.ndarray):
     # in a type that holds the span: int8 labels from -128 to 127 are 255 apart (unsigned ones never wrap)
     wide = labels - labels.dtype.type(lo) if labels.dtype.kind == "u" else labels.astype(np.int64) - lo
     offset = wide.astype(np.intp, copy=False)
-    present = np.zeros(span, dtype=bool)
+    present = xp.zeros(span, dtype=bool)
     present[offset] = True
-    where = np.flatnonzero(present)
-    table = np.full(span, -1, dtype=np.int64)
-    table[where] = np.arange(where.size)
+    where = xp.flatnonzero(present)
+    table = xp.full(span, -1, dtype=np.int64)
+    table[where] = xp.arange(where.size)
+    where = _host(where)
     if labels.dtype.kind == "u":
         groups = where.astype(np.uint64) + np.uint64(lo)
     else:
@@ -403,17 +425,43 @@ def _small_integer_codes(labels: np.ndarray):
     return table[offset], groups.astype(labels.dtype)
 
 
-def factorize(by, n: int, expected_groups, caller: str):
+#: From this many labels beside CuPy data (or CuPy labels), numeric labels are factorized and put in group
+#: order on the GPU: sorting 2^26 labels on the host takes seconds, on the GPU milliseconds
+DEVICE_LABELS_MIN = 1 << 16
+
+
+def _factorizes_on_gpu(labels, expected_groups) -> bool:
+    """Whether labels (already checked: one per element) are factorized on a GPU: many numeric ones, with
+    numeric expected groups if any (strings, datetimes and objects stay on the host)."""
+    if labels.dtype.kind not in "iuf" or labels.size < DEVICE_LABELS_MIN:
+        return False
+    return expected_groups is None or np.asarray(expected_groups).dtype.kind in "biuf"
+
+
+def factorize(by, n: int, expected_groups, caller: str, device=None):
     """(codes, groups): the position of each label in ``groups`` (int64; -1 for NaN labels and, with
-    ``expected_groups``, labels not in it), and the groups: the sorted distinct labels, or
-    ``expected_groups`` as given."""
+    ``expected_groups``, labels not in it), and the groups (NumPy): the sorted distinct labels, or
+    ``expected_groups`` as given. With ``device`` (a GPU's id), many numeric labels are factorized on that
+    GPU and their codes stay there (a CuPy array); otherwise codes are NumPy."""
     if v.is_dask_array(by):
         raise TypeError(f"{caller}: argument 'by' must be a NumPy or CuPy array or a list; got a dask array "
                         "(the groups shape the result: compute the labels first)")
-    labels = by.get() if is_cupy_array(by) else np.asarray(by)
+    labels = by if is_cupy_array(by) else np.asarray(by)
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(f"{caller}: argument 'by' must be 1-D with one label per element along 'axis' ({n}); "
                          f"got shape {labels.shape}")
+    if device is not None and _factorizes_on_gpu(labels, expected_groups):
+        import cupy
+
+        with cupy.cuda.Device(device):  # NumPy labels copied up, CuPy ones on another GPU copied over
+            labels = cupy.asarray(labels.astype(labels.dtype.newbyteorder("="), copy=False))
+            return _factorize_labels(labels, expected_groups, caller)
+    return _factorize_labels(_host(labels), expected_groups, caller)
+
+
+def _factorize_labels(labels, expected_groups, caller: str):
+    """factorize() of 1-D labels where they are (NumPy or CuPy; groups always NumPy)."""
+    xp = _xp(labels)
     if expected_groups is None:
         found = _small_integer_codes(labels)
         if found is not None:
@@ -421,7 +469,7 @@ def factorize(by, n: int, expected_groups, caller: str):
     null = _null(labels)
     try:
         if expected_groups is None:
-            groups = np.unique(labels[~null])
+            groups = _host(xp.unique(labels[~null]))
             sorted_groups, sorter = groups, np.arange(groups.size)
         else:
             groups = np.asarray(expected_groups)
@@ -430,8 +478,12 @@ def factorize(by, n: int, expected_groups, caller: str):
                                  f"{groups.size} labels of shape {groups.shape}")
             sorter = np.argsort(groups, kind="stable")
             sorted_groups = groups[sorter]
-        where = np.searchsorted(sorted_groups, labels)
-        inside = np.minimum(where, max(sorted_groups.size - 1, 0))
+        if xp is not np:  # one dtype for both sides of the search on the GPU, as NumPy compares them
+            common = np.result_type(labels.dtype, sorted_groups.dtype)
+            labels, sorted_groups = labels.astype(common, copy=False), xp.asarray(sorted_groups.astype(common))
+            sorter = xp.asarray(sorter)
+        where = xp.searchsorted(sorted_groups, labels)
+        inside = xp.minimum(where, max(sorted_groups.size - 1, 0))
         hit = (where < sorted_groups.size) & ~null
         if sorted_groups.size:
             hit &= sorted_groups[inside] == labels
@@ -439,7 +491,7 @@ def factorize(by, n: int, expected_groups, caller: str):
         raise TypeError(f"{caller}: argument 'by' holds labels (dtype {labels.dtype}) that cannot be ordered"
                         + ("" if expected_groups is None else f" against 'expected_groups' ({groups.dtype})")
                         + f": {exc}") from None
-    codes = np.where(hit, sorter[inside] if sorted_groups.size else -1, -1).astype(np.int64)
+    codes = xp.where(hit, sorter[inside] if sorted_groups.size else -1, -1).astype(np.int64)
     return codes, groups
 
 
@@ -500,8 +552,15 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"{caller}: argument 'axis' must be an int; got {axis!r}")
     (ax,) = v.normalize_axes(axis, x.ndim, caller)
-    codes = np.asarray(codes, dtype=np.int64)
-    if codes.shape != (x.shape[ax],) or (codes.size and (codes.min() < -1 or codes.max() >= ngroups)):
+    if kind == "cupy" and is_cupy_array(codes):  # codes factorized on the GPU stay there, on x's GPU
+        import cupy
+
+        with cupy.cuda.Device(x.data.device_id):
+            codes = cupy.asarray(codes, dtype=np.int64)
+    else:
+        codes = _host(codes).astype(np.int64, copy=False)
+    xp = _xp(codes)
+    if codes.shape != (x.shape[ax],) or (codes.size and (int(codes.min()) < -1 or int(codes.max()) >= ngroups)):
         raise ValueError(f"{caller}: expected one group code in [-1, {ngroups}) per element along axis {ax} "
                          f"({x.shape[ax]}); got {codes.size} codes")
     stat, skipnan = _stat_of(func, skipna, x.dtype.kind == "f", caller)
@@ -517,7 +576,8 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
         raise TypeError(f"{caller}: argument 'fill_value' must be None or a number; got {fill_value!r}")
     acc, out = _dtypes(stat, x.dtype, dtype, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
-    counts = np.bincount(codes[codes >= 0], minlength=ngroups)
+    with on_device_of(codes):
+        counts = _host(xp.bincount(xp.where(codes >= 0, codes, ngroups), minlength=ngroups + 1))[:ngroups]
     missing = tuple(int(g) for g in np.flatnonzero(counts == 0))
     fills = ([_fill_of(stat, fill_value)] if missing else []) + \
         ([np.nan if fill_value is None else fill_value] if min_count is not None else [])
@@ -569,7 +629,10 @@ def groupby_reduce(x, by, func, *, expected_groups=None, axis=-1, skipna=None, d
     if isinstance(n, float) and math.isnan(n):
         raise ValueError(f"{caller}: argument 'x' has an unknown length along axis {ax}; call "
                          "x.compute_chunk_sizes() first")
-    codes, groups = factorize(by, int(n), expected_groups, caller)
+    # many labels are factorized on the GPU of CuPy data (or of CuPy labels, whose codes then come to the
+    # host for NumPy data and for the graph of Dask data)
+    device = x.data.device_id if kind == "cupy" else (by.data.device_id if is_cupy_array(by) else None)
+    codes, groups = factorize(by, int(n), expected_groups, caller, device=device)
     result = reduce_codes(x, codes, groups.size, func, axis=ax, skipna=skipna, ddof=ddof, min_count=min_count,
                           fill_value=fill_value, dtype=dtype, split_every=split_every, caller=caller)
     return result, groups

@@ -114,3 +114,97 @@ def test_xarray_accessor_on_cupy_data():
     with dask.config.set(scheduler="synchronous"):
         np.testing.assert_allclose(monthly.data.compute().get(), host.groupby("time.month").max().values,
                                    equal_nan=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Many labels (one per element of a long axis): factorized, checked and put in group order on the GPU
+# ------------------------------------------------------------------------------------------------
+def _many_labels(kind: str, n: int, rng):
+    if kind == "sorted":
+        return np.repeat(np.arange(12), -(-n // 12))[:n]
+    if kind == "unsorted":
+        return rng.integers(0, 4096, n)
+    if kind == "int8":
+        return rng.integers(-128, 128, n).astype(np.int8)
+    if kind == "wide int64":  # a span no table holds: sorted and searched
+        return rng.choice(np.array([-2**62, 5, 2**61, 2**62 + 7]), n)
+    if kind == "uint64 near the top":
+        return (np.uint64(2**64 - 1) - rng.integers(0, 9, n).astype(np.uint64))
+    labels = rng.integers(0, 300, n).astype(np.float64) / 4  # float labels, a fifth of them NaN
+    labels[rng.random(n) < 0.2] = np.nan
+    return labels
+
+
+@pytest.mark.parametrize("kind", ["sorted", "unsorted", "int8", "wide int64", "uint64 near the top", "float with NaN"])
+def test_many_labels_factorize_on_the_gpu_as_on_the_host(kind):
+    from multireduce import groupby
+
+    n = groupby.DEVICE_LABELS_MIN + 33
+    labels = _many_labels(kind, n, np.random.default_rng(21))
+    want_codes, want_groups = groupby.factorize(labels, n, None, "test")
+    for by in (labels, cupy.asarray(labels)):
+        codes, groups = groupby.factorize(by, n, None, "test", device=0)
+        assert isinstance(codes, cupy.ndarray) and codes.dtype == np.int64
+        assert groups.dtype == want_groups.dtype and np.array_equal(groups, want_groups)
+        np.testing.assert_array_equal(codes.get(), want_codes)
+    expected = want_groups[::3]  # some groups dropped; float labels also name one that no label has
+    if labels.dtype.kind == "f":
+        expected = np.concatenate([expected, [1e9]])
+    want_codes, _ = groupby.factorize(labels, n, expected, "test")
+    codes, groups = groupby.factorize(cupy.asarray(labels), n, expected, "test", device=0)
+    np.testing.assert_array_equal(codes.get(), want_codes)
+    assert np.array_equal(groups, expected)
+
+
+@pytest.mark.parametrize("func", ["sum", "nanmean", "nanvar", "max", "nanmin", "count", "prod"])
+@pytest.mark.parametrize("kind", ["sorted", "unsorted", "float with NaN"])
+@pytest.mark.parametrize("n", [(1 << 16) + 33, (1 << 20) + 7])
+def test_many_labels_cupy_matches_numpy(func, kind, n):
+    rng = np.random.default_rng(22)
+    labels = _many_labels(kind, n, rng)
+    x = rng.uniform(-1, 1, n)
+    x[rng.random(n) < 0.05] = np.nan
+    if func == "prod":
+        x = 1 + x / 64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want, groups = mr.groupby_reduce(x, labels, func)
+        for by in (labels, cupy.asarray(labels)):
+            got, got_groups = mr.groupby_reduce(cupy.asarray(x), by, func)
+            np.testing.assert_array_equal(got_groups, groups)
+            _close(got, want, 1e-12)
+    again, _ = mr.groupby_reduce(cupy.asarray(x), cupy.asarray(labels), func)
+    assert cupy.array_equal(got, again, equal_nan=True)  # the same bits on repeat
+
+
+def test_many_labels_along_the_last_axis_of_rows_and_in_dask_chunks():
+    rng = np.random.default_rng(23)
+    n = (1 << 17) + 5
+    labels = _many_labels("unsorted", n, rng)
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    want, groups = mr.groupby_reduce(x, labels, "mean", axis=1)
+    got, got_groups = mr.groupby_reduce(cupy.asarray(x), labels, "mean", axis=1)
+    np.testing.assert_array_equal(got_groups, groups)
+    _close(got, want, 1e-5)
+    d = da.from_array(cupy.asarray(x), chunks=(2, 1 << 16), asarray=False)  # codes per chunk planned on the GPU
+    lazy, _ = mr.groupby_reduce(d, cupy.asarray(labels), "mean", axis=1)
+    with dask.config.set(scheduler="synchronous"):
+        _close(lazy.compute(), want, 1e-5)
+
+
+def test_many_labels_are_planned_on_the_gpu(monkeypatch):
+    """No sort of the labels on the host: the group order of a chunk with many labels comes from the GPU."""
+    from multireduce import groupby
+
+    n = groupby.DEVICE_LABELS_MIN + 1
+    labels = _many_labels("unsorted", n, np.random.default_rng(24))
+    x = cupy.asarray(np.random.default_rng(25).standard_normal(n))
+    host_sorts = []
+    real = np.argsort
+    monkeypatch.setattr(np, "argsort", lambda a, *args, **kw: host_sorts.append(np.shape(a)) or real(a, *args, **kw))
+    seg = groupby._Segments(x, labels, 0, 4096, False)
+    assert isinstance(seg.key, cupy.ndarray) and not host_sorts
+    got, _ = mr.groupby_reduce(x, labels, "sum")
+    assert not [s for s in host_sorts if s[0] >= n]
+    want, _ = mr.groupby_reduce(x.get(), labels, "sum")
+    _close(got, want, 1e-12)
