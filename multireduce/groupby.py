@@ -1,7 +1,8 @@
 """Group-by reductions: one value per group of labels along one axis, on NumPy, CuPy and Dask arrays.
 
 Every chunk is reduced in one way whatever it holds: its elements are put in group order along the
-axis (the order comes from the labels alone, found on the host: labels are small next to the data),
+axis (the order comes from the labels alone: on the host where they are few next to the data, on the
+GPU of a CuPy chunk where they are many, ``DEVICE_LABELS_MIN``),
 each group is then a segment, and the segments are reduced with the same operators as everywhere else
 (NumPy: ``ufunc.reduceat`` along the axis; CuPy: the rows flattened into one vector and reduced by the
 segment kernels of ``multireduce.segment_reduce``, one segment per (row, group), on the GPU that holds
@@ -90,9 +91,9 @@ class _Segments:
         many = xp is not np and not self.rows and codes.size >= DEVICE_LABELS_MIN
         codes = xp.asarray(codes) if many else _host(codes)
         key = _xp(codes).where(codes < 0, ngroups, codes)
-        self.counts = _host(_xp(codes).bincount(key, minlength=ngroups + 1))
-        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         if self.rows:
+            self.counts = np.bincount(key, minlength=ngroups + 1)
+            self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
             self.flat, self.at = False, axis
             run_starts = _run_starts(key)
             runs = run_starts.size - 1
@@ -124,6 +125,10 @@ class _Segments:
             order = _group_order(key, ngroups)
             values = xp.take(values, xp.asarray(order), axis=self.at)
             self.key = key[order]
+        # where each group's segment starts, from the keys in order (no count by atomics on the GPU, where
+        # a few groups would make every element add to the same few counters)
+        self.starts = _host(_xp(key).searchsorted(self.key, _xp(key).arange(ngroups + 1))).astype(np.int64)
+        self.counts = np.diff(np.append(self.starts, self.key.size))
         self.values = xp.ascontiguousarray(values) if self.flat else values
         self.lead = tuple(s for d, s in enumerate(values.shape) if d != self.at)
 
@@ -161,18 +166,43 @@ class _Segments:
         launch where a group has several runs or runs are out of group order."""
         from .backends import cupy_segment
 
-        at, g = self.at, self.ngroups
-        shape = values.shape
-        x3 = values.reshape(math.prod(shape[:at]), shape[at], math.prod(shape[at + 1:]))
         operator = get_operator(op)
         acc = _dt.accumulator_dtype(dtype)  # float16 folded in float32, as the flat path's segment kernels do
-        out = cupy_segment.segment_reduce_rows(x3, self.run_starts, operator, acc)
+        out = cupy_segment.segment_reduce_rows(self._rows3(values), self.run_starts, operator, acc)
+        return self._runs_to_groups(out, operator.partials, acc, dtype)
+
+    def _rows3(self, values):
+        """``values`` (the layout of ``self.values``) as (rows before the axis, the axis, columns after)."""
+        shape, at = values.shape, self.at
+        return values.reshape(math.prod(shape[:at]), shape[at], math.prod(shape[at + 1:]))
+
+    def _runs_to_groups(self, out, partials, acc, dtype):
+        """Per-run folds (rows before, runs, columns after) -> per-group results in ``dtype`` (lead +
+        (ngroups,)): the runs of each group folded in order with ``partials`` where needed."""
+        from .backends import cupy_segment
+
         if self.run_order is not None:
             runs = self.xp.take(out, self.run_order, axis=1)
-            out = cupy_segment.segment_reduce_rows(runs, self.group_starts, operator.partials, acc)
+            out = cupy_segment.segment_reduce_rows(runs, self.group_starts, partials, acc)
         out = _as_dtype(out, dtype)
-        out = out.reshape(shape[:at] + (g,) + shape[at + 1:])
+        shape, at = self.values.shape, self.at
+        out = out.reshape(shape[:at] + (self.ngroups,) + shape[at + 1:])
         return self.xp.moveaxis(out, at, -1)
+
+    def shifted_sums(self, shift, skipnan: bool):
+        """Rows path: per group, the float64 sums of d and of d * d, d = x - shift (``shift``: lead +
+        (ngroups,), one value per group and column), NaN as d = 0 with ``skipnan``; one read of the data
+        (cupy_segment.segment_shifted_squares_rows), folded as reduce() folds sums."""
+        from .backends import cupy_segment
+
+        xp, at, g = self.xp, self.at, self.ngroups
+        x3 = self._rows3(self.values)
+        s3 = xp.moveaxis(shift, -1, at).reshape(x3.shape[0], g, x3.shape[2])
+        s3 = xp.concatenate([s3, xp.zeros((x3.shape[0], 1, x3.shape[2]))], axis=1)  # runs in no group: 0
+        found = cupy_segment.segment_shifted_squares_rows(x3, self.run_starts, self.key[self.run_starts[:-1]],
+                                                          s3, skipnan)
+        f64 = np.dtype(np.float64)
+        return tuple(self._runs_to_groups(a, get_operator("sum").partials, f64, f64) for a in found)
 
     def spread(self, per_group):
         """Per-group values (lead + (ngroups,)) repeated over each group's elements, in the layout of
@@ -227,6 +257,8 @@ def _moments(seg: _Segments, skipnan: bool):
     rounding of the first) and their sum of squares, two passes over the chunk. Data with inf or NaN
     in a group have anchor 0, so the offset carries them and M2 is NaN, as NumPy's var is."""
     xp = seg.xp
+    if seg.rows and _reads_moments_twice(seg.values.dtype):
+        return _moments_of_rows(seg, skipnan)
     dev = seg.values.astype(np.float64)  # a copy, worked on in place: the data, then deviations, then squares
     nan = xp.isnan(dev) if skipnan and seg.values.dtype.kind == "f" else None
     if nan is None:
@@ -244,6 +276,28 @@ def _moments(seg: _Segments, skipnan: bool):
     offset = total / per
     dev *= dev
     m2 = xp.maximum(seg.reduce(dev, "sum", np.float64) - offset * total, 0.0)
+    return count, anchor, offset, m2
+
+
+def _reads_moments_twice(dtype) -> bool:
+    """Whether the rows path's moments come from _moments_of_rows (its kernels exist for every GPU dtype)."""
+    return _dt.gpu_supported(dtype)
+
+
+def _moments_of_rows(seg: _Segments, skipnan: bool):
+    """_moments() of a chunk whose rows stay in place, in two reads of the data and no copy of it: the
+    anchors from one sum, the deviations' sums and squares from one more (``shifted_sums``). The values
+    and their rounding are those of _moments: each deviation x - anchor rounded to float64, squared and
+    rounded, added in the same order."""
+    xp = seg.xp
+    skip = skipnan and seg.values.dtype.kind == "f"
+    count = (seg.reduce(~xp.isnan(seg.values), "sum", np.int64) if skip else seg.lengths()).astype(np.float64)
+    per = xp.maximum(count, 1.0)
+    anchor = seg.reduce(seg.values, "nansum" if skip else "sum", np.float64) / per
+    anchor = xp.where(xp.isfinite(anchor), anchor, 0.0)
+    total, squares = seg.shifted_sums(anchor, skip)
+    offset = total / per
+    m2 = xp.maximum(squares - offset * total, 0.0)
     return count, anchor, offset, m2
 
 
@@ -398,6 +452,17 @@ def _host(a) -> np.ndarray:
     return a.get() if is_cupy_array(a) else np.asarray(a)
 
 
+def _mark(present, index) -> None:
+    """present[index] = True; on the GPU one store per run of equal indices (labels in runs would
+    otherwise store to the same few addresses once per element)."""
+    if is_cupy_array(index):
+        from .backends import cupy_segment
+
+        cupy_segment.mark_present(present, index)
+    else:
+        present[index] = True
+
+
 def _small_integer_codes(labels):
     """factorize's (codes, groups) for integer labels spanning few values (months, days, hours, classes)
     through a table of the span, in O(n + span) instead of sorting the labels (``unique``); None for
@@ -413,7 +478,7 @@ def _small_integer_codes(labels):
     wide = labels - labels.dtype.type(lo) if labels.dtype.kind == "u" else labels.astype(np.int64) - lo
     offset = wide.astype(np.intp, copy=False)
     present = xp.zeros(span, dtype=bool)
-    present[offset] = True
+    _mark(present, offset)
     where = xp.flatnonzero(present)
     table = xp.full(span, -1, dtype=np.int64)
     table[where] = xp.arange(where.size)
@@ -576,9 +641,10 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
         raise TypeError(f"{caller}: argument 'fill_value' must be None or a number; got {fill_value!r}")
     acc, out = _dtypes(stat, x.dtype, dtype, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
-    with on_device_of(codes):
-        counts = _host(xp.bincount(xp.where(codes >= 0, codes, ngroups), minlength=ngroups + 1))[:ngroups]
-    missing = tuple(int(g) for g in np.flatnonzero(counts == 0))
+    with on_device_of(codes):  # marks, not counts: no atomics on the GPU, whose few groups would contend
+        present = xp.zeros(ngroups + 1, dtype=bool)
+        _mark(present, xp.where(codes >= 0, codes, ngroups))
+    missing = tuple(int(g) for g in np.flatnonzero(~_host(present[:ngroups])))
     fills = ([_fill_of(stat, fill_value)] if missing else []) + \
         ([np.nan if fill_value is None else fill_value] if min_count is not None else [])
     for fill in fills:  # NumPy's promotion: an integer result with NaN to hold becomes float64

@@ -13,6 +13,7 @@ import pytest
 import multireduce as mr
 from multireduce import groupby
 from multireduce.backends import cupy_segment
+from multireduce.operators import get_operator
 
 
 def _kernel_model(x3, starts, op, acc):
@@ -44,6 +45,38 @@ def _rows_model(x3, starts, op, acc):
     return _kernel_model(_kernel_model(x3, cuts, op, acc), piece_starts, op.partials, acc)
 
 
+def _shifted_kernel_model(x3, starts, group_of, shift, skipnan):
+    """What one launch of segment_shifted_squares_rows computes: per segment and column, the float64
+    sums of d = x - shift[group] and of d * d (each rounded), in row order; NaN as d = 0 with skipnan."""
+    starts, group_of = np.asarray(starts), np.asarray(group_of)
+    assert starts.dtype == group_of.dtype == np.int64 and group_of.size == starts.size - 1
+    assert shift.dtype == np.float64 and shift.shape[0] == x3.shape[0] and shift.shape[2] == x3.shape[2]
+    assert np.all((group_of >= 0) & (group_of < shift.shape[1])), "every segment reads a shift of its own group"
+    pre, _, post = x3.shape
+    total, squares = (np.zeros((pre, len(starts) - 1, post)) for _ in range(2))
+    for s in range(len(starts) - 1):
+        with np.errstate(all="ignore"):
+            d = x3[:, starts[s]:starts[s + 1], :].astype(np.float64) - shift[:, group_of[s]:group_of[s] + 1, :]
+            if skipnan:
+                d[np.isnan(d)] = 0.0
+            for i in range(d.shape[1]):  # row by row, as the kernel adds
+                total[:, s, :] += d[:, i, :]
+                squares[:, s, :] += d[:, i, :] * d[:, i, :]
+    return total, squares
+
+
+def _shifted_model(x3, starts, group_of, shift, skipnan):
+    """segment_shifted_squares_rows with the kernel modelled: the same pieces, each piece reading its
+    segment's shift, the pieces then summed in order."""
+    cut = cupy_segment.row_pieces(starts)
+    if cut is None:
+        return _shifted_kernel_model(x3, starts, group_of, shift, skipnan)
+    cuts, piece_starts = cut
+    found = _shifted_kernel_model(x3, cuts, np.repeat(group_of, np.diff(piece_starts)), shift, skipnan)
+    add = get_operator("sum").partials
+    return tuple(_kernel_model(a, piece_starts, add, np.float64) for a in found)
+
+
 @pytest.mark.parametrize("lengths", [  # in pieces of P rows
     lambda P: [0], lambda P: [1], lambda P: [P], lambda P: [P + 1], lambda P: [3, 0, 3 * P + 7, P, 1],
     lambda P: [2 * P + 1, 0, 0]])
@@ -68,6 +101,7 @@ def rows_on_host(monkeypatch):
     """NumPy chunks take the rows path, with the kernel modelled in NumPy."""
     monkeypatch.setattr(groupby, "_keeps_rows", lambda xp, block, axis, flat: not flat and axis < block.ndim - 1)
     monkeypatch.setattr(cupy_segment, "segment_reduce_rows", _rows_model)
+    monkeypatch.setattr(cupy_segment, "segment_shifted_squares_rows", _shifted_model)
 
 
 def _labels(kind: str, n: int, rng):
@@ -251,3 +285,27 @@ def test_short_runs_are_put_in_group_order_first(rows_on_host, monkeypatch):
     months = np.repeat(np.arange(12), 20)  # long runs stay where they are: 12 runs, one fold
     mr.groupby_reduce(x, months, "sum", axis=0)
     assert folded == [12], folded
+
+
+@pytest.mark.parametrize("kind", ["sorted runs", "months of hours, two years", "unsorted", "with NaN labels",
+                                  "hours"])
+@pytest.mark.parametrize("func", ["var", "nanvar", "std", "nanstd"])
+def test_rows_moments_in_two_reads_give_the_bits_of_the_deviations_copy(rows_on_host, kind, func):
+    """The rows path's variance reads the data twice (anchors, then the deviations' sums and squares in
+    one kernel) instead of making a float64 copy and passing over it four times; every rounding is the
+    same, so the bits are: runs in pieces, runs of a group out of order, runs in no group, short runs."""
+    rng = np.random.default_rng(9)
+    n = 17520 if kind.startswith("months") else 300
+    x = rng.standard_normal((2, n, 5)) * 3 + 100  # float64: a float32 result would round away a wrong anchor
+    x[rng.random(x.shape) < 0.05] = np.nan
+    x[0, 7, 1] = np.inf
+    labels = np.arange(n) % 24 if kind == "hours" else _labels(kind, n, rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got, _ = mr.groupby_reduce(x, labels, func, axis=1, ddof=1)
+        with pytest.MonkeyPatch.context() as undo:
+            undo.setattr(groupby, "_moments_of_rows", lambda *a: pytest.fail("the copy's path was asked for"))
+            undo.setattr(groupby, "_reads_moments_twice", lambda dtype: False)  # the float64 copy, four passes
+            want, _ = mr.groupby_reduce(x, labels, func, axis=1, ddof=1)
+    assert got.dtype == want.dtype == np.float64
+    np.testing.assert_array_equal(got, want)

@@ -330,10 +330,21 @@ def rows_names(dtype, acc, op: Operator) -> dict[int, str]:
                   f"{ROWS_BLOCK}, {ROWS_UNROLL}, {vec}>") for vec in sorted({1, ROWS_VEC})}
 
 
+def shifted_names(dtype, skipnan: bool) -> dict[int, str]:
+    """{columns per thread: name expression} of the variance's shifted-squares row kernel for ``dtype``."""
+    return {vec: (f"mr::segment_shifted_squares_rows<{_kernels.ctype(dtype)}, {ROWS_BLOCK}, {ROWS_UNROLL}, {vec}, "
+                  f"{'true' if skipnan else 'false'}>") for vec in sorted({1, ROWS_VEC})}
+
+
+#: the row-segment module that also holds the shifted-squares kernels (they use no operator)
+SHIFTED_MODULE_OPERATOR = "sum"
+
+
 def all_rows_instantiations() -> list[tuple[str, list[str]]]:
     """(operator, name expressions) of every row-segment kernel a group-by asks for, per built-in operator:
-    each GPU dtype folded in its result's accumulator, floats also in float64 (group-by sums and the
-    moments), and the partials of each in their own type. tools/build_prebuilt.py ships these
+    each GPU dtype folded in its result's accumulator, sums also in float64 (group-by sums of floats, the
+    anchors of the moments), and the partials of each in their own type; the sum module also holds the
+    variance's shifted-squares kernels. tools/build_prebuilt.py ships these
     precompiled; CI compiles them with nvcc (tools/compile_kernels.py)."""
     from ..operators import get_operator
 
@@ -345,20 +356,26 @@ def all_rows_instantiations() -> list[tuple[str, list[str]]]:
             if dtype.kind not in op.kinds:
                 continue
             accs = {_dt.accumulator_dtype(_dt.result_dtype(op.family, dtype)), _dt.accumulator_dtype(dtype)}
-            if dtype.kind == "f" and op.family == "sum":
+            if op.family == "sum":  # group-by sums of floats and the variance's anchors of any data
                 accs.add(np.dtype(np.float64))
             for acc in accs:
                 if _dt.gpu_supported(acc) and acc.kind in op.kinds:
                     exprs.update(rows_names(dtype, acc, op).values())
                     exprs.update(rows_names(acc, acc, get_operator(op.partials.name)).values())
+        if opname == SHIFTED_MODULE_OPERATOR:
+            for dtype in _dt.GPU_DTYPES:
+                for skipnan in (False, True) if dtype.kind == "f" else (False,):
+                    exprs.update(shifted_names(dtype, skipnan).values())
         groups.append((opname, sorted(exprs)))
     return groups
 
 
-def _rows_kernels(op: Operator, dtype, acc) -> dict:
-    """{columns per thread: Kernel} of the row-segment kernel for these types (1 and ROWS_VEC)."""
+def _rows_kernels(op: Operator, dtype, acc, shifted=None) -> dict:
+    """{columns per thread: Kernel} of the row-segment kernel for these types (1 and ROWS_VEC); with
+    ``shifted`` (skip NaN or not), the shifted-squares kernel for ``dtype`` from ``op``'s module instead."""
     device = cupy.cuda.runtime.getDevice()
-    names = {str(v): name for v, name in rows_names(dtype, acc, op).items()}
+    exprs = rows_names(dtype, acc, op) if shifted is None else shifted_names(dtype, shifted)
+    names = {str(v): name for v, name in exprs.items()}
     key = (device, ROWS_ENTRY, op.cuda_functor, op.cuda_source(), tuple(names.values()))
     # the shipped binary for built-in operators (no compiler at first call), else NVRTC
     found = _kernels._memoized(key, lambda: (
@@ -375,12 +392,76 @@ def _rows_launch(x3, starts, op: Operator, acc):
     out = cupy.empty((pre, segments, post), dtype=acc)
     if out.size == 0:
         return out
-    vec = ROWS_VEC if post % ROWS_VEC == 0 and x3.data.ptr % (ROWS_VEC * x3.dtype.itemsize) == 0 else 1
+    vec = _vec_for(x3)
     kernel = _rows_kernels(op, x3.dtype, acc)[vec]
     grid = (-(-post // (ROWS_BLOCK * vec)), min(pre * segments, _GRID_Y))
     kernel(grid, ROWS_BLOCK, (x3, starts, np.int64(pre), np.int64(n), np.int64(post), np.int64(segments),
                               op.identity(acc), out))
     return out
+
+
+_MARK_RUN_STARTS = None
+
+
+def mark_present(present, index) -> None:
+    """present[index[i]] = True for every i, where ``index`` (a CuPy integer vector) changes: the first
+    element of each run of equal values writes, the others would write the same thing again. Labels in
+    runs (sorted or by time) then cost one store a run, not one per element to the same few addresses."""
+    global _MARK_RUN_STARTS
+    if index.size == 0:
+        return
+    if _MARK_RUN_STARTS is None:
+        _MARK_RUN_STARTS = cupy.ElementwiseKernel(
+            "raw T index", "raw bool present",
+            "if (i == 0 || index[i] != index[i - 1]) present[index[i]] = true;", "multireduce_mark_run_starts")
+    with cupy.cuda.Device(index.data.device_id):
+        _MARK_RUN_STARTS(cupy.ascontiguousarray(index), present, size=index.size)
+
+
+def _vec_for(x3) -> int:
+    """Columns per thread: ROWS_VEC where the rows allow loading them together, else 1."""
+    post = x3.shape[2]
+    return ROWS_VEC if post % ROWS_VEC == 0 and x3.data.ptr % (ROWS_VEC * x3.dtype.itemsize) == 0 else 1
+
+
+def segment_shifted_squares_rows(x3, starts, group_of, shift, skipnan: bool):
+    """(total, squares): for each segment s of rows [starts[s], starts[s + 1]) of the CuPy (pre, n, post)
+    ``x3`` and each column, the float64 sums of d and of d * d, d = x - shift[p, group_of[s], c] (NaN as
+    d = 0 with ``skipnan``): two (pre, len(starts) - 1, post) arrays, each folded in row order; long
+    segments in pieces as segment_reduce_rows cuts them, folded the same way. ``starts`` and
+    ``group_of``: host int64; ``shift``: a CuPy float64 (pre, groups, post) array."""
+    from ..operators import get_operator
+
+    starts = np.asarray(starts, dtype=np.int64)
+    group_of = np.asarray(group_of, dtype=np.int64)
+    total_op = get_operator("sum")
+    with cupy.cuda.Device(x3.data.device_id):
+        x3 = cupy.ascontiguousarray(x3)
+        shift = cupy.ascontiguousarray(shift, dtype=np.float64)
+        cut = row_pieces(starts)
+        if cut is None:
+            cuts, piece_group = starts, group_of
+        else:
+            cuts, piece_starts = cut
+            piece_group = np.repeat(group_of, np.diff(piece_starts))
+        pre, n, post = x3.shape
+        pieces = cuts.size - 1
+        plan = cupy.asarray(np.concatenate([cuts, piece_group] + ([] if cut is None else [piece_starts])))
+        total = cupy.empty((pre, pieces, post), dtype=np.float64)
+        squares = cupy.empty_like(total)
+        if total.size:
+            vec = _vec_for(x3)
+            kernel = _rows_kernels(get_operator(SHIFTED_MODULE_OPERATOR), x3.dtype, np.dtype(np.float64),
+                                   shifted=bool(skipnan) and x3.dtype.kind == "f")[vec]
+            grid = (-(-post // (ROWS_BLOCK * vec)), min(pre * pieces, _GRID_Y))
+            kernel(grid, ROWS_BLOCK, (x3, plan[:cuts.size], plan[cuts.size:cuts.size + pieces], shift,
+                                      np.int64(pre), np.int64(n), np.int64(post), np.int64(pieces),
+                                      np.int64(shift.shape[1]), total, squares))
+        if cut is None:
+            return total, squares
+        piece_starts_d = plan[cuts.size + pieces:]
+        f64 = np.dtype(np.float64)
+        return tuple(_rows_launch(a, piece_starts_d, total_op.partials, f64) for a in (total, squares))
 
 
 def row_pieces(starts: np.ndarray):
@@ -414,5 +495,6 @@ def segment_reduce_rows(x3, starts, op: Operator, acc):
         if cut is None:
             return _rows_launch(x3, cupy.asarray(starts), op, acc)
         cuts, piece_starts = cut
-        partials = _rows_launch(x3, cupy.asarray(cuts), op, acc)
-        return _rows_launch(partials, cupy.asarray(piece_starts), op.partials, acc)
+        both = cupy.asarray(np.concatenate([cuts, piece_starts]))  # one copy to the GPU, not two
+        partials = _rows_launch(x3, both[:cuts.size], op, acc)
+        return _rows_launch(partials, both[cuts.size:], op.partials, acc)

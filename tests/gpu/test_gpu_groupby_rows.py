@@ -118,3 +118,35 @@ def test_rows_in_place_edge_layouts(launches, func, dtype, case):
     assert launches or func == "count", "the rows path did not run"
     np.testing.assert_array_equal(got_groups, groups)
     _close(got, want, 2e-3 if dtype == np.float16 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32, np.float16])
+@pytest.mark.parametrize("func", ["var", "nanstd"])
+@pytest.mark.parametrize("labelled", ["months", "hour of day", "unsorted with NaN"])
+def test_rows_variance_in_two_reads_gives_the_bits_of_the_deviations_copy(monkeypatch, func, dtype, labelled):
+    """The variance of a chunk whose rows stay in place reads the data twice (the anchors, then the
+    deviations' sums and squares in one kernel) with every rounding of the float64 copy's four passes:
+    the same bits as that path, which is still there for the copy's own sake."""
+    from multireduce import groupby
+
+    rng = np.random.default_rng(24)
+    n = 1500
+    x = rng.standard_normal((n, 300)) * 3 + 100
+    x[rng.random(x.shape) < 0.02] = np.nan
+    x = x.astype(dtype) if np.dtype(dtype).kind == "f" else np.nan_to_num(x).astype(dtype)
+    labels = {"months": _months(n * 8)[::8], "hour of day": np.arange(n) % 24.0,
+              "unsorted with NaN": np.where(rng.random(n) < 0.1, np.nan, rng.integers(0, 7, n))}[labelled]
+    shifted = []
+    real = cupy_segment.segment_shifted_squares_rows
+    monkeypatch.setattr(cupy_segment, "segment_shifted_squares_rows",
+                        lambda *a: shifted.append(a[0].shape) or real(*a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got, _ = mr.groupby_reduce(cupy.asarray(x), labels, func, axis=0, ddof=1)
+        assert len(shifted) == 1, "one pass for the deviations' sums and squares"
+        with monkeypatch.context() as undo:
+            undo.setattr(groupby, "_reads_moments_twice", lambda dtype: False)  # the float64 copy's four passes
+            want, _ = mr.groupby_reduce(cupy.asarray(x), labels, func, axis=0, ddof=1)
+        host, _ = mr.groupby_reduce(x, labels, func, axis=0, ddof=1)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    _close(got, host, 2e-3 if dtype == np.float16 else 1e-5 if dtype == np.float32 else 1e-10)
