@@ -288,7 +288,9 @@ def _moments_of_rows(seg: _Segments, skipnan: bool):
     """_moments() of a chunk whose rows stay in place, in two reads of the data and no copy of it: the
     anchors from one sum, the deviations' sums and squares from one more (``shifted_sums``). The values
     and their rounding are those of _moments: each deviation x - anchor rounded to float64, squared and
-    rounded, added in the same order."""
+    rounded, added in the same order. One difference: float32 subnormals, which CuPy's conversion to
+    float64 in _moments flushes to zero, are read as they are (as NumPy reads them) by the shipped
+    kernels. Skipping NaN reads the data a third time, for the counts."""
     xp = seg.xp
     skip = skipnan and seg.values.dtype.kind == "f"
     count = (seg.reduce(~xp.isnan(seg.values), "sum", np.int64) if skip else seg.lengths()).astype(np.float64)
@@ -498,9 +500,12 @@ DEVICE_LABELS_MIN = 1 << 16
 def _factorizes_on_gpu(labels, expected_groups) -> bool:
     """Whether labels (already checked: one per element) are factorized on a GPU: many numeric ones, with
     numeric expected groups if any (strings, datetimes and objects stay on the host)."""
-    if labels.dtype.kind not in "iuf" or labels.size < DEVICE_LABELS_MIN:
-        return False
-    return expected_groups is None or np.asarray(expected_groups).dtype.kind in "biuf"
+    if labels.dtype.kind not in "iuf" or not _dt.gpu_supported(labels.dtype) or labels.size < DEVICE_LABELS_MIN:
+        return False  # float128 labels, for one, stay on the host
+    if expected_groups is None:
+        return True
+    groups = np.asarray(expected_groups).dtype
+    return groups.kind in "biuf" and _dt.gpu_supported(np.result_type(labels.dtype, groups))
 
 
 def factorize(by, n: int, expected_groups, caller: str, device=None):
@@ -543,6 +548,13 @@ def _factorize_labels(labels, expected_groups, caller: str):
                                  f"{groups.size} labels of shape {groups.shape}")
             sorter = np.argsort(groups, kind="stable")
             sorted_groups = groups[sorter]
+        if labels.dtype.kind in "iu" and sorted_groups.dtype.kind in "iu" and \
+                np.result_type(labels.dtype, sorted_groups.dtype).kind == "f":
+            # int64 against uint64 would be searched in float64, where labels above 2^53 collide: keep the
+            # groups a label could equal, in the labels' own type, and compare exactly
+            info = np.iinfo(labels.dtype)
+            keep = (sorted_groups >= info.min) & (sorted_groups <= info.max)
+            sorted_groups, sorter = sorted_groups[keep].astype(labels.dtype), sorter[keep]
         if xp is not np:  # one dtype for both sides of the search on the GPU, as NumPy compares them
             common = np.result_type(labels.dtype, sorted_groups.dtype)
             labels, sorted_groups = labels.astype(common, copy=False), xp.asarray(sorted_groups.astype(common))
@@ -625,7 +637,9 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     else:
         codes = _host(codes).astype(np.int64, copy=False)
     xp = _xp(codes)
-    if codes.shape != (x.shape[ax],) or (codes.size and (int(codes.min()) < -1 or int(codes.max()) >= ngroups)):
+    with on_device_of(codes):
+        bad = codes.shape != (x.shape[ax],) or (codes.size and (int(codes.min()) < -1 or int(codes.max()) >= ngroups))
+    if bad:
         raise ValueError(f"{caller}: expected one group code in [-1, {ngroups}) per element along axis {ax} "
                          f"({x.shape[ax]}); got {codes.size} codes")
     stat, skipnan = _stat_of(func, skipna, x.dtype.kind == "f", caller)

@@ -14,6 +14,7 @@ import pytest
 
 import multireduce as mr
 from multireduce.groupby import FUNCS, factorize, reduce_codes
+from multireduce import groupby as groupby_module
 
 pytestmark = pytest.mark.usefixtures("synchronous_scheduler")
 
@@ -258,3 +259,48 @@ def test_bad_input_is_refused_before_work(call, error, words):
     x = da.from_array(np.arange(6.0).reshape(2, 3), chunks=1)
     with dask.config.set(scheduler=_refuse), pytest.raises(error, match=words):
         call(x, np.array([0.0, 1.0, 0.0]))
+
+
+def _through_the_gpu_branch(labels, expected):
+    """groupby._factorize_labels taking its GPU branch (``xp is not np``: one dtype for both sides of the
+    search, the groups' order moved to the device) with NumPy standing in for CuPy: the logic the GPU
+    runs, on the CPU."""
+    import types
+
+    stand_in = types.ModuleType("numpy_as_an_array_module")
+    stand_in.__dict__.update({k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(groupby_module, "_xp", lambda a: stand_in)
+        return groupby_module._factorize_labels(labels, expected, "test")
+
+
+@pytest.mark.parametrize("labels, expected, codes", [
+    (np.array([2**60, 2**60 + 1, 5], dtype=np.uint64), [2**60, 2**60 + 1, 5], [0, 1, 2]),  # not merged in float64
+    (np.array([2**60 + 1], dtype=np.uint64), [2**60], [-1]),
+    (np.array([-3, 2**62 + 1], dtype=np.int64), np.array([2**62 + 1, 2**63 + 5], dtype=np.uint64), [-1, 0]),
+    (np.array([2**53 + 1], np.int64), [float(2**53)], [0]),  # equal in float64, as NumPy compares them
+    (np.array([0.5, 1.0, np.nan]), [1, 0], [-1, 0, -1]),
+    (np.array([3, 200], np.uint8), [-1, 3, 200], [1, 2]),
+    (np.array([1, 2], np.float16), [2.0, 1.0], [1, 0]),
+    (np.array([np.nan, np.nan]), None, [-1, -1]),
+    (np.array([], np.float64), None, []),
+    (np.array([1.0, -0.0, 0.0, 7.5]), None, [1, 0, 0, 2]),
+])
+def test_labels_factorize_the_same_on_the_gpu_branch_and_the_host(labels, expected, codes):
+    host_codes, host_groups = groupby_module._factorize_labels(labels, expected, "test")
+    gpu_codes, gpu_groups = _through_the_gpu_branch(labels, expected)
+    np.testing.assert_array_equal(host_codes, codes)
+    np.testing.assert_array_equal(gpu_codes, codes)
+    assert gpu_groups.dtype == host_groups.dtype and np.array_equal(gpu_groups, host_groups, equal_nan=True)
+
+
+def test_which_labels_are_factorized_on_a_gpu():
+    many = groupby_module.DEVICE_LABELS_MIN
+    assert groupby_module._factorizes_on_gpu(np.zeros(many, np.int32), None)
+    assert groupby_module._factorizes_on_gpu(np.zeros(many, np.float16), [1.5, 2])
+    assert not groupby_module._factorizes_on_gpu(np.zeros(many - 1, np.int32), None)  # few: the host
+    assert not groupby_module._factorizes_on_gpu(np.zeros(many, np.longdouble), None)  # no GPU type
+    assert not groupby_module._factorizes_on_gpu(np.zeros(many, np.float32), np.array([1], np.longdouble))
+    assert not groupby_module._factorizes_on_gpu(np.zeros(many, bool), None)
+    assert not groupby_module._factorizes_on_gpu(np.zeros(many, "datetime64[s]"), None)
+    assert not groupby_module._factorizes_on_gpu(np.zeros(many, np.int64), ["a"])

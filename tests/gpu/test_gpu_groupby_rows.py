@@ -126,7 +126,8 @@ def test_rows_in_place_edge_layouts(launches, func, dtype, case):
 def test_rows_variance_in_two_reads_gives_the_bits_of_the_deviations_copy(monkeypatch, func, dtype, labelled):
     """The variance of a chunk whose rows stay in place reads the data twice (the anchors, then the
     deviations' sums and squares in one kernel) with every rounding of the float64 copy's four passes:
-    the same bits as that path, which is still there for the copy's own sake."""
+    the same bits as that path, which is still there for the copy's own sake (for normal values: CuPy's
+    conversion in that path flushes float32 subnormals, the shipped kernels keep them)."""
     from multireduce import groupby
 
     rng = np.random.default_rng(24)
