@@ -30,7 +30,9 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
   left to CuPy: "unfused"), the held bare call, and ``x * 2`` alone:
   CUDA-event time of ``b * 2`` on each held chunk, summed per worker, the slowest worker's.
 - axes: ``mr.mean(f, axis=0).compute()`` of a time x lat x lon field chunked along time (``--field-gib``
-  per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks) and
+  per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks), its
+  monthly climatology (``mr.groupby_reduce(f, month, "mean", axis=0)``, the hours of a year by month)
+  against one dask.array mean per month of the selected steps (what xarray's group-by runs without flox), and
   ``mr.sum(m, axis=1).persist()`` of a tall matrix (``--tall-cols`` columns, x's bytes and chunk bytes),
   vs ``dask.array``.
 - lazy: ``lz`` made in the graph, not persisted: ``mr.sum(lz).compute()``, ``mr.cumsum(lz).persist()`` vs
@@ -529,8 +531,16 @@ def tall_cases(client, m, ref64, cols: int) -> list[h.Case]:
                    check, theirs)]
 
 
-def field_cases(client, f, ref64: np.ndarray) -> list[h.Case]:
-    """``mean(f, axis=0)`` of a time x lat x lon field, on the client, checked element by element."""
+def month_of_hour(steps: int) -> np.ndarray:
+    """The month (0-11) of each hour of a year from January 1st, repeated past a year."""
+    days = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]) * 24
+    return np.resize(np.repeat(np.arange(12), days), steps)
+
+
+def field_cases(client, f, ref64: np.ndarray, monthly64: np.ndarray) -> list[h.Case]:
+    """``mean(f, axis=0)`` of a time x lat x lon field and its monthly climatology (the field's hours
+    grouped by month: ``mr.groupby_reduce``, against what xarray's group-by without flox runs on dask, one
+    mean per month of the selected steps), on the client, checked element by element."""
     import dask.array as da
 
     import multireduce as mr
@@ -538,15 +548,28 @@ def field_cases(client, f, ref64: np.ndarray) -> list[h.Case]:
     steps = f.shape[0]
     tol = F32_EPS * (steps / 1024 + 65) * 0.5  # a mean of |values| <= 0.5, then the division
 
-    def check(got):
-        got = h.host(got)
-        return got.shape == ref64.shape and float(np.max(np.abs(got.astype(np.float64) - ref64))) <= tol
+    def close(want):
+        def check(got):
+            got = h.host(got)
+            return got.shape == want.shape and float(np.max(np.abs(got.astype(np.float64) - want))) <= tol
+        return check
 
-    theirs = "da.mean(f, axis=0).compute()"
+    month = month_of_hour(steps)
+    present = np.unique(month)
+
+    def per_month():
+        return da.stack([f[np.flatnonzero(month == m)].mean(axis=0) for m in present], axis=-1)
+
+    theirs, their_months = "da.mean(f, axis=0).compute()", "per month: da.stack([f[month == m].mean(axis=0)])"
     return [h.Case("axes", "mr.mean(f, axis=0).compute()", "mean(f, axis=0)",
-                   h.Step(client, "compute", lambda: mr.mean(f, axis=0)), f.nbytes, check, theirs),
+                   h.Step(client, "compute", lambda: mr.mean(f, axis=0)), f.nbytes, close(ref64), theirs),
             h.Case("axes", theirs, "mean(f, axis=0)", h.Step(client, "compute", lambda: da.mean(f, axis=0)),
-                   f.nbytes, check, theirs)]
+                   f.nbytes, close(ref64), theirs),
+            h.Case("axes", "mr.groupby_reduce(f, month, 'mean', axis=0)", "monthly mean",
+                   h.Step(client, "compute", lambda: mr.groupby_reduce(f, month, "mean", axis=0)[0]), f.nbytes,
+                   close(monthly64), their_months),
+            h.Case("axes", their_months, "monthly mean", h.Step(client, "compute", per_month), f.nbytes,
+                   close(monthly64), their_months)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -657,10 +680,13 @@ def field(run: Run, client, n: int) -> None:
     chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
     f, layout = place(client, run.setting, chunks, "dask", seed=SEED + 2)
     ref64 = h.host(f.astype(np.float64).mean(axis=0).compute()).astype(np.float64)
+    month = month_of_hour(steps)
+    monthly64 = np.stack([h.host(f[np.flatnonzero(month == m)].astype(np.float64).mean(axis=0).compute())
+                          for m in np.unique(month)], axis=-1).astype(np.float64)
     base = dict(gpus=n, gib_per_gpu=f.nbytes / n / 2**30, chunk_log2=None, chunk=f"{per}x{lat}x{lon}",
                 placement=layout.placement, runs=layout.runs, chunks_per_worker=layout.per_worker)
     print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks", flush=True)
-    run.measure(client, field_cases(client, f, ref64), base)
+    run.measure(client, field_cases(client, f, ref64, monthly64), base)
     names = [f.name]
     del f
     h.wait_released(client, names)
