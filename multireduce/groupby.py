@@ -55,6 +55,22 @@ class Grouped:
     codes: np.ndarray
 
 
+class GroupStates(tuple):
+    """A group-by partial: the states (a tuple of arrays, as a full partial) of the groups ``groups``
+    (sorted host int64) only, on their last axis. A tuple, so Dask and dask-cuda size and place it as
+    the arrays it holds."""
+
+    groups: np.ndarray
+
+    def __new__(cls, groups, states):
+        self = super().__new__(cls, states)
+        self.groups = np.asarray(groups, dtype=np.int64)
+        return self
+
+    def __reduce__(self):
+        return GroupStates, (self.groups, tuple(self))
+
+
 def _pair(block, codes):
     return Grouped(block, np.asarray(codes, dtype=np.int64))
 
@@ -372,15 +388,66 @@ class GroupByPlan:
             first = left[0] + right[0]
         return (first,) + tuple(a + b for a, b in zip(left[1:], right[1:]))
 
+    def _empty_state(self, states) -> tuple:
+        """What each member of a chunk's state holds for a group with no element there (the identity of
+        the fold, zero counts and moments): the values _chunk gives such a group, so a state widened with
+        them merges to the bits of the full one."""
+        stat, first = self.stat, states[0].dtype
+        if stat in ("sum", "prod", "min", "max"):
+            identity = get_operator(("nan" if self.skipnan else "") + stat).identity(first)
+            return (identity,) + (0,) * (len(states) - 1)
+        return (0,) * len(states)
+
+    def _widened(self, partial, groups: np.ndarray) -> tuple:
+        """The states of ``partial`` (GroupStates, or full states) with a last axis of ``groups`` (which
+        holds every group the partial has), the missing ones given _empty_state."""
+        if not isinstance(partial, GroupStates):
+            return partial
+        if partial.groups.size == groups.size:
+            return tuple(partial)
+        xp = _xp(partial[0])
+        at = np.searchsorted(groups, partial.groups)
+        out = []
+        with on_device_of(partial[0]):
+            for member, fill in zip(partial, self._empty_state(partial)):
+                wide = xp.full(member.shape[:-1] + (groups.size,), fill, dtype=member.dtype)
+                wide[..., xp.asarray(at) if xp is not np else at] = member
+                out.append(wide)
+        return tuple(out)
+
     # -- the graph contract ---------------------------------------------------------------------
     def partial(self, *items):
-        return self.combine(*(self._chunk(item) for item in items))
+        """The chunks' states for the groups they hold (GroupStates): a chunk of a time axis holds a month
+        or two of twelve, and the rest would cross between workers as identities."""
+        states = self._full(*items)
+        codes = np.concatenate([_host(item.codes) for item in items])
+        present = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=self.ngroups))
+        if present.size == self.ngroups:
+            return GroupStates(present, states)
+        xp = _xp(states[0])
+        with on_device_of(states[0]):
+            at = xp.asarray(present) if xp is not np else present
+            return GroupStates(present, tuple(xp.take(member, at, axis=-1) for member in states))
+
+    def _full(self, *items) -> tuple:
+        """The states of every group (a last axis of ngroups) of the chunks, merged in order."""
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return functools.reduce(self._merge, (self._chunk(item) for item in items))
 
     def combine(self, *partials):
+        """Partials merged in order, each widened to the groups of them all: the merges of the full
+        states, group by group, so the bits do not depend on which groups a partial carried."""
+        if not any(isinstance(p, GroupStates) for p in partials):
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                return functools.reduce(self._merge, partials)
+        groups = functools.reduce(np.union1d, (p.groups if isinstance(p, GroupStates) else np.arange(self.ngroups)
+                                               for p in partials)).astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            return functools.reduce(self._merge, partials)
+            merged = functools.reduce(self._merge, (self._widened(p, groups) for p in partials))
+        return GroupStates(groups, merged)
 
     def finalize(self, partial):
+        partial = self._widened(partial, np.arange(self.ngroups))
         stat = self.stat
         xp = _xp(partial[0])
         out = np.dtype(self.out_dtype)
@@ -418,7 +485,7 @@ class GroupByPlan:
         return self.finalize(self.combine(*partials))
 
     def whole(self, *items):
-        return self.finalize(self.partial(*items))
+        return self.finalize(self._full(*items))
 
     def __dask_tokenize__(self):
         return ("multireduce.GroupByPlan", self.stat, self.axis, self.ngroups, str(self.acc_dtype),

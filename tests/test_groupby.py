@@ -5,6 +5,7 @@ checks of bad input."""
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import dask
@@ -304,3 +305,72 @@ def test_which_labels_are_factorized_on_a_gpu():
     assert not groupby_module._factorizes_on_gpu(np.zeros(many, bool), None)
     assert not groupby_module._factorizes_on_gpu(np.zeros(many, "datetime64[s]"), None)
     assert not groupby_module._factorizes_on_gpu(np.zeros(many, np.int64), ["a"])
+
+
+def _months_of_hours(n: int) -> np.ndarray:
+    days = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]) * 24
+    return np.resize(np.repeat(np.arange(12), days), n)
+
+
+def test_a_chunk_partial_carries_only_the_groups_the_chunk_holds():
+    """A chunk of 166 hours holds one or two months of twelve: its partial carries those, not twelve."""
+    x = np.random.default_rng(50).standard_normal((8760, 3))
+    codes = _months_of_hours(8760)
+    plan = groupby_module.GroupByPlan("mean", 0, 12, np.dtype(np.float64), np.dtype(np.float64))
+    for start in range(0, 8760, 166):
+        chunk = groupby_module.Grouped(x[start:start + 166], codes[start:start + 166])
+        part = plan.partial(chunk)
+        assert isinstance(part, groupby_module.GroupStates)
+        np.testing.assert_array_equal(part.groups, np.unique(codes[start:start + 166]))
+        assert all(member.shape == (3, part.groups.size) for member in part)
+    again = pickle.loads(pickle.dumps(part))
+    assert type(again) is groupby_module.GroupStates and np.array_equal(again.groups, part.groups)
+    assert all(np.array_equal(a, b) for a, b in zip(again, part))
+
+
+@pytest.mark.parametrize("func", FUNCS)
+@pytest.mark.parametrize("split_every", [2, 3, 16])
+def test_partials_of_the_groups_present_give_the_bits_of_full_ones(func, split_every):
+    """Merging partials widened to each other's groups (absent ones as the identity state) is the merge of
+    full partials group by group: the same bits, NaN, missing groups and all-NaN groups included."""
+    rng = np.random.default_rng(51)
+    n = 2000
+    x = rng.standard_normal((n, 4)) * np.exp2(rng.integers(-8, 8, (n, 4)))
+    x[:, 0], x[:, 1] = np.abs(x[:, 0]) + 1, -np.abs(x[:, 1]) - 1  # no identity hides behind a zero
+    x[rng.random(x.shape) < 0.05] = np.nan
+    x[(_months_of_hours(n * 4)[::4] == 1)[:, None] & (np.arange(4) == 2)] = np.nan  # a column all-NaN in a month
+    labels = _months_of_hours(n * 4)[::4].astype(np.float64)  # two months and a half, in runs
+    labels[rng.random(n) < 0.02] = np.nan
+    kwargs = {"expected_groups": [0.0, 1.0, 2.0, 5.0]}  # a group no element falls in
+    if func in ("sum", "nansum", "prod", "nanprod"):
+        kwargs["min_count"] = 3
+    if func in ("var", "std", "nanvar", "nanstd"):
+        kwargs["ddof"] = 1
+    data = x if func not in ("prod", "nanprod") else 1 + x / 1e3
+    d = da.from_array(data, chunks=(97, 2))
+    with dask.config.set(scheduler="synchronous"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got, _ = mr.groupby_reduce(d, labels, func, axis=0, split_every=split_every, **kwargs)
+        got = got.compute()
+        with pytest.MonkeyPatch.context() as patch:  # every partial full: a last axis of every group
+            patch.setattr(groupby_module.GroupByPlan, "partial", groupby_module.GroupByPlan._full)
+            want, _ = mr.groupby_reduce(d, labels, func, axis=0, split_every=split_every, **kwargs)
+            want = want.compute()
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
+@pytest.mark.slow
+def test_partials_cross_between_worker_processes():
+    """On a cluster of processes the partials (GroupStates) are pickled between workers: the result is the
+    threads' result, bit for bit."""
+    distributed = pytest.importorskip("distributed")
+    from multireduce.cluster import local_cluster
+
+    x = np.random.default_rng(52).standard_normal((1500, 3))
+    labels = _months_of_hours(1500 * 5)[::5]
+    d = da.from_array(x, chunks=(100, 3))
+    want = mr.groupby_reduce(d, labels, "var", axis=0, split_every=2)[0].compute(scheduler="threads")
+    with local_cluster(n_workers=2, gpu=False, threads_per_worker=1, processes=True) as cluster, \
+            distributed.Client(cluster) as client:
+        got = client.compute(mr.groupby_reduce(d, labels, "var", axis=0, split_every=2)[0]).result()
+    assert got.tobytes() == want.tobytes()
