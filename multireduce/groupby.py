@@ -148,10 +148,13 @@ class _Segments:
         self.values = xp.ascontiguousarray(values) if self.flat else values
         self.lead = tuple(s for d, s in enumerate(values.shape) if d != self.at)
 
-    def lengths(self):
-        """Each group's element count (NaN included), int64, for every row."""
+    def lengths(self, every_row: bool = True):
+        """Each group's element count (NaN included), int64, for every row; or, with ``every_row`` False,
+        once, in a shape that broadcasts against the rows' results ((1, ..., 1, ngroups)): a state that
+        carries it crosses between workers a row's worth, not the block's."""
         xp = self.xp
-        return xp.broadcast_to(xp.asarray(self.counts[:-1], dtype=np.int64), self.lead + (self.ngroups,)).copy()
+        counts = xp.asarray(self.counts[:-1], dtype=np.int64).reshape((1,) * len(self.lead) + (self.ngroups,))
+        return xp.broadcast_to(counts, self.lead + (self.ngroups,)).copy() if every_row else counts
 
     def reduce(self, values, op: str, dtype) -> object:
         """``op`` over each group's segment of ``values`` (the layout of ``self.values``), in ``dtype``:
@@ -278,7 +281,7 @@ def _moments(seg: _Segments, skipnan: bool):
     dev = seg.values.astype(np.float64)  # a copy, worked on in place: the data, then deviations, then squares
     nan = xp.isnan(dev) if skipnan and seg.values.dtype.kind == "f" else None
     if nan is None:
-        count = seg.lengths().astype(np.float64)
+        count = seg.lengths(every_row=False).astype(np.float64)
     else:  # NaN read as 0 once here, so every sum below is a plain one
         count = seg.reduce(~nan, "sum", np.int64).astype(np.float64)
         dev[nan] = 0.0
@@ -309,7 +312,8 @@ def _moments_of_rows(seg: _Segments, skipnan: bool):
     kernels. Skipping NaN reads the data a third time, for the counts."""
     xp = seg.xp
     skip = skipnan and seg.values.dtype.kind == "f"
-    count = (seg.reduce(~xp.isnan(seg.values), "sum", np.int64) if skip else seg.lengths()).astype(np.float64)
+    count = (seg.reduce(~xp.isnan(seg.values), "sum", np.int64) if skip else seg.lengths(every_row=False)).astype(
+        np.float64)
     per = xp.maximum(count, 1.0)
     anchor = seg.reduce(seg.values, "nansum" if skip else "sum", np.float64) / per
     anchor = xp.where(xp.isfinite(anchor), anchor, 0.0)
@@ -364,7 +368,7 @@ class GroupByPlan:
             if stat in ("any", "all"):
                 return (seg.reduce(values != 0 if stat == "any" else values == 0, "sum", np.int64),)
             if stat == "mean":
-                count = _valid_count(seg, floating) if self.skipnan else seg.lengths()
+                count = _valid_count(seg, floating) if self.skipnan else seg.lengths(every_row=False)
                 return count, seg.reduce(values, "nansum" if self.skipnan else "sum", self.acc_dtype)
             if stat in ("min", "max") and values.dtype != self.acc_dtype:
                 values = values.astype(self.acc_dtype)  # dtype= converts before comparing, as multireduce.min
