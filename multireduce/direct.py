@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import pickle
 import time
@@ -109,6 +110,22 @@ from .backends import on_device_of
 from .core import ScanPlan
 from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, fold_in_order, reduction,
                     scan, stage_token, stays_on_device, to_host_together)
+
+
+logger = logging.getLogger(__name__)
+
+#: Why the direct path last declined in this process and left the work to the graph (the results are the
+#: same either way; this says which path ran, for a test or a profile that expected the direct one). None
+#: until a decline. Also logged at DEBUG level on the "multireduce.direct" logger.
+last_decline: str | None = None
+
+
+def _declined(reason: str):
+    """None, the direct path's answer for "the graph must run", with ``reason`` kept in ``last_decline``."""
+    global last_decline
+    last_decline = reason
+    logger.debug("the direct path declined, the graph runs: %s", reason)
+    return None
 
 
 class _Failed:
@@ -613,8 +630,8 @@ def _run(client, workers: list, fn, *args):
     if _goes_direct(client):
         try:
             replies = client.sync(_run_while_alive, client, workers, interval, timeout, True, fn, *args)
-        except WorkerGone:  # the scheduler cannot reach it either
-            return None
+        except WorkerGone as error:  # the scheduler cannot reach it either
+            return _declined(f"a worker left before answering ({error})")
         except (*_placement_errors(), OSError):  # distributed's connect raises a bare OSError on its timeout,
             unreached = set(workers)  # ours a TimeoutError
         else:  # a worker's own error (_Failed, possibly a TimeoutError) is raised here, never taken for placement
@@ -622,8 +639,8 @@ def _run(client, workers: list, fn, *args):
             return _unpacked(replies)
     try:
         replies = client.sync(_run_while_alive, client, workers, interval, timeout, False, fn, *args)
-    except (*_placement_errors(), OSError):  # the scheduler's connect times out with a bare OSError too
-        return None
+    except (*_placement_errors(), OSError) as error:  # the scheduler's connect times out with a bare OSError too
+        return _declined(f"a worker could not be reached through the scheduler ({type(error).__name__}: {error})")
     # the scheduler reached every worker the client could not, and no direct connection of the client
     # succeeded meanwhile (under TLS a worker busy past the connect timeout fails a handshake it would pass later)
     if unreached and unreached <= set(replies) and _last_direct_connect.get(client, float("-inf")) < started:
@@ -661,7 +678,7 @@ def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None, ne
             if who is None and silent:
                 raise _stalled_holding(client, x, keys, silent, work)
             if who is None:
-                return None
+                return _declined(f"a chunk of {x.name} is in no worker's memory")
             holder, fresh = {k: w[0] for k, w in who.items()}, True
         work = {}
         for k in keys:
@@ -677,11 +694,12 @@ def held_values(x, keys: list, per_chunk, only_where=frozenset(), extra=None, ne
             placement.remember(x, holder, client)  # the next result over x needs no placement lookup
             return values, {k: holder[k] for k in keys}
         if fresh:
-            return None
+            return _declined(f"workers holding {x.name} answered for {len(values)} of its {len(keys)} chunks "
+                             "(a chunk moved, or a worker left)")
         holder = None
     if silent:
         raise _stalled_holding(client, x, keys, silent, work)
-    return None
+    return _declined(f"the chunks of {x.name} were not where they were looked up, three times")
 
 
 def _stalled_holding(client, x, keys: list, silent: set, asked: dict) -> WorkerStalled:
@@ -883,6 +901,8 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     else:
         planned = _recipes_by_worker(sources, client)
         recipes, holder = planned if planned is not None else (None, None)
+        if planned is None:
+            _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
         totals = recipe_values(sources, plan.totals, recipes=recipes, need=need) if planned is not None else None
         found = None if totals is None else (totals, holder)
     if found is None:
@@ -909,7 +929,8 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     if (kept is None or any(isinstance(r, _Moved) for r in kept.values())
             or sum(len(k) for k in kept.values()) != len(out_keys)):
         _drop_kept_on_live(client, list(work), out_keys)
-        return None
+        return _declined(f"the held scan of {x.name} kept {sum(len(k) for k in (kept or {}).values() if isinstance(k, dict))}"
+                         f" of {len(out_keys)} output chunks (a chunk moved, or a worker left)")
     nbytes = {k: n for per_worker in kept.values() for k, n in per_worker.items()}
     try:
         client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
@@ -919,7 +940,8 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
         client.run_on_scheduler(_release_registered, out_keys, client.id)
         _drop_kept_on_live(client, list(work), out_keys)
         if isinstance(error, (KeyError, *_placement_errors())):
-            return None  # a worker that left after its reply (the scheduler's KeyError for its address): the graph
+            # a worker that left after its reply (the scheduler's KeyError for its address): the graph
+            return _declined(f"a worker left after keeping outputs of the held scan of {x.name} ({error!r})")
         raise  # anything else is a defect to see, not a placement to recompute around
     for k in out_keys:
         client.futures[k].finish(type=type(x._meta))
@@ -1151,7 +1173,7 @@ def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None
     if recipes is None:
         planned = _recipes_by_worker(sources, client)
         if planned is None:
-            return None
+            return _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
         recipes, where = planned
     else:
         where = {k: w for w, recipe in recipes.items() for k in recipe.chunks}
@@ -1171,10 +1193,13 @@ def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None
         raise _stalled({w: len(work[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
                        placement.setting("multireduce.direct-connect-timeout")) from None
     if replies is None or any(isinstance(r, _Moved) for r in replies.values()):
-        return None
+        return _declined(f"a chunk {sources.name} is made from moved before its worker was asked")
     values = {k: v for reply in replies.values() for k, v in reply.items()}
     folded = sum(len(g) - 1 for groups in (folds[1].values() if folds else ()) for g in groups)
-    return values if len(values) + folded == len(sources.keys) else None
+    if len(values) + folded != len(sources.keys):
+        return _declined(f"workers answered for {len(values) + folded} of the {len(sources.keys)} chunks of "
+                         f"{sources.name}")
+    return values
 
 
 def reduce_held(x, plan, split_every: int, located=None, sources=None):

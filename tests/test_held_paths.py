@@ -12,6 +12,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import multireduce as mr  # noqa: E402
+from multireduce import direct  # noqa: E402
 
 from .helpers import persist_spread  # noqa: E402
 
@@ -118,8 +119,10 @@ def test_chunks_read_from_several_workers_take_the_graph(cpu_client):
     a, b = rng.standard_normal(12 * 100), rng.standard_normal(12 * 100)
     x, _ = persist_spread(cpu_client, a, 100, [0, 1, 2] * 4)
     y, _ = persist_spread(cpu_client, b, 100, [1, 2, 0] * 4)
+    direct.last_decline = None
     value, stream = _no_tasks(cpu_client, lambda: mr.sum(x * y).compute())
     assert stream  # the graph ran: Dask moves one side of each product
+    assert "no one worker holds all of" in direct.last_decline  # and the direct path said why
     assert value == _graph(mr.sum, x * y)
     assert value == pytest.approx(float((a * b).sum()), rel=1e-12)
 
