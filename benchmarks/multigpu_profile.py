@@ -58,9 +58,10 @@ def submit_sum(client, x, split_every: int = 16):
     keys = placement.chunk_keys(x)
     futures_of = x.__dask_graph__()
     groups = placement.by_worker(holder, True)(keys)
-    futures = [client.submit(graph._chunk_partials, plan, *(futures_of[k] for k in group),
-                             workers=[holder[group[0]]], allow_other_workers=True, pure=False) for group in groups]
     position = {k: i for i, k in enumerate(keys)}
+    futures = [client.submit(graph._chunk_partials, plan, split_every, len(keys), [position[k] for k in group],
+                             *(futures_of[k] for k in group), workers=[holder[group[0]]], allow_other_workers=True,
+                             pure=False) for group in groups]
     ordered = [None] * len(keys)
     for group, partials in zip(groups, client.gather(futures)):
         for k, p in zip(group, partials):
