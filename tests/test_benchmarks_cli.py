@@ -185,3 +185,14 @@ def test_multigpu_paths_on_a_cpu_cluster(tmp_path):
     full, mem = _tables((tmp_path / "bench_multigpu_latest.md").read_text())
     assert len(full) - 1 == len(rows) - len(memory) and len(mem) - 1 == len(memory)
     assert all(len(line) == len(table[0]) for table in (full, mem) for line in table)
+
+
+@pytest.mark.slow
+def test_multigpu_phases_profile_on_a_cpu_cluster():
+    """``--profile phases`` on four CPU workers: every row of its table, the eager alternatives' rows too
+    (each checks its sum against the held call's bits before it is timed)."""
+    run = _bench("multigpu", "--cpu", "--profile", "phases", "--repeats", "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [r for r in _tables(run.stdout)[-1][1:]]
+    impls = {r[2] for r in rows}
+    assert {"dask.array.sum", "mr.sum", "mr.sum(compute=True) [client.run]", "eager via client.submit"} <= impls
