@@ -114,18 +114,37 @@ from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, fir
 
 logger = logging.getLogger(__name__)
 
-#: Why the direct path last declined in this process and left the work to the graph (the results are the
-#: same either way; this says which path ran, for a test or a profile that expected the direct one). None
-#: until a decline. Also logged at DEBUG level on the "multireduce.direct" logger.
+#: Why the direct path declined in this process's last attempt and left the work to the graph (the
+#: results are the same either way; this says which path ran, for a test or a profile that expected the
+#: direct one): the first reason the attempt met, None where it did not decline. Also logged at DEBUG
+#: level on the "multireduce.direct" logger.
 last_decline: str | None = None
 
 
-def _declined(reason: str):
-    """None, the direct path's answer for "the graph must run", with ``reason`` kept in ``last_decline``."""
+def _attempting() -> None:
+    """A direct attempt begins: the reasons of earlier ones are forgotten."""
     global last_decline
-    last_decline = reason
+    last_decline = None
+
+
+def _declined(reason: str):
+    """None, the direct path's answer for "the graph must run", with ``reason`` kept in ``last_decline``
+    unless the attempt declined for an earlier, closer reason already."""
+    global last_decline
+    if last_decline is None:
+        last_decline = reason
     logger.debug("the direct path declined, the graph runs: %s", reason)
     return None
+
+
+def _not_direct_here(kwargs: dict) -> bool:
+    """Whether a held result's ``compute``/``persist`` goes to the graph as asked: arguments given, or a
+    scheduler other than distributed's (said in ``last_decline``)."""
+    _attempting()
+    if kwargs or not _distributed_is_the_scheduler():
+        _declined("arguments to compute/persist, or a scheduler other than distributed's: the graph, as asked")
+        return True
+    return False
 
 
 class _Failed:
@@ -730,6 +749,7 @@ def reduce_persisted(x, plan, split_every: int = 16, located=None):
     folds them in chunk order with the graph's tree (``fold_in_order``): the same bits as the graph.
     ``located(block, offsets)``: what the plan reduces instead of a bare chunk (argmin/argmax need
     each chunk's place in the array)."""
+    _attempting()
     if len(plan.axes) != x.ndim or x.npartitions == 0:
         return None
     keys = placement.chunk_keys(x)
@@ -887,6 +907,7 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
     the graph's (``client.persist(mr.cumsum(x))``).
     With ``sources`` (an expression over persisted arrays, ``held_sources``), each worker makes the
     chunks it scans from the chunks it holds, in both calls."""
+    _attempting()
     client = placement.default_client()
     keys = placement.chunk_keys(x)
     lanes = list(_lanes(x, (plan.axis,)))
@@ -1027,7 +1048,7 @@ class WholeOfHeld(_GraphOnDemand, _OneBlockOfHeld):
         return reduction(x, plan, split_every, groups, token=token).dask
 
     def compute(self, **kwargs):
-        if not kwargs and _distributed_is_the_scheduler():
+        if not _not_direct_here(kwargs):
             x, plan, split_every, _, _, located, _, sources = self._direct
             value = reduce_held(x, plan, split_every, located, sources)
             if value is not None:
@@ -1047,7 +1068,7 @@ class ScanOfHeld(_GraphOnDemand, _OfHeld):
         return scan(x, plan, split_every, groups, token=token).dask
 
     def persist(self, **kwargs):
-        if not kwargs and _distributed_is_the_scheduler():
+        if not _not_direct_here(kwargs):
             x, plan, _, _, _, sources = self._direct
             # a fresh name for every call, as scattered data gets: the graph's tasks under the same
             # keys would differ (Dask warns), and a dropped earlier result's release could reach the
@@ -1193,7 +1214,8 @@ def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None
         raise _stalled({w: len(work[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
                        placement.setting("multireduce.direct-connect-timeout")) from None
     if replies is None or any(isinstance(r, _Moved) for r in replies.values()):
-        return _declined(f"a chunk {sources.name} is made from moved before its worker was asked")
+        return _declined(f"a chunk that the chunks of {sources.name} are made from moved before its worker "
+                         "was asked, or a worker left")
     values = {k: v for reply in replies.values() for k, v in reply.items()}
     folded = sum(len(g) - 1 for groups in (folds[1].values() if folds else ()) for g in groups)
     if len(values) + folded != len(sources.keys):
@@ -1207,6 +1229,7 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
     ``reduce_persisted``), over all of its axes or some: each chunk's partial comes back and the client
     folds every lane's partials in chunk order with the graph's tree, then lays the lanes' results out
     as the graph's output blocks (the same bits). None where the graph must run instead."""
+    _attempting()
     whole = len(plan.axes) == x.ndim
     if sources is None:
         if whole:
@@ -1281,7 +1304,7 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
         return reduction(x, plan, split_every, groups, token=token).dask
 
     def compute(self, **kwargs):
-        if not kwargs and _distributed_is_the_scheduler():
+        if not _not_direct_here(kwargs):
             x, plan, split_every, _, _, sources = self._direct
             value = reduce_held(x, plan, split_every, sources=sources)
             if value is not None:
@@ -1317,7 +1340,9 @@ def held_result(x, plan, split_every: int, build=None, located=None):
     if whole:
         return whole_of_held(x, plan, split_every, build, located, sources=sources, groups=groups)
     if build is not None or located is not None or not _partials_fit(x, plan):
-        return None
+        _attempting()
+        return _declined("a reduction over some axes whose partials would exceed DIRECT_PARTIAL_BYTES (or that "
+                         "reads located chunks): the graph")
     chunks = (tuple((1,) if d in plan.axes else x.chunks[d] for d in range(x.ndim)) if plan.keepdims
               else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)

@@ -55,20 +55,41 @@ class Grouped:
     codes: np.ndarray
 
 
-class GroupStates(tuple):
-    """A group-by partial: the states (a tuple of arrays, as a full partial) of the groups ``groups``
-    (sorted host int64) only, on their last axis. A tuple, so Dask and dask-cuda size and place it as
-    the arrays it holds."""
+class GroupIds:
+    """The groups a group-by partial holds (sorted host int64), as the first member of the partial, a plain
+    tuple ``(GroupIds, *states)`` whose states have one entry per listed group on their last axis. A plain
+    tuple, so distributed serializes its arrays one by one (device to device where the transport can)
+    and dask-cuda sizes, places and rebuilds it as any tuple of arrays."""
 
-    groups: np.ndarray
+    __slots__ = ("ids",)
 
-    def __new__(cls, groups, states):
-        self = super().__new__(cls, states)
-        self.groups = np.asarray(groups, dtype=np.int64)
-        return self
+    def __init__(self, ids):
+        self.ids = np.asarray(ids, dtype=np.int64)
 
     def __reduce__(self):
-        return GroupStates, (self.groups, tuple(self))
+        return GroupIds, (self.ids,)
+
+    def __sizeof__(self) -> int:
+        return int(self.ids.nbytes)
+
+    def __dask_tokenize__(self):
+        return ("multireduce.GroupIds", self.ids.tobytes())
+
+    def __repr__(self) -> str:
+        return f"GroupIds({self.ids.tolist()})"
+
+
+def group_states(groups, states) -> tuple:
+    """A partial of ``groups`` only: ``(GroupIds(groups), *states)``."""
+    return (GroupIds(groups), *states)
+
+
+def states_of(partial) -> tuple:
+    """(groups or None, states): what a partial of some groups (``group_states``) holds; None for a partial
+    of every group (a plain tuple of states)."""
+    if partial and isinstance(partial[0], GroupIds):
+        return partial[0].ids, tuple(partial[1:])
+    return None, tuple(partial)
 
 
 def _pair(block, codes):
@@ -403,17 +424,16 @@ class GroupByPlan:
         return (0,) * len(states)
 
     def _widened(self, partial, groups: np.ndarray) -> tuple:
-        """The states of ``partial`` (GroupStates, or full states) with a last axis of ``groups`` (which
-        holds every group the partial has), the missing ones given _empty_state."""
-        if not isinstance(partial, GroupStates):
-            return partial
-        if partial.groups.size == groups.size:
-            return tuple(partial)
-        xp = _xp(partial[0])
-        at = np.searchsorted(groups, partial.groups)
+        """The states of ``partial`` (of some groups, ``group_states``, or of every group) with a last axis
+        of ``groups`` (which holds every group the partial has), the missing ones given _empty_state."""
+        held, states = states_of(partial)
+        if held is None or held.size == groups.size:
+            return states
+        xp = _xp(states[0])
+        at = np.searchsorted(groups, held)
         out = []
-        with on_device_of(partial[0]):
-            for member, fill in zip(partial, self._empty_state(partial)):
+        with on_device_of(states[0]):
+            for member, fill in zip(states, self._empty_state(states)):
                 wide = xp.full(member.shape[:-1] + (groups.size,), fill, dtype=member.dtype)
                 wide[..., xp.asarray(at) if xp is not np else at] = member
                 out.append(wide)
@@ -421,17 +441,17 @@ class GroupByPlan:
 
     # -- the graph contract ---------------------------------------------------------------------
     def partial(self, *items):
-        """The chunks' states for the groups they hold (GroupStates): a chunk of a time axis holds a month
-        or two of twelve, and the rest would cross between workers as identities."""
+        """The chunks' states for the groups they hold (``group_states``): a chunk of a time axis holds a
+        month or two of twelve, and the rest would cross between workers as identities."""
         states = self._full(*items)
         codes = np.concatenate([_host(item.codes) for item in items])
         present = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=self.ngroups))
         if present.size == self.ngroups:
-            return GroupStates(present, states)
+            return group_states(present, states)
         xp = _xp(states[0])
         with on_device_of(states[0]):
             at = xp.asarray(present) if xp is not np else present
-            return GroupStates(present, tuple(xp.take(member, at, axis=-1) for member in states))
+            return group_states(present, tuple(xp.take(member, at, axis=-1) for member in states))
 
     def _full(self, *items) -> tuple:
         """The states of every group (a last axis of ngroups) of the chunks, merged in order."""
@@ -441,14 +461,15 @@ class GroupByPlan:
     def combine(self, *partials):
         """Partials merged in order, each widened to the groups of them all: the merges of the full
         states, group by group, so the bits do not depend on which groups a partial carried."""
-        if not any(isinstance(p, GroupStates) for p in partials):
+        held = [states_of(p)[0] for p in partials]
+        if all(h is None for h in held):
             with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
                 return functools.reduce(self._merge, partials)
-        groups = functools.reduce(np.union1d, (p.groups if isinstance(p, GroupStates) else np.arange(self.ngroups)
-                                               for p in partials)).astype(np.int64)
+        groups = functools.reduce(np.union1d, (np.arange(self.ngroups) if h is None else h for h in held))
+        groups = groups.astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             merged = functools.reduce(self._merge, (self._widened(p, groups) for p in partials))
-        return GroupStates(groups, merged)
+        return group_states(groups, merged)
 
     def finalize(self, partial):
         partial = self._widened(partial, np.arange(self.ngroups))
