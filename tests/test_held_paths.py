@@ -195,3 +195,35 @@ def test_groups_made_by_recipes_fold_what_they_hold_with_the_same_bits(cpu_clien
                 want = fn(x).compute()
             for g in got:
                 assert g.dtype == want.dtype and g.tobytes() == want.tobytes()
+
+
+def _stale_first_plan(monkeypatch):
+    """_recipes_by_worker whose first plan names, for every chunk, a worker that does not hold what it
+    reads (as if a replica were dropped between the lookup and the call); later plans are right."""
+    real, calls = direct._recipes_by_worker, []
+
+    def planner(sources, client):
+        calls.append(1)
+        recipes, where = real(sources, client)
+        if len(calls) > 1:
+            return recipes, where
+        workers = sorted(client.scheduler_info()["workers"])
+        moved = {workers[(workers.index(w) + 1) % len(workers)]: r for w, r in recipes.items()}
+        return moved, {k: workers[(workers.index(w) + 1) % len(workers)] for k, w in where.items()}
+
+    monkeypatch.setattr(direct, "_recipes_by_worker", planner)
+    return calls
+
+
+def test_expressions_planned_again_where_a_chunk_moved_after_the_lookup(cpu_client, field, monkeypatch):
+    """A reduction and a scan of an expression over held chunks whose first plan is stale: the workers
+    say the chunks moved, the plan is made once more, and still no task runs; the values are the graph's."""
+    a, x = field
+    calls = _stale_first_plan(monkeypatch)
+    value, stream = _no_tasks(cpu_client, lambda: mr.sum(x * 2 - 1, axis=0).compute())
+    assert stream == [] and len(calls) == 2 and direct.last_decline is None
+    assert np.array_equal(value, _graph(lambda v: mr.sum(v, axis=0), x * 2 - 1), equal_nan=True)
+    calls = _stale_first_plan(monkeypatch)
+    out, stream = _no_tasks(cpu_client, lambda: mr.cumsum(x * 2 - 1, axis=0).persist())
+    assert stream == [] and len(calls) == 2 and direct.last_decline is None
+    assert np.array_equal(out.compute(), _graph(lambda v: mr.cumsum(v, axis=0), x * 2 - 1), equal_nan=True)
