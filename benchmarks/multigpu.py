@@ -30,11 +30,12 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
   left to CuPy: "unfused"), the held bare call, and ``x * 2`` alone:
   CUDA-event time of ``b * 2`` on each held chunk, summed per worker, the slowest worker's.
 - axes: ``mr.mean(f, axis=0).compute()`` of a time x lat x lon field chunked along time (``--field-gib``
-  per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks), its
-  monthly climatology (``mr.groupby_reduce(f, month, "mean", axis=0)``, the hours of a year by month)
-  against one dask.array mean per month of the selected steps (what xarray's group-by runs without flox), and
-  ``mr.sum(m, axis=1).persist()`` of a tall matrix (``--tall-cols`` columns, x's bytes and chunk bytes),
-  vs ``dask.array``.
+  per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks) vs
+  dask.array's; its monthly climatology (``mr.groupby_reduce(f, month, "mean", axis=0)``, the hours of a
+  year by month) vs one dask.array mean per month of the selected steps (what xarray's group-by runs
+  without flox); its daily maximum (the hours by day; no dask.array row: xarray's resample fails on CuPy
+  data) and its total (``mr.sum(f)`` vs ``da.sum(f)``); and ``mr.sum(m, axis=1).persist()`` of a tall
+  matrix (``--tall-cols`` columns, x's bytes and chunk bytes) vs ``dask.array``.
 - lazy: ``lz`` made in the graph, not persisted: ``mr.sum(lz).compute()``, ``mr.cumsum(lz).persist()`` vs
   dask.array's, and the floor: one task per worker (``client.submit`` restricted to it) that makes and sums
   that worker's share of the chunks in a loop, the best any graph could do.
@@ -537,14 +538,32 @@ def month_of_hour(steps: int) -> np.ndarray:
     return np.resize(np.repeat(np.arange(12), days), steps)
 
 
-def field_cases(client, f, ref64: np.ndarray, monthly64: np.ndarray) -> list[h.Case]:
-    """``mean(f, axis=0)`` of a time x lat x lon field and its monthly climatology (the field's hours
-    grouped by month: ``mr.groupby_reduce``, against what xarray's group-by without flox runs on dask, one
-    mean per month of the selected steps), on the client, checked element by element."""
+def field_refs(f) -> dict:
+    """The field's references, computed once by dask.array (float64 where they round): its mean over time,
+    its monthly means, its daily maxima (exact in float32) and its total and total of magnitudes."""
+    import dask.array as da
+
+    steps = f.shape[0]
+    month = month_of_hour(steps)
+    f64 = f.astype(np.float64)
+    days = range(steps // 24)
+    return {"mean": h.host(f64.mean(axis=0).compute()).astype(np.float64),
+            "monthly": np.stack([h.host(f64[np.flatnonzero(month == m)].mean(axis=0).compute())
+                                 for m in np.unique(month)], axis=-1).astype(np.float64),
+            "daily_max": h.host(da.stack([f[d * 24:(d + 1) * 24].max(axis=0) for d in days], axis=-1).compute()),
+            "total": float(f64.sum().compute()), "magnitude": float(abs(f64).sum().compute())}
+
+
+def field_cases(client, f, refs: dict) -> list[h.Case]:
+    """``mean(f, axis=0)`` of a time x lat x lon field, its monthly climatology (the field's hours grouped
+    by month: ``mr.groupby_reduce``, against what xarray's group-by without flox runs on dask, one mean per
+    month of the selected steps), its daily maximum (hours grouped by day: what xarray's resample fails at
+    on CuPy data; no dask.array row) and its total, on the client, checked element by element."""
     import dask.array as da
 
     import multireduce as mr
 
+    ref64, monthly64 = refs["mean"], refs["monthly"]
     steps = f.shape[0]
     tol = F32_EPS * (steps / 1024 + 65) * 0.5  # a mean of |values| <= 0.5, then the division
 
@@ -561,7 +580,7 @@ def field_cases(client, f, ref64: np.ndarray, monthly64: np.ndarray) -> list[h.C
         return da.stack([f[np.flatnonzero(month == m)].mean(axis=0) for m in present], axis=-1)
 
     theirs, their_months = "da.mean(f, axis=0).compute()", "per month: da.stack([f[month == m].mean(axis=0)])"
-    return [h.Case("axes", "mr.mean(f, axis=0).compute()", "mean(f, axis=0)",
+    cases = [h.Case("axes", "mr.mean(f, axis=0).compute()", "mean(f, axis=0)",
                    h.Step(client, "compute", lambda: mr.mean(f, axis=0)), f.nbytes, close(ref64), theirs),
             h.Case("axes", theirs, "mean(f, axis=0)", h.Step(client, "compute", lambda: da.mean(f, axis=0)),
                    f.nbytes, close(ref64), theirs),
@@ -570,6 +589,26 @@ def field_cases(client, f, ref64: np.ndarray, monthly64: np.ndarray) -> list[h.C
                    close(monthly64), their_months),
             h.Case("axes", their_months, "monthly mean", h.Step(client, "compute", per_month), f.nbytes,
                    close(monthly64), their_months)]
+    day = np.arange(steps) // 24
+    whole_days = steps // 24 * 24  # the hours of a last partial day are left out, as in the reference
+
+    def exact_daily_max(got):
+        got = h.host(got)
+        return got.shape == refs["daily_max"].shape and bool(np.array_equal(got, refs["daily_max"], equal_nan=True))
+
+    def total_close(got):
+        return abs(float(h.host(got)) - refs["total"]) <= 2 * F32_EPS * refs["magnitude"] + 1e-30
+
+    cases.append(h.Case("axes", "mr.groupby_reduce(f, day, 'max', axis=0)", "daily max",
+                        h.Step(client, "compute", lambda: mr.groupby_reduce(f[:whole_days], day[:whole_days], "max",
+                                                                            axis=0)[0]),
+                        f.nbytes * whole_days // max(steps, 1), exact_daily_max))
+    theirs_total = "da.sum(f).compute()"
+    cases += [h.Case("axes", "mr.sum(f).compute()", "total", h.Step(client, "compute", lambda: mr.sum(f)), f.nbytes,
+                     total_close, theirs_total),
+              h.Case("axes", theirs_total, "total", h.Step(client, "compute", lambda: da.sum(f)), f.nbytes,
+                     total_close, theirs_total)]
+    return cases
 
 
 # ------------------------------------------------------------------------------------------------
@@ -679,14 +718,11 @@ def field(run: Run, client, n: int) -> None:
     per = min(args.field_chunk_steps, steps)
     chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
     f, layout = place(client, run.setting, chunks, "dask", seed=SEED + 2)
-    ref64 = h.host(f.astype(np.float64).mean(axis=0).compute()).astype(np.float64)
-    month = month_of_hour(steps)
-    monthly64 = np.stack([h.host(f[np.flatnonzero(month == m)].astype(np.float64).mean(axis=0).compute())
-                          for m in np.unique(month)], axis=-1).astype(np.float64)
+    refs = field_refs(f)
     base = dict(gpus=n, gib_per_gpu=f.nbytes / n / 2**30, chunk_log2=None, chunk=f"{per}x{lat}x{lon}",
                 placement=layout.placement, runs=layout.runs, chunks_per_worker=layout.per_worker)
     print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks", flush=True)
-    run.measure(client, field_cases(client, f, ref64, monthly64), base)
+    run.measure(client, field_cases(client, f, refs), base)
     names = [f.name]
     del f
     h.wait_released(client, names)

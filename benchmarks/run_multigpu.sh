@@ -7,7 +7,9 @@
 # deploy/ TLS cluster), soak (a short soak: 4 clients x MR_SOAK_REQUESTS), soakfull (the full soak: 4 clients x 500,
 # 1 KB - 1 GB, in 10 rounds; no new round past MR_SOAK_TIMEOUT - 60 s), bench (multigpu --quick, multigpu-stats
 # --exact), paths (multigpu --paths all on every GPU: expressions, some axes, lazy sources, the graph, peak
-# memory, beside the held rows), scaling (multigpu --scaling), profile (multigpu --profile phases, --profile held).
+# memory, beside the held rows), axes (multigpu --paths axes on every GPU: the field's time mean, monthly
+# climatology, daily maximum and total, and the tall matrix), scaling (multigpu --scaling), profile (multigpu
+# --profile phases, --profile held).
 # Each phase fits one device call (<= 10 minutes); soakfull, bench, paths and scaling take one each. Every
 # benchmark is `python -m benchmarks SUITE` (--help lists the options).
 set -uo pipefail
@@ -79,6 +81,12 @@ timeout ${MR_PATHS_TIMEOUT:-500} python3 -m benchmarks multigpu --paths all --pl
   --budget-s ${MR_PATHS_BUDGET:-360} "$@" > "$OUT/bench-multigpu-paths.log" 2>&1 || rc=1
 cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
 sed -n '/^Peak memory/,$p' "$OUT/bench-multigpu-paths.log"
+fi
+if has axes; then
+timeout ${MR_AXES_TIMEOUT:-500} python3 -m benchmarks multigpu --paths axes --placements dask --repeats 3 --timeout-s 60 \
+  --no-task-stream "$@" > "$OUT/bench-multigpu-axes.log" 2>&1 || rc=1
+cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
+sed -n '/rows, .* not ok/,$p' "$OUT/bench-multigpu-axes.log"
 fi
 if has scaling; then
 timeout ${MR_SCALING_TIMEOUT:-540} python3 -m benchmarks multigpu --scaling --repeats 3 --timeout-s 30 \
