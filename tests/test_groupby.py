@@ -388,3 +388,12 @@ def test_partials_cross_between_worker_processes():
             distributed.Client(cluster) as client:
         got = client.compute(mr.groupby_reduce(d, labels, "var", axis=0, split_every=2)[0]).result()
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("ngroups", [0, 3, 255, 256, 65535, 65536, 70000])
+def test_group_order_is_the_stable_sort_of_the_keys(ngroups):
+    """Keys narrowed to the smallest unsigned type holding ngroups (a radix sort), the order unchanged:
+    keys run 0..ngroups (ngroups is the key of labels in no group)."""
+    key = np.random.default_rng(ngroups).integers(0, ngroups + 1, 5000).astype(np.int64)
+    key[:3] = ngroups  # the largest key present
+    np.testing.assert_array_equal(groupby_module._group_order(key, ngroups), np.argsort(key, kind="stable"))
