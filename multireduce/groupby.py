@@ -381,9 +381,19 @@ class GroupByPlan:
 
     # -- per chunk ----------------------------------------------------------------------------------
     def _chunk(self, item: Grouped):
+        """The chunk's states of every group (a last axis of ngroups)."""
+        return self._chunk_counted(item)[0]
+
+    def _chunk_counted(self, item: Grouped):
+        """(the chunk's states of every group, each group's element count in it: host int64)."""
         block = item.block
-        with on_device_of(block), np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        with on_device_of(block):
             seg = _Segments(block, item.codes, self.axis, self.ngroups, self.flat)
+        return self._states(seg), seg.counts[:self.ngroups]
+
+    def _states(self, seg: _Segments):
+        block = seg.values
+        with on_device_of(block), np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             floating = block.dtype.kind == "f"
             stat, values = self.stat, seg.values
             if stat in _MOMENTS:
@@ -447,9 +457,11 @@ class GroupByPlan:
     def partial(self, *items):
         """The chunks' states for the groups they hold (``group_states``): a chunk of a time axis holds a
         month or two of twelve, and the rest would cross between workers as identities."""
-        states = self._full(*items)
-        codes = np.concatenate([_host(item.codes) for item in items])
-        present = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=self.ngroups))
+        counted = [self._chunk_counted(item) for item in items]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            states = functools.reduce(self._merge, (states for states, _ in counted))
+        # which groups the chunks hold, from their plans' counts (no pass over the labels here)
+        present = np.flatnonzero(functools.reduce(np.add, (counts for _, counts in counted)))
         if present.size == self.ngroups:
             return group_states(present, states)
         xp = _xp(states[0])
