@@ -920,19 +920,9 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
         # every chunk's total but each lane's last, and where every chunk is, in one run
         found = held_values(x, keys, plan.totals, only_where=frozenset(keys) - set(wanted), need=need)
     else:
-        found = None
-        for attempt in range(2):  # planned once more where a chunk moved after the lookup (see recipe_values)
-            if attempt:
-                _attempting()  # the first try's reason is not this attempt's
-            planned = _recipes_by_worker(sources, client)
-            if planned is None:
-                _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
-                break
-            recipes, holder = planned
-            totals = recipe_values(sources, plan.totals, recipes=recipes, need=need)
-            if totals is not None:
-                found = (totals, holder)
-                break
+        planned = planned_recipe_values(sources, plan.totals, need=need)
+        found = None if planned is None else (planned[0], planned[2])
+        recipes = None if planned is None else planned[1]
     if found is None:
         return None
     totals, holder = found
@@ -1191,23 +1181,25 @@ def _reading_held_only(recipe, shared: dict):
     return Recipe(tasks, recipe.chunks, [k for k in recipe.inputs if k not in shared])
 
 
-def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None, need=None):
+def recipe_values(sources, per_chunk, extra=None, fold_groups=None, need=None):
     """{chunk key: per_chunk(chunk)} for every chunk of ``sources`` (host values), each made and computed
-    by the worker holding what it is made from (``recipes``, else ``_recipes_by_worker``), in one call;
-    None where the graph must run instead. ``fold_groups`` (a combine function and groups of keys): a
-    group whose chunks one worker makes comes back combined there, under its first key, its other keys
-    absent. ``need``: see ``check_room``. Recipes planned here are planned once more where a chunk they
-    read moved between the lookup and the call (a replica the Active Memory Manager dropped)."""
+    by the worker holding what it is made from, in one call; None where the graph must run instead.
+    ``fold_groups`` (a combine function and groups of keys): a group whose chunks one worker makes comes
+    back combined there, under its first key, its other keys absent. ``need``: see ``check_room``."""
+    found = planned_recipe_values(sources, per_chunk, extra, fold_groups, need)
+    return None if found is None else found[0]
+
+
+def planned_recipe_values(sources, per_chunk, extra=None, fold_groups=None, need=None):
+    """(recipe_values' values, the recipes that made them (``_recipes_by_worker``), {chunk key: worker}),
+    or None. The recipes are planned once more where a chunk they read moved between the placement lookup
+    and the call (a replica the Active Memory Manager dropped)."""
     client = placement.default_client()
-    planned_here = recipes is None
-    for attempt in range(2 if planned_here else 1):
-        if planned_here:
-            planned = _recipes_by_worker(sources, client)
-            if planned is None:
-                return _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
-            recipes, where = planned
-        else:
-            where = {k: w for w, recipe in recipes.items() for k in recipe.chunks}
+    for _ in range(2):
+        planned = _recipes_by_worker(sources, client)
+        if planned is None:
+            return _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
+        recipes, where = planned
         folds = None
         if fold_groups is not None:
             combine, groups = fold_groups
@@ -1217,25 +1209,21 @@ def recipe_values(sources, per_chunk, extra=None, recipes=None, fold_groups=None
                 if len(group) > 1 and len(workers) == 1:
                     local.setdefault(workers.pop(), []).append(list(group))
             folds = (combine, local) if local else None
-        work = recipes
         try:
-            replies = _run(client, sorted(work), values_of_recipes, per_chunk, work, extra, folds, need)
+            replies = _run(client, sorted(recipes), values_of_recipes, per_chunk, recipes, extra, folds, need)
         except _Unanswered as error:
-            raise _stalled({w: len(work[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
+            raise _stalled({w: len(recipes[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
                            placement.setting("multireduce.direct-connect-timeout")) from None
         if replies is None:
             return _declined(f"a worker holding chunks of {sources.name} left")
         if any(isinstance(r, _Moved) for r in replies.values()):
-            if attempt == 0 and planned_here:
-                continue
-            return _declined(f"a chunk that the chunks of {sources.name} are made from moved before its worker "
-                             "was asked")
+            continue
         values = {k: v for reply in replies.values() for k, v in reply.items()}
         folded = sum(len(g) - 1 for groups in (folds[1].values() if folds else ()) for g in groups)
         if len(values) + folded != len(sources.keys):
             return _declined(f"workers answered for {len(values) + folded} of the {len(sources.keys)} chunks of "
                              f"{sources.name}")
-        return values
+        return values, recipes, where
     return _declined(f"the chunks that the chunks of {sources.name} are made from moved twice while looked up")
 
 

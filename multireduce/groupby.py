@@ -137,7 +137,7 @@ class _Segments:
             if runs > ngroups + 1 and key.size < ROWS_MIN_RUN * runs:
                 # short runs (by hour of day, by day of year) would each leave a partial row as large
                 # as a row of data: one gather of whole rows puts each group in one run instead
-                order = np.argsort(key, kind="stable")
+                order = _group_order(key, ngroups)
                 block = xp.take(block, xp.asarray(order), axis=axis)
                 key = key[order]
                 run_starts = _run_starts(key)
@@ -458,8 +458,7 @@ class GroupByPlan:
         """The chunks' states for the groups they hold (``group_states``): a chunk of a time axis holds a
         month or two of twelve, and the rest would cross between workers as identities."""
         counted = [self._chunk_counted(item) for item in items]
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            states = functools.reduce(self._merge, (states for states, _ in counted))
+        states = self._merged(states for states, _ in counted)
         # which groups the chunks hold, from their plans' counts (no pass over the labels here)
         present = np.flatnonzero(functools.reduce(np.add, (counts for _, counts in counted)))
         if present.size == self.ngroups:
@@ -471,21 +470,22 @@ class GroupByPlan:
 
     def _full(self, *items) -> tuple:
         """The states of every group (a last axis of ngroups) of the chunks, merged in order."""
+        return self._merged(self._chunk(item) for item in items)
+
+    def _merged(self, states) -> tuple:
+        """States of the same groups merged in order."""
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            return functools.reduce(self._merge, (self._chunk(item) for item in items))
+            return functools.reduce(self._merge, states)
 
     def combine(self, *partials):
         """Partials merged in order, each widened to the groups of them all: the merges of the full
         states, group by group, so the bits do not depend on which groups a partial carried."""
         held = [states_of(p)[0] for p in partials]
         if all(h is None for h in held):
-            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                return functools.reduce(self._merge, partials)
+            return self._merged(partials)
         groups = functools.reduce(np.union1d, (np.arange(self.ngroups) if h is None else h for h in held))
         groups = groups.astype(np.int64)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            merged = functools.reduce(self._merge, (self._widened(p, groups) for p in partials))
-        return group_states(groups, merged)
+        return group_states(groups, self._merged(self._widened(p, groups) for p in partials))
 
     def finalize(self, partial):
         partial = self._widened(partial, np.arange(self.ngroups))
