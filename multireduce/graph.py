@@ -642,6 +642,62 @@ def fold_in_order(plan, split_every: int, partials):
     return plan.aggregate(*level)
 
 
+def fold_present_in_order(plan, split_every: int, count: int, positions, partials):
+    """``fold_in_order``'s tree over ``count`` chunk positions of which only those at ``positions`` hold
+    a partial (None among ``partials``: nothing either): the same combines of the same partials, in the
+    same association, with the chunks that hold nothing left out; None where nothing is held. The caller
+    accounts for the identities the full tree would have merged."""
+    level = [None] * count
+    for position, partial in zip(positions, partials):
+        level[position] = partial
+
+    def combined(group):
+        held = [p for p in group if p is not None]
+        if len(held) <= 1:
+            return held[0] if held else None
+        return plan.combine(*held)
+
+    if len(level) > split_every:
+        level = [combined(level[j : j + split_every]) for j in range(0, len(level), split_every)]
+    while len(level) > split_every:
+        level = [combined(level[j : j + split_every]) for j in range(0, len(level), split_every)]
+    return combined(level)
+
+
+def cohort_reduction(x: da.Array, plan, split_every: int, cohorts: list, token: str) -> da.Array:
+    """A lazy group-by reduction of ``x`` along ``plan.axis`` whose result is chunked by cohorts of groups,
+    where each cohort (a run of group ids and the chunk positions that may hold them) is folded from those
+    chunks' partials alone: a day that straddles two chunks of a year meets only them, and no partial of
+    every group crosses the cluster. The bits are ``reduction``'s: the partials restricted to the cohort
+    (``plan.restricted``) fold through ``fold_present_in_order``, and ``plan.finalize_groups`` merges the
+    identities the full tree would have merged (a float sum's -0.0 becomes 0.0 there)."""
+    ax = plan.axis
+    on_device = type(x._meta).__module__.startswith("cupy")
+    per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object,
+                              name=f"{plan.label}-partial-{tokenize(x, plan, 'per-chunk')}",
+                              meta=np.empty((0,) * x.ndim, dtype=object))
+    name = f"{plan.label}-cohorts-{token}"
+    count = x.numblocks[ax]
+    lanes = itertools.product(*(range(n) if d != ax else (None,) for d, n in enumerate(x.numblocks)))
+    dsk = {}
+    for lane in lanes:
+        for b, (first, last, positions) in enumerate(cohorts):
+            deps = [(per_chunk.name, *(p if d == ax else i for d, i in enumerate(lane))) for p in positions]
+            out = (name, *(b if d == ax else i for d, i in enumerate(lane)))
+            dsk[out] = (_cohort_aggregate, plan, on_device, split_every, count, tuple(positions), first, last, *deps)
+    chunks = tuple(tuple(last - first + 1 for first, last, _ in cohorts) if d == ax else c
+                   for d, c in enumerate(x.chunks))
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=[per_chunk])
+    return da.Array(graph, name, chunks, meta=meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype))
+
+
+def _cohort_aggregate(plan, on_device: bool, split_every: int, count: int, positions, first: int, last: int,
+                      *partials):
+    parts = [plan.restricted(p, first, last) for p in partials]
+    folded = fold_present_in_order(plan, split_every, count, positions, parts)
+    return _device(on_device, plan.finalize_groups(folded, first, last, parts, count))
+
+
 def _combined(plan, group: list):
     if len(group) > 1 and all(p is None for p in group[1:]):
         return group[0]

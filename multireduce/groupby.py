@@ -24,6 +24,7 @@ labels before any data is read, so the result's dtype is known for lazy input to
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import numbers
 from dataclasses import dataclass
@@ -488,7 +489,45 @@ class GroupByPlan:
         return group_states(groups, self._merged(self._widened(p, groups) for p in partials))
 
     def finalize(self, partial):
-        partial = self._widened(partial, np.arange(self.ngroups))
+        return self._finished(self._widened(partial, np.arange(self.ngroups)), 0)
+
+    # -- cohorts: a run of groups folded from the chunks that hold them (``graph.cohort_reduction``) --------
+    def restricted(self, partial, first: int, last: int):
+        """``partial``'s states of groups ``first..last`` that it holds, or None where it holds none."""
+        held, states = states_of(partial)
+        if held is None:
+            held = np.arange(self.ngroups)
+        lo, hi = np.searchsorted(held, (first, last + 1))
+        if lo == hi:
+            return None
+        return group_states(held[lo:hi], tuple(member[..., lo:hi] for member in states))
+
+    def finalize_groups(self, folded, first: int, last: int, parts: list, count: int):
+        """The result of groups ``first..last`` from ``folded`` (``graph.fold_present_in_order`` of the
+        restricted ``parts`` of ``count`` chunks), with the bits of the full tree: there a group that some
+        chunk lacks was merged with its empty state, which changes a float sum's -0.0 (and, on a GPU, a NaN's
+        payload); a group every chunk holds was not."""
+        groups = np.arange(first, last + 1)
+        states = self._widened(folded, groups)
+        if self.stat in _MOMENTS:  # merging an empty moment changes no bit (``moments_merge``)
+            return self._finished(states, first)
+        xp = _xp(states[0])
+        with on_device_of(states[0]), np.errstate(invalid="ignore", over="ignore"):
+            merged = self._merge(states, self._empty_state(states))
+            if len(parts) == count:
+                everywhere = np.ones(groups.size, dtype=bool)
+                for part in parts:
+                    held = np.zeros(groups.size, dtype=bool)
+                    if part is not None:
+                        held[states_of(part)[0] - first] = True  # a restricted part names its groups
+                    everywhere &= held
+                if everywhere.any():
+                    keep = xp.asarray(everywhere) if xp is not np else everywhere
+                    merged = tuple(xp.where(keep, s, m).astype(s.dtype, copy=False) for s, m in zip(states, merged))
+        return self._finished(merged, first)
+
+    def _finished(self, partial: tuple, first: int):
+        """The result from the states of groups ``first``, ``first + 1``, ... (a last axis of them)."""
         stat = self.stat
         xp = _xp(partial[0])
         out = np.dtype(self.out_dtype)
@@ -517,9 +556,10 @@ class GroupByPlan:
             if null is not None:
                 fill = np.nan if stat in ("mean", "min", "max") or self.fill_value is None else self.fill_value
                 value = xp.where(null, xp.asarray(fill, dtype=out), value)
-            if self.missing:
+            missing = [g - first for g in self.missing if first <= g < first + value.shape[-1]]
+            if missing:
                 value = value.copy()  # astype(copy=False) may have kept a partial's own array
-                value[..., list(self.missing)] = _fill_of(stat, self.fill_value)
+                value[..., missing] = _fill_of(stat, self.fill_value)
             return xp.moveaxis(value, -1, self.axis)
 
     def aggregate(self, *partials):
@@ -725,7 +765,8 @@ def _check_count(value, name: str, caller: str):
 
 
 def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, min_count=None, fill_value=None,
-                 dtype=None, split_every=None, caller: str = "multireduce.groupby_reduce", flat: bool = False):
+                 dtype=None, split_every=None, method=None, caller: str = "multireduce.groupby_reduce",
+                 flat: bool = False):
     """``func`` of each group of ``x`` along ``axis``, where ``codes`` (host int64, one per element along
     ``axis``) places each element in group 0..ngroups-1 (or none, -1): ``x``'s array type, the axis
     replaced by a last axis of ``ngroups`` (lazy for Dask). The entry behind ``groupby_reduce`` and the
@@ -763,6 +804,8 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
         raise TypeError(f"{caller}: argument 'fill_value' must be None or a number; got {fill_value!r}")
     acc, out = _dtypes(stat, x.dtype, dtype, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
+    if method is not None and method not in METHODS:
+        raise ValueError(f"{caller}: argument 'method' must be None, 'map-reduce' or 'cohorts'; got {method!r}")
     with on_device_of(codes):  # marks, not counts: no atomics on the GPU, whose few groups would contend
         present = xp.zeros(ngroups + 1, dtype=bool)
         _mark(present, xp.where(codes >= 0, codes, ngroups))
@@ -774,7 +817,7 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     plan = GroupByPlan(stat, ax, int(ngroups), acc, np.dtype(out), skipnan, float(ddof), min_count, fill_value,
                        missing, flat)
     if kind.startswith("dask"):
-        return _lazy(x, codes, plan, fan_in, caller)
+        return _lazy(x, codes, plan, fan_in, caller, method)
     if kind == "cupy":
         import cupy
 
@@ -783,7 +826,40 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
     return np.moveaxis(plan.whole(Grouped(x, codes)), ax, -1)
 
 
-def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str):
+METHODS = ("map-reduce", "cohorts")
+
+
+def cohorts(codes: np.ndarray, sizes, ngroups: int, fan_in: int) -> list | None:
+    """Runs of groups and the chunks (positions along the axis, of ``sizes``) that may hold them, where the
+    codes never fall back across chunks (each chunk's smallest code at least every earlier chunk's
+    largest: days, months or years of a time axis): one run per chunk that brings new groups (from the
+    first, or the one after the last seen, to its largest; missing groups join the run before them, or
+    the first), its chunks that one and the next ones whose smallest code is in the run. None where the
+    codes fall back, where there would be one run only, or where a run spans more than ``4 * fan_in``
+    chunks (the tree's levels then bound what one task holds)."""
+    bounds = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64))))
+    spans = []
+    for i in range(len(sizes)):
+        held = codes[bounds[i] : bounds[i + 1]]
+        held = held[held >= 0]
+        if held.size:
+            spans.append((i, int(held.min()), int(held.max())))
+    runs, seen = [], -1
+    for k, (i, low, high) in enumerate(spans):
+        if low < seen:
+            return None
+        if high > seen:
+            positions = list(itertools.takewhile(lambda j: spans[j][1] <= high, range(k, len(spans))))
+            positions = [spans[j][0] for j in positions]
+            runs.append([seen + 1 if runs else 0, high, positions])
+            seen = high
+    if len(runs) < 2 or max(len(r[2]) for r in runs) > 4 * fan_in:
+        return None
+    runs[-1][1] = ngroups - 1
+    return [tuple(r) for r in runs]
+
+
+def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str, method=None):
     import dask.array as da
     from dask.base import tokenize
 
@@ -798,14 +874,22 @@ def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str):
     index = tuple(range(x.ndim))
     grouped = da.blockwise(_pair, index, x, index, codes_d, (ax,), dtype=x.dtype, meta=x._meta,
                            name=f"groupby-chunks-{token}")
-    result = graph.reduction(grouped, plan, fan_in)
-    chunks = tuple((plan.ngroups,) if d == ax else c for d, c in enumerate(result.chunks))
-    result = type(result)(result.dask, result.name, chunks, meta=result._meta)
+    runs = None if method == "map-reduce" else cohorts(codes, x.chunks[ax], plan.ngroups, fan_in)
+    if method == "cohorts" and runs is None:
+        raise ValueError(f"{caller}: argument 'method' is 'cohorts', which needs labels that never fall back "
+                         "across chunks (each chunk's groups at or after the previous chunk's) and more than one "
+                         "run of groups; got labels that do not: use method='map-reduce' or None")
+    if runs is not None:
+        result = graph.cohort_reduction(grouped, plan, fan_in, runs, token)
+    else:
+        result = graph.reduction(grouped, plan, fan_in)
+        chunks = tuple((plan.ngroups,) if d == ax else c for d, c in enumerate(result.chunks))
+        result = type(result)(result.dask, result.name, chunks, meta=result._meta)
     return da.moveaxis(result, ax, -1)
 
 
 def groupby_reduce(x, by, func, *, expected_groups=None, axis=-1, skipna=None, ddof=0, min_count=None,
-                   fill_value=None, dtype=None, split_every=None):
+                   fill_value=None, dtype=None, split_every=None, method=None):
     caller = "multireduce.groupby_reduce"
     x, kind = v.as_array(x, caller)
     if x.ndim == 0:
@@ -822,7 +906,7 @@ def groupby_reduce(x, by, func, *, expected_groups=None, axis=-1, skipna=None, d
     device = x.data.device_id if kind == "cupy" else (by.data.device_id if is_cupy_array(by) else None)
     codes, groups = factorize(by, int(n), expected_groups, caller, device=device)
     result = reduce_codes(x, codes, groups.size, func, axis=ax, skipna=skipna, ddof=ddof, min_count=min_count,
-                          fill_value=fill_value, dtype=dtype, split_every=split_every, caller=caller)
+                          fill_value=fill_value, dtype=dtype, split_every=split_every, method=method, caller=caller)
     return result, groups
 
 
@@ -853,9 +937,15 @@ api._PARAMETERS.update({
     "groupby_dtype": """dtype : data-type, optional
     The result's dtype (sum, prod, mean, var, std, min, max), of the data's kind or wider. By default,
     NumPy's rule for the function; floating sums and means accumulate in float64 and round once.""",
+    "groupby_method": """method : {None, "map-reduce", "cohorts"}, optional
+    Dask input only. "map-reduce": every chunk's partial meets the others in one tree, and the result is
+    one chunk along the groups. "cohorts": each run of groups is folded from the chunks that hold it alone
+    and the result is chunked by those runs (a day that straddles two chunks meets only them); it needs
+    labels that never fall back across chunks (times, sorted labels). None (default): "cohorts" where the
+    labels allow it, else "map-reduce". Both give the same bits.""",
 })
 api.document(groupby_reduce, ("x", "by", "groupby_func", "expected_groups", "groupby_axis", "skipna", "groupby_ddof",
-                              "min_count", "fill_value", "groupby_dtype", "split_every"),
+                              "min_count", "fill_value", "groupby_dtype", "split_every", "groupby_method"),
              """(result, groups) : tuple
     result: ``x``'s array type (lazy for Dask) with ``axis`` replaced by a last axis, one entry per group;
     groups: the labels of that axis (NumPy).""",

@@ -375,15 +375,16 @@ def test_partials_of_the_groups_present_give_the_bits_of_full_ones(func, split_e
 
 @pytest.mark.slow
 def test_partials_cross_between_worker_processes():
-    """On a cluster of processes the partials (``group_states``) cross between workers: the result is the
-    threads' result, bit for bit."""
+    """On a cluster of processes the partials (``group_states``) cross between workers: the result (months
+    of hours, so folded by cohorts) is the threads' tree's, bit for bit."""
     distributed = pytest.importorskip("distributed")
     from multireduce.cluster import local_cluster
 
     x = np.random.default_rng(52).standard_normal((1500, 3))
     labels = _months_of_hours(1500 * 5)[::5]
     d = da.from_array(x, chunks=(100, 3))
-    want = mr.groupby_reduce(d, labels, "var", axis=0, split_every=2)[0].compute(scheduler="threads")
+    want = mr.groupby_reduce(d, labels, "var", axis=0, split_every=2, method="map-reduce")[0]
+    want = want.compute(scheduler="threads")
     with local_cluster(n_workers=2, gpu=False, threads_per_worker=1, processes=True) as cluster, \
             distributed.Client(cluster) as client:
         got = client.compute(mr.groupby_reduce(d, labels, "var", axis=0, split_every=2)[0]).result()
@@ -397,3 +398,89 @@ def test_group_order_is_the_stable_sort_of_the_keys(ngroups):
     key = np.random.default_rng(ngroups).integers(0, ngroups + 1, 5000).astype(np.int64)
     key[:3] = ngroups  # the largest key present
     np.testing.assert_array_equal(groupby_module._group_order(key, ngroups), np.argsort(key, kind="stable"))
+
+
+def _cohort_data(rng, n=600):
+    """Hours of 25 days in unequal chunks; -0.0 as a whole day's values, NaN, a day of NaN labels, a day
+    no label names (missing) and a label past the data (expected_groups)."""
+    x = rng.standard_normal((n, 3)) * np.exp2(rng.integers(-8, 8, (n, 3)))
+    x[rng.random(x.shape) < 0.05] = np.nan
+    x[48:72] = -0.0  # a day whose sum is -0.0 in its chunk, and 0.0 once merged with an empty state
+    labels = (np.arange(n) // 24).astype(np.float64)
+    labels[96:120] = np.nan
+    labels[labels == 7] = 8  # day 7 missing, day 8 twice as long
+    chunks = (50, 7, 90, 1, 120, 200, 132)
+    return x, labels, chunks
+
+
+@pytest.mark.parametrize("func", FUNCS)
+@pytest.mark.parametrize("split_every", [2, 3, 16])
+def test_cohorts_give_the_bits_of_the_whole_tree(func, split_every):
+    """Runs of days folded from their chunks alone give the bits of the tree over every chunk's partial:
+    -0.0, NaN, missing groups, min_count and fill values included; the result is chunked by the runs."""
+    x, labels, chunks = _cohort_data(np.random.default_rng(60))
+    kwargs = {"expected_groups": np.arange(27.0), "axis": 0, "split_every": split_every}
+    if func in ("sum", "nansum", "prod", "nanprod"):
+        kwargs["min_count"] = 2
+    data = x if func not in ("prod", "nanprod") else 1 + x / 1e3
+    d = da.from_array(data, chunks=(chunks, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got, _ = mr.groupby_reduce(d, labels, func, **kwargs)
+        want, _ = mr.groupby_reduce(d, labels, func, method="map-reduce", **kwargs)
+        assert len(got.chunks[-1]) > 2 and len(want.chunks[-1]) == 1
+        got, want = got.compute(), want.compute()
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    if func == "sum":
+        assert np.signbit(got[0, 2]) == np.signbit(want[0, 2]) == False  # noqa: E712 (-0.0 merged with 0.0)
+
+
+def test_cohorts_keep_the_sign_of_a_group_every_chunk_holds():
+    """A group that every chunk of the run holds meets no empty state in the tree: its -0.0 sum stays
+    -0.0, while a group some chunk lacks becomes 0.0, in both methods."""
+    x = np.array([-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, 1.0])
+    codes = np.array([0, 1, 1, 1, 1, 2, 2])
+    d = da.from_array(x, chunks=((2, 2, 3),))
+    assert groupby_module.cohorts(codes, (2, 2, 3), 3, 16) == [(0, 1, [0, 1, 2]), (2, 2, [2])]
+    got = reduce_codes(d, codes, 3, "sum").compute()
+    want = reduce_codes(d, codes, 3, "sum", method="map-reduce").compute()
+    assert got.tobytes() == want.tobytes()
+    assert list(np.signbit(got)) == [False, True, False]
+
+
+def test_cohorts_fold_each_run_from_its_own_chunks():
+    """By day over chunks of a week and a bit: each output block reads the partials of one or two chunks,
+    and no task reads them all."""
+    hours = 24 * 60
+    x = da.from_array(np.random.default_rng(61).standard_normal((hours, 4)), chunks=(166, 4))
+    result, _ = mr.groupby_reduce(x, np.arange(hours) // 24, "max", axis=0)
+    graph = dict(result.__dask_graph__())
+    folds = [task for key, task in graph.items() if isinstance(key, tuple) and "cohorts" in key[0]]
+    assert len(folds) == x.numblocks[0]
+    reads = [len(dask.core.get_dependencies(graph, task=task)) for task in folds]
+    assert max(reads) <= 2 and min(reads) == 1, reads
+    np.testing.assert_array_equal(result.compute(), reference(x.compute(), np.arange(hours) // 24, "max",
+                                                              np.arange(60), 0))
+
+
+def test_cohorts_where_the_labels_allow_them():
+    """Runs where each chunk's codes start at or after the previous chunk's last; None where they fall
+    back, where one run would hold every group, or where a run would span more than 4 x fan-in chunks."""
+    runs = groupby_module.cohorts(np.array([0, 0, 1, 1, 1, 3, 3, -1, 4]), (3, 2, 4), 6, 16)
+    assert runs == [(0, 1, [0, 1]), (2, 5, [2])]  # a chunk that brings no group opens no run
+    assert groupby_module.cohorts(np.array([0, 1, 0, 1]), (2, 2), 2, 16) is None  # months of two years
+    assert groupby_module.cohorts(np.array([0, 0, 0, 0]), (2, 2), 1, 16) is None
+    assert groupby_module.cohorts(np.repeat([0, 1], 40), (1,) * 80, 2, 4) is None
+    assert groupby_module.cohorts(np.repeat([0, 1], 40), (1,) * 80, 2, 16) is not None
+    assert groupby_module.cohorts(np.array([-1, -1, 2, 5]), (2, 1, 1), 7, 16) == [(0, 2, [1]), (3, 6, [2])]
+
+
+def test_method_is_checked_and_cohorts_refused_where_labels_fall_back():
+    x = da.from_array(np.arange(8.0), chunks=4)
+    with pytest.raises(ValueError, match="argument 'method'.*'cohorts'.*fall back"):
+        mr.groupby_reduce(x, np.array([0, 1, 0, 1, 0, 1, 0, 1]), "sum", method="cohorts")
+    with pytest.raises(ValueError, match="argument 'method' must be None, 'map-reduce' or 'cohorts'; got 'blockwise'"):
+        mr.groupby_reduce(x, np.arange(8) // 2, "sum", method="blockwise")
+    unsorted, _ = mr.groupby_reduce(x, np.array([0, 1, 0, 1, 0, 1, 0, 1]), "sum")
+    assert unsorted.chunks == ((2,),)
+    np.testing.assert_array_equal(unsorted.compute(), [12.0, 16.0])

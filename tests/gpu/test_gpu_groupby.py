@@ -85,6 +85,32 @@ def test_dask_with_cupy_chunks_stays_lazy_and_on_the_gpu(func):
         _close(got.compute(), want, 1e-5)
 
 
+@pytest.mark.parametrize("func", FUNCS)
+def test_dask_cohorts_on_cupy_chunks_give_the_trees_bits(func):
+    """Days of hours in CuPy chunks of a week and a bit, folded by cohorts: the bits of the tree over every
+    chunk's partial (on a GPU a NaN met by an empty state comes back as the canonical NaN, and -0.0 as
+    0.0, in both), the result chunked by the runs and on the GPU."""
+    rng = np.random.default_rng(14)
+    hours = 24 * 40
+    x = rng.standard_normal((hours, 3, 5)).astype(np.float32)
+    x[rng.random(x.shape) < 0.05] = np.nan
+    x[48:72] = -0.0
+    labels = (np.arange(hours) // 24).astype(np.float64)
+    labels[120:130] = np.nan
+    data = x if func not in ("prod", "nanprod") else 1 + x / 1e3
+    d = da.from_array(cupy.asarray(data), chunks=(166, 2, 5), asarray=False)
+    with dask.config.set(scheduler="synchronous"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got, _ = mr.groupby_reduce(d, labels, func, axis=0, split_every=3)
+        want, _ = mr.groupby_reduce(d, labels, func, axis=0, split_every=3, method="map-reduce")
+        assert len(got.chunks[-1]) == d.numblocks[0] and isinstance(got._meta, cupy.ndarray)
+        got, want = got.compute(), want.compute()
+    assert isinstance(got, cupy.ndarray) and got.dtype == want.dtype
+    assert got.get().tobytes() == want.get().tobytes()
+    reference, _ = mr.groupby_reduce(data, labels, func, axis=0)
+    _close(got, reference, 1e-5)
+
+
 def test_xarray_accessor_on_cupy_data():
     xr = pytest.importorskip("xarray")
     pd = pytest.importorskip("pandas")
