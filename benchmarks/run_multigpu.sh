@@ -9,7 +9,7 @@
 # --exact), paths (multigpu --paths all on every GPU: expressions, some axes, lazy sources, the graph, peak
 # memory, beside the held rows), axes (multigpu --paths axes on every GPU: the field's time mean, monthly
 # climatology, daily maximum and total, and the tall matrix), scaling (multigpu --scaling), profile (multigpu
-# --profile phases, --profile held).
+# --profile phases, --profile held), notebook (notebooks/xarray_climatology.ipynb through tools/run_notebook.py).
 # Each phase fits one device call (<= 10 minutes); soakfull, bench, paths and scaling take one each. Every
 # benchmark is `python -m benchmarks SUITE` (--help lists the options).
 set -uo pipefail
@@ -87,6 +87,13 @@ timeout ${MR_AXES_TIMEOUT:-500} python3 -m benchmarks multigpu --paths axes --pl
   --no-task-stream "$@" > "$OUT/bench-multigpu-axes.log" 2>&1 || rc=1
 cp docs/bench_multigpu_latest.* "$OUT/" 2>/dev/null
 sed -n '/rows, .* not ok/,$p' "$OUT/bench-multigpu-axes.log"
+fi
+if has notebook; then
+# notebooks/xarray_climatology.ipynb as a script (the image has no Jupyter): a year of a 0.25-degree grid on
+# every GPU, our climatology beside xarray's own group-by on the whole field; figures to $OUT
+timeout ${MR_NOTEBOOK_TIMEOUT:-400} python3 tools/run_notebook.py notebooks/xarray_climatology.ipynb --out "$OUT" \
+  > "$OUT/notebook-xarray-climatology.log" 2>&1 || { rc=1; tail -n 30 "$OUT/notebook-xarray-climatology.log"; }
+grep -vE "^\[figure" "$OUT/notebook-xarray-climatology.log" | grep -E "multireduce|matches|grid|workers|cell" | tail -n 25
 fi
 if has scaling; then
 timeout ${MR_SCALING_TIMEOUT:-540} python3 -m benchmarks multigpu --scaling --repeats 3 --timeout-s 30 \

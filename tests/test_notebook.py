@@ -66,3 +66,28 @@ def test_notebook_committed_without_outputs(name):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.get("outputs") == [] and cell.get("execution_count") is None, name
+
+
+def test_a_notebook_runs_as_a_script_where_jupyter_is_not(tmp_path, capsys):
+    """tools/run_notebook.py (for GPU machines without Jupyter): code cells in order in one namespace,
+    magics left out, each figure shown saved, a failing cell stops the run with status 1."""
+    import importlib.util
+    import json
+
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "tools" / "run_notebook.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    cells = [{"cell_type": "markdown", "source": "# a title"},
+             {"cell_type": "code", "source": ["%matplotlib inline\n", "import matplotlib.pyplot as plt\n", "x = 41"]},
+             {"cell_type": "code", "source": "print('x is', x + 1)\nplt.plot([1, 2])\nplt.show()"}]
+    notebook = tmp_path / "n.ipynb"
+    notebook.write_text(json.dumps({"cells": cells}))
+    assert tool.main([str(notebook), "--out", str(tmp_path / "figs")]) == 0
+    printed = capsys.readouterr().out
+    assert "x is 42" in printed and "[cell 2 of 2:" in printed
+    assert (tmp_path / "figs" / "n-figure-1.png").stat().st_size > 0
+    cells.append({"cell_type": "code", "source": "raise ValueError('stop here')"})
+    notebook.write_text(json.dumps({"cells": cells}))
+    assert tool.main([str(notebook), "--out", str(tmp_path / "figs")]) == 1
+    assert "[cell 3 of 3 failed" in capsys.readouterr().out
