@@ -263,7 +263,10 @@ def to_float(x) -> float:
 
 
 def host(value) -> np.ndarray:
-    """A result on the host as a NumPy array (CuPy's through ``.get()``)."""
+    """A result on the host as a NumPy array (CuPy's through ``.get()``; a persisted Dask array computed
+    first)."""
+    if hasattr(value, "__dask_graph__"):
+        value = value.compute()
     return np.asarray(value.get() if hasattr(value, "get") else value)
 
 

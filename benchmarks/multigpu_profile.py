@@ -12,6 +12,12 @@ task stream: tasks, the median compute time of a task, the median gap between co
 worker (the worker idle while the scheduler hands it the next task) and the time from the persist call's
 return to the first task. ``--cprofile`` adds cProfile of the eager sum on the client, and of
 ``values_of_held`` on the busiest worker.
+
+``groupby``: the field of ``--paths axes`` (time x lat x lon, Dask's placement) grouped by month (mean)
+and by day (max, persisted), each method ("cohorts", "map-reduce"): the wall time and, from the task
+stream, per task prefix the tasks, their compute time summed and the transfers into them (count, bytes,
+seconds); per worker the compute time summed and the span from its first task's start to its last
+task's end; beside one ``client.run`` that computes every held chunk's partial where it is (no task).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ def main(args, setting: h.Setting):
 
     n_workers = worker_counts(args.gpus, 4 if setting.cpu else setting.available)[-1]
     with setting.cluster(n_workers) as cluster, distributed.Client(cluster) as client:
-        return (phases if args.profile == "phases" else held)(args, setting, client, n_workers)
+        return {"phases": phases, "held": held, "groupby": groupby}[args.profile](args, setting, client, n_workers)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,4 +324,102 @@ def held(args, setting: h.Setting, client, n_workers: int) -> dict:
                                   f"{s['to_first_ms']:.2f}"))
     print(h.md_table(("result", "ms", "call returns after ms", "tasks", "task ms", "gap ms", "to first task ms"),
                      tables["results"]), flush=True)
+    return tables
+
+
+# ------------------------------------------------------------------------------------------------
+# groupby
+# ------------------------------------------------------------------------------------------------
+def _stream_by_prefix(stream) -> tuple[list, list]:
+    """Task-stream rows per key prefix (tasks, compute s, transfers, MB, transfer s) and per worker
+    (tasks, compute s, span s)."""
+    from dask.utils import key_split
+
+    prefixes: dict = {}
+    workers: dict = {}
+    for t in stream:
+        row = prefixes.setdefault(key_split(t["key"]), [0, 0.0, 0, 0.0, 0.0])
+        row[0] += 1
+        w = workers.setdefault(t["worker"], [0, 0.0, float("inf"), float("-inf")])
+        for ss in t["startstops"]:
+            if ss["action"] == "compute":
+                row[1] += ss["stop"] - ss["start"]
+                w[0] += 1
+                w[1] += ss["stop"] - ss["start"]
+                w[2], w[3] = min(w[2], ss["start"]), max(w[3], ss["stop"])
+            elif ss["action"] == "transfer":
+                row[2] += 1
+                row[4] += ss["stop"] - ss["start"]
+        row[3] += t.get("nbytes", 0) / 1e6 if any(ss["action"] == "transfer" for ss in t["startstops"]) else 0
+    return ([(k, v[0], f"{v[1] * 1e3:.1f}", v[2], f"{v[3]:.0f}", f"{v[4] * 1e3:.1f}") for k, v in prefixes.items()],
+            [(k, v[0], f"{v[1] * 1e3:.1f}", f"{(v[3] - v[2]) * 1e3:.1f}") for k, v in sorted(workers.items())])
+
+
+def _partials_here(plan, codes_of, keys, dask_worker=None):
+    """Every chunk's group-by partial computed where it is held, synchronized: (chunks, seconds)."""
+    from multireduce.groupby import Grouped
+
+    held = [k for k in keys if k in dask_worker.data]
+    _sync_all()
+    t0 = time.perf_counter()
+    for k in held:
+        plan.partial(Grouped(dask_worker.data[k], codes_of[k]))
+    _sync_all()
+    return len(held), time.perf_counter() - t0
+
+
+def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
+    """``--profile groupby``: see the module docstring."""
+    import distributed
+
+    import multireduce as mr
+    from multireduce import groupby as gb
+    from multireduce import placement
+
+    from benchmarks.multigpu import month_of_hour
+
+    lat, lon = args.field_shape
+    steps = int(args.field_gib * n_workers * 2**30 // (lat * lon * 4))
+    per = min(args.field_chunk_steps, steps)
+    chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
+    f, layout = place(client, setting, chunks, "dask", seed=3)
+    print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks, "
+          f"chunks per worker {layout.per_worker}", flush=True)
+    month, day = month_of_hour(steps), np.arange(steps) // 24
+    tables: dict = {"walls": [], "prefixes": [], "workers": []}
+    keys = placement.chunk_keys(f)
+    bounds = np.cumsum((0,) + chunks[0])
+    for labels, func, name in ((month, "mean", "by month"), (day, "max", "by day")):
+        codes = gb.factorize(labels, steps, None, "profile")[0]
+        plan = gb.GroupByPlan(func, 0, int(codes.max()) + 1, np.dtype(np.float64 if func == "mean" else np.float32),
+                              np.dtype(np.float32))
+        codes_of = {k: codes[bounds[i]:bounds[i + 1]] for i, k in enumerate(keys)}
+        here = client.run(_partials_here, plan, codes_of, keys)
+        busiest = max(here.values(), key=lambda v: v[1])
+        tables["walls"].append((name, "every chunk's partial where it is held (client.run), busiest worker",
+                                f"{busiest[1] * 1e3:.1f}", f"{busiest[0]} chunks"))
+        for method in ("cohorts", "map-reduce"):
+            how = "persist" if func == "max" else "compute"
+            walls = []
+            for rep in range(args.repeats + 1):
+                result = mr.groupby_reduce(f, labels, func, axis=0, method=method)[0]
+                with distributed.get_task_stream(client) as ts:
+                    t0 = time.perf_counter()
+                    out = result.persist() if how == "persist" else result.compute()
+                    if how == "persist":
+                        distributed.wait(out)
+                    walls.append(time.perf_counter() - t0)
+                names = [result.name] + ([out.name] if how == "persist" else [])
+                del out, result
+                h.wait_released(client, names)
+            label = f"{name}: groupby_reduce(f, ..., {func!r}, method={method!r}).{how}()"
+            tables["walls"].append((name, label, f"{statistics.median(walls[1:]) * 1e3:.1f}",
+                                    f"first {walls[0] * 1e3:.0f}"))
+            by_prefix, by_worker = _stream_by_prefix(ts.data)  # the last repetition's
+            tables["prefixes"] += [(label, *row) for row in by_prefix]
+            tables["workers"] += [(label, *row) for row in by_worker]
+    print(h.md_table(("grouping", "what", "ms (median)", "note"), tables["walls"]), flush=True)
+    print(h.md_table(("call", "task prefix", "tasks", "compute ms (sum)", "transfers", "MB moved", "transfer ms (sum)"),
+                     tables["prefixes"]), flush=True)
+    print(h.md_table(("call", "worker", "tasks", "compute ms (sum)", "span ms"), tables["workers"]), flush=True)
     return tables

@@ -859,9 +859,21 @@ def cohorts(codes: np.ndarray, sizes, ngroups: int, fan_in: int) -> list | None:
     return [tuple(r) for r in runs]
 
 
+def _cohorts_pay(x, plan: GroupByPlan) -> bool:
+    """Whether ``method=None`` takes cohorts: where one tree's last task would hold every group's states
+    for the whole of the other axes, more than the largest chunk (the year's 365 daily maxima of a
+    721 x 1440 field are 1.5 GB in one task; its 12 monthly means 100 MB, less than a chunk of a week)."""
+    states = 2 if plan.stat in ("mean", "var", "std") else 1
+    wide = max(np.dtype(plan.acc_dtype).itemsize, np.dtype(plan.out_dtype).itemsize)
+    rest = math.prod(x.shape[d] for d in range(x.ndim) if d != plan.axis)
+    largest = max(math.prod(max(c, default=0) for c in x.chunks), 1) * x.dtype.itemsize
+    return plan.ngroups * rest * wide * states > largest
+
+
 def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str, method=None):
     import dask.array as da
     from dask.base import tokenize
+    from dask.layers import ArrayValuesDep
 
     from . import graph
 
@@ -870,11 +882,17 @@ def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str, method=None):
         raise ValueError(f"{caller}: argument 'x' has unknown chunk sizes along axis {ax}; "
                          "expected known sizes (call x.compute_chunk_sizes() first)")
     token = tokenize(x, codes, plan)
-    codes_d = da.from_array(codes, chunks=(x.chunks[ax],), name=f"groupby-codes-{token}")
+    # each chunk's codes go into its task as a value (a separate task per slice of the codes would be a
+    # root task that Dask places anywhere and then moves to the chunk's worker)
+    bounds = np.cumsum((0,) + x.chunks[ax])
+    codes_by_chunk = ArrayValuesDep((x.chunks[ax],), {(i,): codes[bounds[i]:bounds[i + 1]]
+                                                      for i in range(x.numblocks[ax])})
     index = tuple(range(x.ndim))
-    grouped = da.blockwise(_pair, index, x, index, codes_d, (ax,), dtype=x.dtype, meta=x._meta,
-                           name=f"groupby-chunks-{token}")
-    runs = None if method == "map-reduce" else cohorts(codes, x.chunks[ax], plan.ngroups, fan_in)
+    grouped = da.blockwise(_pair, index, x, index, codes_by_chunk, (ax,), dtype=x.dtype, meta=x._meta,
+                           name=f"groupby-chunks-{token}", align_arrays=False)
+    runs = None
+    if method == "cohorts" or (method is None and _cohorts_pay(x, plan)):
+        runs = cohorts(codes, x.chunks[ax], plan.ngroups, fan_in)
     if method == "cohorts" and runs is None:
         raise ValueError(f"{caller}: argument 'method' is 'cohorts', which needs labels that never fall back "
                          "across chunks (each chunk's groups at or after the previous chunk's) and more than one "
@@ -942,7 +960,9 @@ api._PARAMETERS.update({
     one chunk along the groups. "cohorts": each run of groups is folded from the chunks that hold it alone
     and the result is chunked by those runs (a day that straddles two chunks meets only them); it needs
     labels that never fall back across chunks (times, sorted labels). None (default): "cohorts" where the
-    labels allow it, else "map-reduce". Both give the same bits.""",
+    labels allow it and the tree's last task would hold more than the largest chunk (every group's states
+    over the other axes: the daily maxima of a year of a field), else "map-reduce". Both give the same
+    bits.""",
 })
 api.document(groupby_reduce, ("x", "by", "groupby_func", "expected_groups", "groupby_axis", "skipna", "groupby_ddof",
                               "min_count", "fill_value", "groupby_dtype", "split_every", "groupby_method"),

@@ -426,7 +426,7 @@ def test_cohorts_give_the_bits_of_the_whole_tree(func, split_every):
     d = da.from_array(data, chunks=(chunks, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        got, _ = mr.groupby_reduce(d, labels, func, **kwargs)
+        got, _ = mr.groupby_reduce(d, labels, func, method="cohorts", **kwargs)
         want, _ = mr.groupby_reduce(d, labels, func, method="map-reduce", **kwargs)
         assert len(got.chunks[-1]) > 2 and len(want.chunks[-1]) == 1
         got, want = got.compute(), want.compute()
@@ -442,7 +442,7 @@ def test_cohorts_keep_the_sign_of_a_group_every_chunk_holds():
     codes = np.array([0, 1, 1, 1, 1, 2, 2])
     d = da.from_array(x, chunks=((2, 2, 3),))
     assert groupby_module.cohorts(codes, (2, 2, 3), 3, 16) == [(0, 1, [0, 1, 2]), (2, 2, [2])]
-    got = reduce_codes(d, codes, 3, "sum").compute()
+    got = reduce_codes(d, codes, 3, "sum", method="cohorts").compute()
     want = reduce_codes(d, codes, 3, "sum", method="map-reduce").compute()
     assert got.tobytes() == want.tobytes()
     assert list(np.signbit(got)) == [False, True, False]
@@ -453,7 +453,7 @@ def test_cohorts_fold_each_run_from_its_own_chunks():
     and no task reads them all."""
     hours = 24 * 60
     x = da.from_array(np.random.default_rng(61).standard_normal((hours, 4)), chunks=(166, 4))
-    result, _ = mr.groupby_reduce(x, np.arange(hours) // 24, "max", axis=0)
+    result, _ = mr.groupby_reduce(x, np.arange(hours) // 24, "max", axis=0, method="cohorts")
     graph = dict(result.__dask_graph__())
     folds = [task for key, task in graph.items() if isinstance(key, tuple) and "cohorts" in key[0]]
     assert len(folds) == x.numblocks[0]
@@ -484,3 +484,26 @@ def test_method_is_checked_and_cohorts_refused_where_labels_fall_back():
     unsorted, _ = mr.groupby_reduce(x, np.array([0, 1, 0, 1, 0, 1, 0, 1]), "sum")
     assert unsorted.chunks == ((2,),)
     np.testing.assert_array_equal(unsorted.compute(), [12.0, 16.0])
+
+
+def test_the_default_takes_cohorts_where_one_task_would_hold_more_than_a_chunk():
+    """By day, a year's maxima over a 40 x 60 grid (365 x 2400 float64 states) outweigh a chunk of a week
+    and a bit (166 x 2400 float32): cohorts; by month (12 groups) one tree; unsorted labels one tree."""
+    hours = 8760
+    x = da.zeros((hours, 40, 60), dtype=np.float32, chunks=(166, 40, 60))
+    by_day, _ = mr.groupby_reduce(x, np.arange(hours) // 24, "max", axis=0)
+    by_month, _ = mr.groupby_reduce(x, _months_of_hours(hours), "mean", axis=0)
+    shuffled, _ = mr.groupby_reduce(x, np.random.default_rng(62).permutation(np.arange(hours) // 24), "max", axis=0)
+    assert len(by_day.chunks[-1]) == x.numblocks[0]
+    assert by_month.chunks[-1] == (12,) and shuffled.chunks[-1] == (365,)
+
+
+def test_each_chunks_codes_travel_inside_its_task():
+    """No task of its own per slice of the codes: after Dask's optimisation, one task per chunk makes the
+    chunk's partial, and the codes are in it."""
+    x = da.from_array(np.random.default_rng(63).standard_normal((400, 3)), chunks=(50, 3))
+    for method in ("cohorts", "map-reduce"):
+        result, _ = mr.groupby_reduce(x, np.arange(400) // 30, "sum", axis=0, method=method)
+        graph = dict(result.__dask_optimize__(result.__dask_graph__(), result.__dask_keys__()))
+        names = {key[0] if isinstance(key, tuple) else key for key in graph}
+        assert not any("codes" in name for name in names), names

@@ -101,7 +101,7 @@ def test_dask_cohorts_on_cupy_chunks_give_the_trees_bits(func):
     d = da.from_array(cupy.asarray(data), chunks=(166, 2, 5), asarray=False)
     with dask.config.set(scheduler="synchronous"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        got, _ = mr.groupby_reduce(d, labels, func, axis=0, split_every=3)
+        got, _ = mr.groupby_reduce(d, labels, func, axis=0, split_every=3, method="cohorts")
         want, _ = mr.groupby_reduce(d, labels, func, axis=0, split_every=3, method="map-reduce")
         assert len(got.chunks[-1]) == d.numblocks[0] and isinstance(got._meta, cupy.ndarray)
         got, want = got.compute(), want.compute()
