@@ -15,9 +15,10 @@ return to the first task. ``--cprofile`` adds cProfile of the eager sum on the c
 
 ``groupby``: the field of ``--paths axes`` (time x lat x lon, Dask's placement) grouped by month (mean)
 and by day (max, persisted), each method ("cohorts", "map-reduce"): the wall time and, from the task
-stream, per task prefix the tasks, their compute time summed and the transfers into them (count, bytes,
-seconds); per worker the compute time summed and the span from its first task's start to its last
-task's end; beside one ``client.run`` that computes every held chunk's partial where it is (no task).
+stream, per task prefix the tasks, their compute time summed and the transfers into them (count,
+seconds); per worker the compute time summed, the span from its first task's start to its last task's
+end and, from its transfer log, what came in (count, MB, seconds); beside one ``client.run`` that
+computes every held chunk's partial where it is (no task).
 """
 
 from __future__ import annotations
@@ -350,9 +351,14 @@ def _stream_by_prefix(stream) -> tuple[list, list]:
             elif ss["action"] == "transfer":
                 row[2] += 1
                 row[4] += ss["stop"] - ss["start"]
-        row[3] += t.get("nbytes", 0) / 1e6 if any(ss["action"] == "transfer" for ss in t["startstops"]) else 0
-    return ([(k, v[0], f"{v[1] * 1e3:.1f}", v[2], f"{v[3]:.0f}", f"{v[4] * 1e3:.1f}") for k, v in prefixes.items()],
+    return ([(k, v[0], f"{v[1] * 1e3:.1f}", v[2], f"{v[4] * 1e3:.1f}") for k, v in prefixes.items()],
             [(k, v[0], f"{v[1] * 1e3:.1f}", f"{(v[3] - v[2]) * 1e3:.1f}") for k, v in sorted(workers.items())])
+
+
+def _incoming_since(since: float, dask_worker=None) -> tuple:
+    """This worker's transfers in since ``since`` (wall clock): (count, bytes, seconds summed)."""
+    log = [e for e in dask_worker.transfer_incoming_log if e["start"] >= since]
+    return len(log), sum(e["total"] for e in log), sum(e["duration"] for e in log)
 
 
 def _partials_here(plan, codes_of, keys, dask_worker=None):
@@ -394,6 +400,7 @@ def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
         plan = gb.GroupByPlan(func, 0, int(codes.max()) + 1, np.dtype(np.float64 if func == "mean" else np.float32),
                               np.dtype(np.float32))
         codes_of = {k: codes[bounds[i]:bounds[i + 1]] for i, k in enumerate(keys)}
+        client.run(_partials_here, plan, codes_of, keys)  # the first call loads the kernels on every worker
         here = client.run(_partials_here, plan, codes_of, keys)
         busiest = max(here.values(), key=lambda v: v[1])
         tables["walls"].append((name, "every chunk's partial where it is held (client.run), busiest worker",
@@ -404,11 +411,13 @@ def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
             for rep in range(args.repeats + 1):
                 result = mr.groupby_reduce(f, labels, func, axis=0, method=method)[0]
                 with distributed.get_task_stream(client) as ts:
+                    since = time.time()
                     t0 = time.perf_counter()
                     out = result.persist() if how == "persist" else result.compute()
                     if how == "persist":
                         distributed.wait(out)
                     walls.append(time.perf_counter() - t0)
+                moved = client.run(_incoming_since, since)
                 names = [result.name] + ([out.name] if how == "persist" else [])
                 del out, result
                 h.wait_released(client, names)
@@ -417,9 +426,11 @@ def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
                                     f"first {walls[0] * 1e3:.0f}"))
             by_prefix, by_worker = _stream_by_prefix(ts.data)  # the last repetition's
             tables["prefixes"] += [(label, *row) for row in by_prefix]
-            tables["workers"] += [(label, *row) for row in by_worker]
+            tables["workers"] += [(label, *row, moved[row[0]][0], f"{moved[row[0]][1] / 1e6:.0f}",
+                                   f"{moved[row[0]][2] * 1e3:.1f}") for row in by_worker]
     print(h.md_table(("grouping", "what", "ms (median)", "note"), tables["walls"]), flush=True)
-    print(h.md_table(("call", "task prefix", "tasks", "compute ms (sum)", "transfers", "MB moved", "transfer ms (sum)"),
+    print(h.md_table(("call", "task prefix", "tasks", "compute ms (sum)", "transfers in", "transfer ms (sum)"),
                      tables["prefixes"]), flush=True)
-    print(h.md_table(("call", "worker", "tasks", "compute ms (sum)", "span ms"), tables["workers"]), flush=True)
+    print(h.md_table(("call", "worker", "tasks", "compute ms (sum)", "span ms", "transfers in", "MB in",
+                      "transfer ms (sum)"), tables["workers"]), flush=True)
     return tables

@@ -676,13 +676,19 @@ def cohort_reduction(x: da.Array, plan, split_every: int, cohorts: list, token: 
     per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object,
                               name=f"{plan.label}-partial-{tokenize(x, plan, 'per-chunk')}",
                               meta=np.empty((0,) * x.ndim, dtype=object))
-    name = f"{plan.label}-cohorts-{token}"
+    name, piece = f"{plan.label}-cohorts-{token}", f"{plan.label}-cohort-piece-{token}"
     count = x.numblocks[ax]
     lanes = itertools.product(*(range(n) if d != ax else (None,) for d, n in enumerate(x.numblocks)))
     dsk = {}
     for lane in lanes:
         for b, (first, last, positions) in enumerate(cohorts):
-            deps = [(per_chunk.name, *(p if d == ax else i for d, i in enumerate(lane))) for p in positions]
+            at = [tuple(p if d == ax else i for d, i in enumerate(lane)) for p in positions]
+            # the run's own chunk's partial is read whole where it is (the fold runs there); of the chunks
+            # after it only the run's groups travel (a straddling day, not the chunk's week)
+            deps = [(per_chunk.name, *at[0])]
+            for index in at[1:]:
+                dsk[(piece, b, *index)] = (_cohort_piece, plan, (per_chunk.name, *index), first, last)
+                deps.append((piece, b, *index))
             out = (name, *(b if d == ax else i for d, i in enumerate(lane)))
             dsk[out] = (_cohort_aggregate, plan, on_device, split_every, count, tuple(positions), first, last, *deps)
     chunks = tuple(tuple(last - first + 1 for first, last, _ in cohorts) if d == ax else c
@@ -691,9 +697,18 @@ def cohort_reduction(x: da.Array, plan, split_every: int, cohorts: list, token: 
     return da.Array(graph, name, chunks, meta=meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype))
 
 
+def _cohort_piece(plan, partial, first: int, last: int):
+    """The groups ``first..last`` of a chunk's partial, in arrays of their own (a view would carry the
+    whole partial's memory across the network)."""
+    part = plan.restricted(partial, first, last)
+    if part is None:
+        return None
+    return tuple(member.copy() if hasattr(member, "ndim") else member for member in part)
+
+
 def _cohort_aggregate(plan, on_device: bool, split_every: int, count: int, positions, first: int, last: int,
                       *partials):
-    parts = [plan.restricted(p, first, last) for p in partials]
+    parts = [None if p is None else plan.restricted(p, first, last) for p in partials]
     folded = fold_present_in_order(plan, split_every, count, positions, parts)
     return _device(on_device, plan.finalize_groups(folded, first, last, parts, count))
 

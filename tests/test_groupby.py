@@ -459,6 +459,14 @@ def test_cohorts_fold_each_run_from_its_own_chunks():
     assert len(folds) == x.numblocks[0]
     reads = [len(dask.core.get_dependencies(graph, task=task)) for task in folds]
     assert max(reads) <= 2 and min(reads) == 1, reads
+    # of the chunk after a run's own only the run's groups travel: the day that straddles them
+    runs = groupby_module.cohorts(np.arange(hours) // 24, x.chunks[0], 60, 16)
+    pieces = [key for key in graph if isinstance(key, tuple) and "cohort-piece" in key[0]]
+    assert pieces and all(len(runs[key[1]][2]) > 1 for key in pieces)
+    for key in pieces:
+        held = groupby_module.states_of(dask.get(graph, key))[0]
+        first, last, _ = runs[key[1]]
+        assert held.size == 1 and first <= held[0] <= last
     np.testing.assert_array_equal(result.compute(), reference(x.compute(), np.arange(hours) // 24, "max",
                                                               np.arange(60), 0))
 
