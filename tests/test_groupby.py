@@ -494,9 +494,10 @@ def test_method_is_checked_and_cohorts_refused_where_labels_fall_back():
     np.testing.assert_array_equal(unsorted.compute(), [12.0, 16.0])
 
 
-def test_the_default_takes_cohorts_where_one_task_would_hold_more_than_a_chunk():
-    """By day, a year's maxima over a 40 x 60 grid (365 x 2400 float64 states) outweigh a chunk of a week
-    and a bit (166 x 2400 float32): cohorts; by month (12 groups) one tree; unsorted labels one tree."""
+def test_the_default_takes_cohorts_where_one_task_would_hold_more_than_half_a_chunk():
+    """By day, a year's maxima over a 40 x 60 grid (365 x 2400 float32 states) outweigh a chunk of a week
+    and a bit (166 x 2400 float32): cohorts; by month (12 groups) one tree; unsorted labels one tree; by
+    day in chunks of 500 hours (states 0.73 of a chunk) cohorts."""
     hours = 8760
     x = da.zeros((hours, 40, 60), dtype=np.float32, chunks=(166, 40, 60))
     by_day, _ = mr.groupby_reduce(x, np.arange(hours) // 24, "max", axis=0)
@@ -504,6 +505,8 @@ def test_the_default_takes_cohorts_where_one_task_would_hold_more_than_a_chunk()
     shuffled, _ = mr.groupby_reduce(x, np.random.default_rng(62).permutation(np.arange(hours) // 24), "max", axis=0)
     assert len(by_day.chunks[-1]) == x.numblocks[0]
     assert by_month.chunks[-1] == (12,) and shuffled.chunks[-1] == (365,)
+    long_chunks, _ = mr.groupby_reduce(x.rechunk((500, 40, 60)), np.arange(hours) // 24, "max", axis=0)
+    assert len(long_chunks.chunks[-1]) == 18
 
 
 def test_each_chunks_codes_travel_inside_its_task():
@@ -515,3 +518,27 @@ def test_each_chunks_codes_travel_inside_its_task():
         graph = dict(result.__dask_optimize__(result.__dask_graph__(), result.__dask_keys__()))
         names = {key[0] if isinstance(key, tuple) else key for key in graph}
         assert not any("codes" in name for name in names), names
+
+
+def test_persisted_chunks_are_grouped_by_worker_on_a_cluster():
+    """On a cluster, one tree over persisted chunks runs a task per worker that makes its chunks' partials
+    where they are held (not one per chunk), with the bits of the task per chunk; lazily made chunks
+    are grouped in runs."""
+    distributed = pytest.importorskip("distributed")
+    from multireduce.cluster import local_cluster
+
+    month = _months_of_hours(8760)
+    with local_cluster(n_workers=2, gpu=False, threads_per_worker=1, processes=False) as cluster, \
+            distributed.Client(cluster) as client:
+        made = da.random.default_rng(64).standard_normal((8760, 3, 4), chunks=(166, 3, 4))
+        held = client.persist(made)
+        distributed.wait(held)
+        for x in (held, made):
+            for func in ("mean", "nanvar", "max"):
+                with dask.config.set({"multireduce.placement": False}), \
+                        distributed.get_task_stream(client) as per_chunk:
+                    want = mr.groupby_reduce(x, month, func, axis=0, method="map-reduce")[0].compute()
+                with distributed.get_task_stream(client) as grouped:
+                    got = mr.groupby_reduce(x, month, func, axis=0, method="map-reduce")[0].compute()
+                assert got.tobytes() == want.tobytes()
+                assert len(grouped.data) < len(per_chunk.data) / 4, (len(grouped.data), len(per_chunk.data))
