@@ -145,7 +145,8 @@ EXPECTED = {
     "memory": {"peak memory: mr.sum(lz).compute()", "peak memory: da.sum(lz).compute()"},
     "axes": {"mr.sum(m, axis=1).persist()", "da.sum(m, axis=1).persist()", "mr.mean(f, axis=0).compute()",
              "da.mean(f, axis=0).compute()", "mr.groupby_reduce(f, month, 'mean', axis=0)",
-             "per month: da.stack([f[month == m].mean(axis=0)])", "mr.groupby_reduce(f, day, 'max', axis=0)",
+             "the same, method='map-reduce' (one tree over every chunk's partial)",
+             "per month: da.stack([f[month == m].mean(axis=0)])", "mr.groupby_reduce(f, day, 'max', axis=0).persist()",
              "mr.sum(f).compute()", "da.sum(f).compute()"},
 }
 
