@@ -676,6 +676,7 @@ def cohort_reduction(x: da.Array, plan, split_every: int, cohorts: list, token: 
     per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object,
                               name=f"{plan.label}-partial-{tokenize(x, plan, 'per-chunk')}",
                               meta=np.empty((0,) * x.ndim, dtype=object))
+    token = tokenize(token, split_every, cohorts)  # the fan-in shapes the fold, so the bits
     name, piece = f"{plan.label}-cohorts-{token}", f"{plan.label}-cohort-piece-{token}"
     count = x.numblocks[ax]
     lanes = itertools.product(*(range(n) if d != ax else (None,) for d, n in enumerate(x.numblocks)))

@@ -542,3 +542,11 @@ def test_persisted_chunks_are_grouped_by_worker_on_a_cluster():
                     got = mr.groupby_reduce(x, month, func, axis=0, method="map-reduce")[0].compute()
                 assert got.tobytes() == want.tobytes()
                 assert len(grouped.data) < len(per_chunk.data) / 4, (len(grouped.data), len(per_chunk.data))
+
+
+def test_cohorts_of_other_fan_ins_are_other_results():
+    """The fan-in shapes the fold (so the bits): results of two fan-ins never share a key."""
+    d = da.from_array(np.random.default_rng(65).standard_normal(400), chunks=50)
+    names = {mr.groupby_reduce(d, np.arange(400) // 30, "sum", method="cohorts", split_every=s)[0].name
+             for s in (2, 3, 16)}
+    assert len(names) == 3
