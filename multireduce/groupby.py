@@ -861,15 +861,15 @@ def cohorts(codes: np.ndarray, sizes, ngroups: int, fan_in: int) -> list | None:
 
 def _cohorts_pay(x, plan: GroupByPlan) -> bool:
     """Whether ``method=None`` takes cohorts: where one tree's last task would hold every group's states
-    over the whole of the other axes, more than half the largest chunk. Measured on 4 x H200 with a
+    over a chunk's extent of the other axes, more than half the largest chunk. Measured on 4 x H200 with a
     721 x 1440 float32 field in chunks of 166 hours (690 MB): the 365 daily maxima of the year (1.5 GB of
     states, 2.2 chunks) took 340-440 ms by cohorts and 1.2-1.4 s by one tree; its 12 monthly means (200 MB,
     0.29 of a chunk) 310-460 ms by one tree and 490-620 ms by cohorts, which run two more tasks a chunk."""
     states = 2 if plan.stat in ("mean", "var", "std") else 1
     wide = max(np.dtype(plan.acc_dtype).itemsize, np.dtype(plan.out_dtype).itemsize)
-    rest = math.prod(x.shape[d] for d in range(x.ndim) if d != plan.axis)
+    lane = math.prod(max(x.chunks[d], default=0) for d in range(x.ndim) if d != plan.axis)  # a task's share
     largest = max(math.prod(max(c, default=0) for c in x.chunks), 1) * x.dtype.itemsize
-    return 2 * plan.ngroups * rest * wide * states > largest
+    return 2 * plan.ngroups * lane * wide * states > largest
 
 
 def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str, method=None):
