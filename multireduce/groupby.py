@@ -421,7 +421,15 @@ class GroupByPlan:
         if stat in ("min", "max"):
             pick = {("min", False): xp.minimum, ("min", True): xp.fmin, ("max", False): xp.maximum,
                     ("max", True): xp.fmax}[stat, self.skipnan]
-            first = pick(left[0], right[0])
+            a, b = left[0], right[0]
+            first = pick(a, b)
+            if first.dtype.kind == "f":
+                # 0.0 against -0.0: -0.0 is the smaller (IEEE 754-2019's minimum and maximum). NumPy's fmin and
+                # fmax pick either, by the SIMD path an array's length takes, so merges of the same values in
+                # arrays of other widths (cohorts, the tree) would differ in the sign
+                zero = (a == 0) & (b == 0)
+                negative = xp.signbit(a) | xp.signbit(b) if stat == "min" else xp.signbit(a) & xp.signbit(b)
+                first = xp.where(zero, xp.where(negative, -0.0, 0.0).astype(first.dtype), first)
         elif stat == "prod":
             first = left[0] * right[0]
         else:
@@ -553,8 +561,10 @@ class GroupByPlan:
                 elif stat in ("min", "max") and len(partial) > 1:
                     null = partial[1] == 0  # every element NaN: NaN, as numpy.nanmin (without its warning)
             value = value.astype(out, copy=False)
-            if null is not None:
-                fill = np.nan if stat in ("mean", "min", "max") or self.fill_value is None else self.fill_value
+            fill = np.nan if stat in ("mean", "min", "max") or self.fill_value is None else self.fill_value
+            # an integer result asked for (dtype=) holds no NaN, and no group can need it there: integer data
+            # have no NaN, and groups without elements made the result float already (reduce_codes)
+            if null is not None and (out.kind in "fc" or not (isinstance(fill, float) and math.isnan(fill))):
                 value = xp.where(null, xp.asarray(fill, dtype=out), value)
             missing = [g - first for g in self.missing if first <= g < first + value.shape[-1]]
             if missing:
@@ -804,7 +814,7 @@ def reduce_codes(x, codes, ngroups: int, func, *, axis=-1, skipna=None, ddof=0, 
         raise TypeError(f"{caller}: argument 'fill_value' must be None or a number; got {fill_value!r}")
     acc, out = _dtypes(stat, x.dtype, dtype, caller)
     fan_in = v.fan_in(split_every, (ax,), caller)
-    if method is not None and method not in METHODS:
+    if method is not None and (not isinstance(method, str) or method not in METHODS):
         raise ValueError(f"{caller}: argument 'method' must be None, 'map-reduce' or 'cohorts'; got {method!r}")
     with on_device_of(codes):  # marks, not counts: no atomics on the GPU, whose few groups would contend
         present = xp.zeros(ngroups + 1, dtype=bool)
@@ -897,8 +907,9 @@ def _lazy(x, codes, plan: GroupByPlan, fan_in: int, caller: str, method=None):
         runs = cohorts(codes, x.chunks[ax], plan.ngroups, fan_in)
     if method == "cohorts" and runs is None:
         raise ValueError(f"{caller}: argument 'method' is 'cohorts', which needs labels that never fall back "
-                         "across chunks (each chunk's groups at or after the previous chunk's) and more than one "
-                         "run of groups; got labels that do not: use method='map-reduce' or None")
+                         "across chunks (each chunk's groups at or after the previous chunk's), more than one run "
+                         f"of groups and runs of at most 4 x split_every = {4 * fan_in} chunks; got labels or "
+                         "chunks that give none of that: use method='map-reduce' or None")
     if runs is not None:
         result = graph.cohort_reduction(grouped, plan, fan_in, runs, token)
     else:
