@@ -657,8 +657,6 @@ def fold_present_in_order(plan, split_every: int, count: int, positions, partial
             return held[0] if held else None
         return plan.combine(*held)
 
-    if len(level) > split_every:
-        level = [combined(level[j : j + split_every]) for j in range(0, len(level), split_every)]
     while len(level) > split_every:
         level = [combined(level[j : j + split_every]) for j in range(0, len(level), split_every)]
     return combined(level)
