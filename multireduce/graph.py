@@ -333,9 +333,7 @@ def reduction(x: da.Array, plan: ReductionPlan, split_every: int, groups: Groupi
         # one chunk per partial (a lazy input): the partials as a blockwise layer over x, which Dask's
         # optimisation fuses with the layer making each chunk (dask.array's own reductions fuse so):
         # a materialised partial task could not fuse, and each chunk cost a task and a hand-over more
-        per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object,
-                                  name=f"{plan.label}-partial-{tokenize(x, plan, 'per-chunk')}",
-                                  meta=np.empty((0,) * x.ndim, dtype=object))
+        per_chunk = _partials_per_chunk(x, plan)
 
     def emit(names, kept_index, index, grouped, layout):
         partial_name, combine_name, name = names["partial"], names["combine"], names["output"]
@@ -620,6 +618,14 @@ def _block_partial(block, plan):
     return _host_partial(plan, block)
 
 
+def _partials_per_chunk(x: da.Array, plan) -> da.Array:
+    """Each chunk's own partial as a blockwise layer over ``x`` (an object per block), which Dask's
+    optimisation fuses with the layer making the chunk."""
+    return da.map_blocks(_block_partial, x, plan=plan, dtype=object,
+                         name=f"{plan.label}-partial-{tokenize(x, plan, 'per-chunk')}",
+                         meta=np.empty((0,) * x.ndim, dtype=object))
+
+
 def first_level(split_every: int, items: list) -> list[list]:
     """The groups ``fold_in_order`` combines first (contiguous runs of ``split_every``), or [] where it
     combines nothing before the aggregate (``split_every`` items or fewer)."""
@@ -671,9 +677,7 @@ def cohort_reduction(x: da.Array, plan, split_every: int, cohorts: list, token: 
     identities the full tree would have merged (a float sum's -0.0 becomes 0.0 there)."""
     ax = plan.axis
     on_device = type(x._meta).__module__.startswith("cupy")
-    per_chunk = da.map_blocks(_block_partial, x, plan=plan, dtype=object,
-                              name=f"{plan.label}-partial-{tokenize(x, plan, 'per-chunk')}",
-                              meta=np.empty((0,) * x.ndim, dtype=object))
+    per_chunk = _partials_per_chunk(x, plan)
     token = tokenize(token, split_every, cohorts)  # the fan-in shapes the fold, so the bits
     name, piece = f"{plan.label}-cohorts-{token}", f"{plan.label}-cohort-piece-{token}"
     count = x.numblocks[ax]
