@@ -347,6 +347,8 @@ def make_host_block(seed, block_info=None):
 #: The workers' device allocator, by name, as local_cluster's RMM options ("cupy": CuPy's own pool, said
 #: explicitly, since local_cluster's default is RMM's asynchronous allocator where rmm is installed).
 ALLOCATOR_POOL_FRACTION = 0.85
+#: Dask's transports between workers, by the name local_cluster's ``protocol`` takes
+PROTOCOLS = ("tcp", "ucx")
 ALLOCATORS = {"cupy": {"rmm_async": False}, "pool": {"rmm_pool_size": ALLOCATOR_POOL_FRACTION},
               "async": {"rmm_async": True}}
 
@@ -378,14 +380,17 @@ class Setting:
         xp = np if self.cpu else __import__("cupy")
         return xp.empty((0,) * ndim, dtype=np.float32)
 
-    def cluster(self, n_workers: int, allocator: str = "cupy"):
+    def cluster(self, n_workers: int, allocator: str = "cupy", protocol: str = "tcp"):
         """A local cluster of ``n_workers``; ``allocator`` (GPU workers): "cupy" (CuPy's own pool), "pool"
         (an RMM pool of ALLOCATOR_POOL_FRACTION of each GPU, CuPy allocating through it) or "async"
-        (RMM's cudaMallocAsync allocator, CuPy allocating through it)."""
+        (RMM's cudaMallocAsync allocator, CuPy allocating through it); ``protocol``: Dask's transport,
+        "tcp" (dask-cuda stages each CuPy array through host memory) or "ucx" (GPU to GPU over NVLink or
+        PCIe where UCX finds them; needs distributed-ucxx)."""
         from multireduce.cluster import local_cluster
 
         return local_cluster(n_workers=n_workers, gpu=not self.cpu,
-                             **(ALLOCATORS[allocator] if not self.cpu else {}))
+                             **(ALLOCATORS[allocator] if not self.cpu else {}),
+                             **({} if protocol == "tcp" else {"protocol": protocol}))
 
     def free(self, client) -> None:
         """The workers' pooled device memory back to the driver between configurations."""

@@ -88,7 +88,7 @@ SCALING_IMPLS = ("dask.array.sum", "mr.sum().compute()", "mr.sum(compute=True)",
 #: each of those; options given on the command line win
 PRESETS = {
     "default": dict(gpus="all", per_gpu_gib="8", chunk_log2="24,26,28", repeats=5, timeout_s=60.0, budget_s=0.0,
-                    placements="dask,contiguous", allocators="", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
+                    placements="dask,contiguous", allocators="", protocols="tcp", paths=",".join(PATHS), dask_cumsum_max_gib=8.0,
                     dask_cumsum_methods="sequential", field_gib=8.4704, field_shape="721,1440",
                     field_chunk_steps=166, tall_cols=32),
     # 4 GPUs first: the targets are there, and the budget cuts what comes last
@@ -121,6 +121,8 @@ def parse(argv=None):
     p.add_argument("--allocators", help=f"the workers' device allocators, one cluster each: any of "
                                         f"{', '.join(h.ALLOCATORS)} (default: local_cluster's, async where rmm "
                                         f"is installed, else cupy; RMM's need GPU workers)")
+    p.add_argument("--protocols", help=f"Dask's transport between workers, one cluster each: any of "
+                                       f"{', '.join(h.PROTOCOLS)} (default tcp; ucx needs distributed-ucxx and GPU workers)")
     p.add_argument("--dask-cumsum-max-gib", type=float, help="skip dask's cumsum above this per GPU (default 8)")
     # blelloch never finished in 10 s on CuPy chunks in any GPU run (60 s on 40 chunks of 1 MB on the CPU),
     # and its cancelled tasks kept the workers busy so that every row after it timed out: by name only
@@ -148,6 +150,8 @@ def parse(argv=None):
              ("--allocators", args.allocators or h.default_allocator(args.cpu),
               lambda t: t in h.ALLOCATORS and (t == "cupy" or not args.cpu),
               f"any of {', '.join(h.ALLOCATORS)} (with --cpu: cupy)"),
+             ("--protocols", args.protocols, lambda t: t in h.PROTOCOLS and (t == "tcp" or not args.cpu),
+              f"any of {', '.join(h.PROTOCOLS)} (with --cpu: tcp)"),
              ("--gpus", args.gpus, lambda t: t in ("all", "powers") or int(t) > 0, "worker counts > 0, all or powers"),
              ("--per-gpu-gib", args.per_gpu_gib, lambda t: float(t) > 0, "sizes > 0"),
              ("--chunk-log2", args.chunk_log2, lambda t: 0 <= int(t) <= 40, "whole numbers 0..40"),
@@ -169,6 +173,7 @@ def parse(argv=None):
     args.paths = PATHS if "all" in args.paths.split(",") else tuple(args.paths.split(","))
     args.placements = tuple(args.placements.split(","))
     args.allocators = tuple((args.allocators or h.default_allocator(args.cpu)).split(","))
+    args.protocols = tuple(args.protocols.split(","))
     args.field_shape = tuple(int(v) for v in args.field_shape.split(","))
     return args
 
@@ -630,6 +635,7 @@ class Run:
         self.skipped: list[str] = []
         self.started = time.time()
         self.allocator = "cupy"  # of the cluster being measured
+        self.protocol = "tcp"
 
     def over_budget(self, what: str) -> bool:
         if self.args.budget_s and time.time() - self.started > self.args.budget_s:
@@ -639,6 +645,7 @@ class Run:
 
     def measure(self, client, cases: list[h.Case], base: dict) -> None:
         """Each case once (the first of a name), as a row with ``base``'s configuration."""
+        base = {"allocator": self.allocator, "protocol": self.protocol, **base}
         seen = {r["impl"] for r in self.rows if all(r.get(k) == v for k, v in base.items())}
         for case in cases:
             if case.impl in seen:
@@ -654,7 +661,7 @@ class Run:
                     m for m in self.args.dask_cumsum_methods.split(",") if m != method)
 
     def add(self, base: dict, row: dict) -> None:
-        row = {"allocator": self.allocator, **base, **row}
+        row = {"allocator": self.allocator, "protocol": self.protocol, **base, **row}
         self.rows.append(row)
         print(json.dumps(row, default=str), flush=True)
 
@@ -673,7 +680,7 @@ def configuration(run: Run, client, n: int, gib: float, log2: int, chunk: int, t
     args, setting = run.args, run.setting
     x, layout = place(client, setting, ((chunk,) * (total // chunk),), kind)
     base = dict(gpus=n, gib_per_gpu=gib, chunk_log2=log2, chunk=f"2^{log2}", placement=layout.placement,
-                runs=layout.runs, chunks_per_worker=layout.per_worker, allocator=run.allocator)
+                runs=layout.runs, chunks_per_worker=layout.per_worker, allocator=run.allocator, protocol=run.protocol)
     paths = args.paths if kind == "dask" else ("held",)
     ref = reference(x)
     if "held" in paths:
@@ -747,15 +754,15 @@ def main(argv=None):
         return multigpu_profile.main(args, setting)
     run = Run(args, setting)
     for n in worker_counts(args.gpus, setting.available):
-        for allocator in args.allocators:
-            if run.over_budget(f"{n} workers, {allocator}"):
+        for allocator, protocol in ((a, p) for p in args.protocols for a in args.allocators):
+            if run.over_budget(f"{n} workers, {allocator}, {protocol}"):
                 continue
-            run.allocator = allocator
+            run.allocator, run.protocol = allocator, protocol
             try:
-                cluster = setting.cluster(n, allocator)
-            except Exception as exc:  # noqa: BLE001 - an allocator this machine lacks is reported, not fatal
-                run.skipped.append(f"{n} workers, {allocator}: {exc!r}"[:200])
-                print(f"{n} workers, {allocator}: {exc!r}", flush=True)
+                cluster = setting.cluster(n, allocator, protocol)
+            except Exception as exc:  # noqa: BLE001 - an allocator or transport this machine lacks is reported
+                run.skipped.append(f"{n} workers, {allocator}, {protocol}: {exc!r}"[:200])
+                print(f"{n} workers, {allocator}, {protocol}: {exc!r}", flush=True)
                 continue
             with cluster, distributed.Client(cluster) as client:
                 # the field first: one configuration per worker count, and the budget cuts what comes last
@@ -779,7 +786,7 @@ def main(argv=None):
 # ------------------------------------------------------------------------------------------------
 # Tables
 # ------------------------------------------------------------------------------------------------
-CONFIG = ("gpus", "gib_per_gpu", "chunk", "placement", "allocator")
+CONFIG = ("gpus", "gib_per_gpu", "chunk", "placement", "allocator", "protocol")
 
 
 def x_dask(rows: list[dict], r: dict, key: str = "ms") -> float:
@@ -798,10 +805,10 @@ def _f(v, spec: str) -> str:
 def full_table(rows: list[dict]) -> str:
     timed = [r for r in rows if r["path"] != "memory"]
     return h.md_table(
-        ("workers", "GiB/worker", "chunk", "placement (runs)", "chunks/worker", "allocator", "path", "impl", "ms",
+        ("workers", "GiB/worker", "chunk", "placement (runs)", "chunks/worker", "allocator", "protocol", "path", "impl", "ms",
          "first call ms", "GB/s", "x dask", "tasks", "transfers (bytes)", "outside tasks ms", "ok", "note"),
         ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], f"{r['placement']} ({r['runs']})", r["chunks_per_worker"],
-          r.get("allocator", "cupy"), r["path"], r["impl"], _f(r["ms"], ".2f"), _f(r.get("first_ms"), ".2f"),
+          r.get("allocator", "cupy"), r.get("protocol", "tcp"), r["path"], r["impl"], _f(r["ms"], ".2f"), _f(r.get("first_ms"), ".2f"),
           _f(r["gbps"], ".1f"), _f(x_dask(rows, r), ".2f"),
           r.get("tasks", ""), f"{r.get('transfers', '')} ({r.get('transfer_bytes', '')})" if "transfers" in r else "",
           _f(r.get("outside_tasks_ms"), ".1f"), r["ok"], r["note"]) for r in timed))
@@ -820,10 +827,10 @@ def memory_table(rows: list[dict]) -> str:
 
 
 def short_table(rows: list[dict]) -> str:
-    return h.md_table(("workers", "GiB/worker", "chunk", "placement", "chunks/worker", "allocator", "impl", "ms",
+    return h.md_table(("workers", "GiB/worker", "chunk", "placement", "chunks/worker", "allocator", "protocol", "impl", "ms",
                        "first ms", "x dask", "ok"),
                       ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], r["placement"], r["chunks_per_worker"],
-                        r.get("allocator", "cupy"), r["impl"], _f(r["ms"], ".2f"), _f(r.get("first_ms"), ".1f"),
+                        r.get("allocator", "cupy"), r.get("protocol", "tcp"), r["impl"], _f(r["ms"], ".2f"), _f(r.get("first_ms"), ".1f"),
                         _f(x_dask(rows, r), ".2f"), r["ok"] if r["ok"] else
                         f"{r['ok']} ({r['note'][:60]})") for r in rows if r["path"] != "memory"))
 

@@ -18,7 +18,7 @@ what=${1:-all}; shift || true
 has() { case " $what " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-/tmp/multireduce-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MULTIREDUCE_KERNEL_CACHE=/tmp/multireduce-kernels
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl $(ls .whl/ucx/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/env.txt"
 rc=0
