@@ -260,14 +260,14 @@ def held(args, setting: h.Setting, client, n_workers: int) -> dict:
     gib, log2 = float(str(args.per_gpu_gib).split(",")[0]), int(str(args.chunk_log2).split(",")[0])
     chunk = 2**log2
     n_chunks = max(1, int(gib * n_workers * 2**30 // 4) // chunk)
-    x, _ = place(client, setting, ((chunk,) * n_chunks,), "dask")
+    x, layout = place(client, setting, ((chunk,) * n_chunks,), args.placements[0])
     keys = placement.chunk_keys(x)
     plan = _resolve_reduction("dask", get_operator("sum"), x.dtype, 1, None, None, False, 16, "auto", False,
                               None, "profile")[0][0]
     scan_plan = _resolve_scan("dask", get_operator("sum"), x.dtype, 1, None, None, True, "auto", 16, None,
                               "profile")[0]
-    print(f"{n_workers} workers, {n_chunks} chunks of 2^{log2} float32, {n_chunks * chunk * 4 / 2**30:.1f} GiB\n",
-          flush=True)
+    print(f"{n_workers} workers, {n_chunks} chunks of 2^{log2} float32, {n_chunks * chunk * 4 / 2**30:.1f} GiB, "
+          f"{layout.placement} placement, chunks per worker {layout.per_worker}\n", flush=True)
     tables = {"pieces": [], "workers": [], "results": []}
 
     def timed(name, fn, reps=args.repeats):
@@ -299,6 +299,9 @@ def held(args, setting: h.Setting, client, n_workers: int) -> dict:
     if args.cprofile:
         _cprofiled(client, x, keys, plan)
 
+    tables["scan phases"] = _scan_phases(client, x, args.repeats)
+    print(h.md_table(("mr.cumsum(x).persist(), phase", "median ms"), tables["scan phases"]), flush=True)
+
     for name, make_result in [("mr.cumsum(x).persist()", lambda: mr.cumsum(x).persist()),
                               ("client.persist(mr.cumsum(x))", lambda: client.persist(mr.cumsum(x))),
                               ("x.map_blocks(negate).persist() (Dask's floor)",
@@ -326,6 +329,52 @@ def held(args, setting: h.Setting, client, n_workers: int) -> dict:
     print(h.md_table(("result", "ms", "call returns after ms", "tasks", "task ms", "gap ms", "to first task ms"),
                      tables["results"]), flush=True)
     return tables
+
+
+def _scan_phases(client, x, repeats: int) -> list:
+    """The held scan (``direct.scan_persisted``) split into its phases by timing the functions it calls:
+    the chunks' totals (one ``client.run``), the scans kept on the workers (the second), the outputs
+    registered with their recipes (``_register_with_lineage``: a persist of one task per output, none of
+    which runs), and the rest (the carries folded on the client, ``update_data``, futures)."""
+    import multireduce as mr
+    from multireduce import direct
+
+    spent: dict = {}
+
+    def clocked(label, fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+        return run
+
+    real_run, real_values, real_register = direct._run, direct.held_values, direct._register_with_lineage
+
+    def run_labelled(client_, workers, fn, *a):
+        label = "scans kept on the workers (client.run)" if fn is direct.scan_and_keep else None
+        return clocked(label, real_run)(client_, workers, fn, *a) if label else real_run(client_, workers, fn, *a)
+
+    rows: dict = {}
+    direct._run, direct.held_values = run_labelled, clocked("chunk totals (client.run)", real_values)
+    direct._register_with_lineage = clocked("outputs registered with recipes (a persist)", real_register)
+    try:
+        for rep in range(repeats + 1):
+            spent.clear()
+            t0 = time.perf_counter()
+            y = mr.cumsum(x).persist()
+            total = time.perf_counter() - t0
+            if rep:
+                rest = total - sum(spent.values())
+                for label, v in [*spent.items(), ("the rest (carries, update_data, futures)", rest), ("whole call", total)]:
+                    rows.setdefault(label, []).append(v)
+            names = [y.name]
+            del y
+            h.wait_released(client, names)
+    finally:
+        direct._run, direct.held_values, direct._register_with_lineage = real_run, real_values, real_register
+    return [(label, f"{statistics.median(v) * 1e3:.2f}") for label, v in rows.items()]
 
 
 # ------------------------------------------------------------------------------------------------
