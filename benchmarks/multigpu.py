@@ -30,7 +30,8 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
   ``mr.cumsum(x * 2).persist()`` vs dask.array's same expressions (the sum and cumsum also with the steps
   left to CuPy: "unfused"), the held bare call, and ``x * 2`` alone:
   CUDA-event time of ``b * 2`` on each held chunk, summed per worker, the slowest worker's.
-- axes: ``mr.mean(f, axis=0).compute()`` of a time x lat x lon field chunked along time (``--field-gib``
+- axes: ``mr.mean(f, axis=0).compute()`` of a time x lat x lon field chunked along time (Dask's placement,
+  and balanced where ``--placements`` names it; ``--field-gib``
   per GPU sets the time axis: 8760 x 721 x 1440 on 4 GPUs by default, 166 steps a chunk: 53 chunks) vs
   dask.array's; its monthly climatology (``mr.groupby_reduce(f, month, "mean", axis=0)``, the hours of a
   year by month) vs one dask.array mean per month of the selected steps (what xarray's group-by runs
@@ -721,8 +722,9 @@ def tall(run: Run, client, n: int, gib: float, chunk: int, total: int) -> None:
     run.setting.free(client)
 
 
-def field(run: Run, client, n: int) -> None:
-    """The time x lat x lon field, its time axis scaled to the workers and --field-gib, Dask's placement."""
+def field(run: Run, client, n: int, kind: str = "dask") -> None:
+    """The time x lat x lon field, its time axis scaled to the workers and --field-gib, placed by ``kind``
+    (Dask's, or balanced: equal contiguous shares)."""
     args = run.args
     lat, lon = args.field_shape
     steps = int(args.field_gib * n * 2**30 // (lat * lon * 4))
@@ -731,7 +733,7 @@ def field(run: Run, client, n: int) -> None:
         return
     per = min(args.field_chunk_steps, steps)
     chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
-    f, layout = place(client, run.setting, chunks, "dask", seed=SEED + 2)
+    f, layout = place(client, run.setting, chunks, kind, seed=SEED + 2)
     refs = field_refs(f)
     base = dict(gpus=n, gib_per_gpu=f.nbytes / n / 2**30, chunk_log2=None, chunk=f"{per}x{lat}x{lon}",
                 placement=layout.placement, runs=layout.runs, chunks_per_worker=layout.per_worker)
@@ -766,8 +768,9 @@ def main(argv=None):
                 continue
             with cluster, distributed.Client(cluster) as client:
                 # the field first: one configuration per worker count, and the budget cuts what comes last
-                if "axes" in args.paths and "dask" in args.placements and not run.over_budget(f"field on {n} workers"):
-                    run.attempt(f"field on {n} workers", field, client, n)
+                for kind in ([k for k in args.placements if k in ("dask", "balanced")] if "axes" in args.paths else []):
+                    if not run.over_budget(f"field on {n} workers, {kind}"):
+                        run.attempt(f"field on {n} workers, {kind}", field, client, n, kind)
                 for gib, log2, chunk, total in float32_sizes(args, n):
                     # one worker: every placement is Dask's, measured once
                     for kind in (args.placements if n > 1 else args.placements[:1]):
