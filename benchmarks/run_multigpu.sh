@@ -25,7 +25,7 @@ rc=0
 if has tests; then
 timeout 420 python3 -m pytest tests/multi_gpu tests/test_placement.py tests/test_faults.py tests/test_direct.py tests/test_scan_placement.py \
   tests/gpu/test_oom.py tests/gpu/test_gpu_exact.py \
-  -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 240 -rfEs > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
+  -m "slow or not slow" -q -p no:cacheprovider -p no:benchmark -p no:logging --timeout 240 -rfEs > "$OUT/multi-gpu-tests.log" 2>&1 || rc=1
 tail -n 3 "$OUT/multi-gpu-tests.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/multi-gpu-tests.log" | head -30
 # deploy/: TLS scheduler + GPU workers, a client with the certificate runs sum and cumsum
 d=/tmp/mr-deploy; rm -rf $d; mkdir -p $d

@@ -188,6 +188,7 @@ def test_slurm_script_and_shell_syntax():
         assert step in text
 
 
+@pytest.mark.slow
 def test_wheelhouse_collects_the_dask_stack(tmp_path):
     """The air-gapped install set (network: the package registry only). --no-self: multireduce's own wheel
     is the one tests/test_packaging.py builds and opens, by the same command."""

@@ -124,6 +124,7 @@ def test_worker_listen_address_defaults(tmp_path):
 
 # ----------------------------------------------------------------------------- certificates (item 14)
 
+@pytest.mark.slow
 def test_ca_key_is_not_in_the_copied_folder(certs):
     assert not list(certs.glob("ca-key*")) and not list(certs.glob("*.srl"))
     assert (certs.parent / "certs-ca" / "ca-key.pem").exists()

@@ -44,6 +44,7 @@ async def _sleep_a_while():
     await asyncio.sleep(1.0)
 
 
+@pytest.mark.slow
 def test_a_direct_call_abandoned_midway_gives_its_connection_back(client):
     """``_run_while_alive`` cancels the direct call when a waited worker leaves; the calls to the other
     workers, cancelled midway, must give their pooled connections back (each kept one is a slot of

@@ -90,6 +90,7 @@ def _data(seed: int, n: int = 6 * 997) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(n) * 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direct_to_workers", [None, False])
 def test_a_stalled_worker_holding_nothing_holds_nothing_up(client, direct_to_workers):
     """Worker 3 holds none of the chunks and is stopped: the held sum (both entry points) and the held
@@ -107,6 +108,7 @@ def test_a_stalled_worker_holding_nothing_holds_nothing_up(client, direct_to_wor
         np.testing.assert_allclose(out.compute(), np.cumsum(x), rtol=1e-9, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direct_to_workers", [None, False])
 @pytest.mark.parametrize("how", ["compute=True", ".compute()", "scan .persist()"])
 def test_a_stalled_worker_holding_chunks_is_named_within_seconds(client, how, direct_to_workers):
@@ -134,6 +136,7 @@ def test_a_stalled_worker_holding_chunks_is_named_within_seconds(client, how, di
     np.testing.assert_allclose(got.compute() if how.startswith("scan") else got, want, rtol=1e-9, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_stalled_worker_without_a_connection_yet_is_named_too(client):
     """No pooled connection to the stopped worker (which answered a run before: a worker never called
     is given distributed's connect timeout, as it may be importing multireduce): the client's direct
@@ -153,6 +156,7 @@ def test_a_stalled_worker_without_a_connection_yet_is_named_too(client):
         assert client not in direct._direct_unreachable  # the client reaches its workers; that one was stopped
 
 
+@pytest.mark.slow
 def test_a_chunk_with_a_copy_elsewhere_is_taken_from_the_copy(client):
     """Every chunk has a copy on two workers; the one the placement chose is stopped: the sum is taken
     from the other copies, right, in about the connect timeout."""
@@ -220,6 +224,7 @@ def _kept_keys(prefix, dask_worker):
     return [str(k) for k in dask_worker.state.tasks if prefix in str(k)]
 
 
+@pytest.mark.slow
 def test_a_worker_stalled_in_the_scans_leaves_nothing_behind(client, operators, cluster):
     """The last chunk's worker stops itself while scanning it (the second run), after the other workers
     kept their outputs: the scan raises ``WorkerStalled`` naming it; the others' outputs are dropped at

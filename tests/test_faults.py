@@ -72,6 +72,7 @@ def _kill_one(cluster, client, address):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_killed_worker(cluster, client):
     x, ref = _persisted(client)
     assert np.isclose(mr.sum(x, compute=True), ref.sum())
@@ -90,6 +91,7 @@ def test_restart_and_persist_under_the_same_name(cluster, client):
     _check_sum(again, ref2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["compute=True", ".compute()", "scan .persist()"])
 def test_worker_killed_between_creation_and_run(cluster, client, monkeypatch, how):
     """A worker holding chunks dies after the result was made and just before the direct path's

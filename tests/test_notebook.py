@@ -68,6 +68,7 @@ def test_notebook_committed_without_outputs(name):
             assert cell.get("outputs") == [] and cell.get("execution_count") is None, name
 
 
+@pytest.mark.slow
 def test_a_notebook_runs_as_a_script_where_jupyter_is_not(tmp_path, capsys):
     """tools/run_notebook.py (for GPU machines without Jupyter): code cells in order in one namespace,
     magics left out, each figure shown saved, a failing cell stops the run with status 1."""

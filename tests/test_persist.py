@@ -272,6 +272,7 @@ def test_lost_worker_chunks_are_recomputed_in_process():
         np.testing.assert_array_equal(moved.compute(), want + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_worker_lost_while_its_chunks_are_made():
     import time

@@ -125,6 +125,7 @@ def _several_gpus_snippet() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow
 def test_several_gpus_snippet_runs_as_a_script(tmp_path):
     """The README's cluster snippet, saved as a file and run: its worker processes import the file again,
     so it must start the cluster only under ``__main__``. Its four numbers are NumPy's sum of its data."""

@@ -528,6 +528,7 @@ def process_client():
         yield client
 
 
+@pytest.mark.slow
 def test_held_scans_of_every_kind_come_back_after_their_worker_is_killed(process_client):
     client = process_client
     rng = np.random.default_rng(15)

@@ -76,6 +76,7 @@ def _cumsum_bound(x: np.ndarray, axis: int) -> np.ndarray:
     return 1e-12 * np.cumsum(np.abs(x), axis=axis) + 1e-300
 
 
+@pytest.mark.slow
 def test_outputs_lost_with_their_worker_come_back_from_held_inputs(client):
     """Inputs spread over the workers (uneven, interleaved, an odd last chunk) and copied off the victim
     before it dies, so only outputs are lost: int64 exactly, float64 within rounding and with the bits it
@@ -111,6 +112,7 @@ def _plus_one(block):
     return block + 1
 
 
+@pytest.mark.slow
 def test_inputs_lost_too_are_recomputed_first(client):
     """Inputs made by map_blocks from from_array (they have lineage): the victim takes inputs and outputs
     with it; the scheduler makes the inputs again, then the outputs. A 2-D array scanned along each axis

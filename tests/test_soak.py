@@ -42,6 +42,7 @@ def test_soak_cpu_small():
     assert all(v > 0 for v in out["small_request_per_s"].values())
 
 
+@pytest.mark.slow
 def test_soak_deadline_reports_the_rounds_done():
     # a device call that runs out of time returns nothing, so past the deadline no new round starts and the
     # report still comes back, marked incomplete (no warm-up requests: the first stage is what matters)
