@@ -72,6 +72,14 @@ class ReductionPlan:
         value = backend_for(values[0]).combine(self.op.partials, values)
         return Partial(value, sum(p.count for p in partials))
 
+    @property
+    def folds_left(self) -> bool:
+        """Whether ``combine`` of fewer than 64 partials folds them one after another, left to right (NumPy's
+        ufunc loop; the column kernel, whose columns take one thread each below 64 rows): then a leading
+        run of a group combined first, and the rest combined with it, gives the group's own bits. An
+        operator without a ufunc folds NumPy partials pairwise, and does not."""
+        return self.op.partials.ufunc is not None
+
     def finalize(self, partial: Partial):
         value = partial.value
         if partial.count == 0 and self.op.empty_is_error:

@@ -108,8 +108,8 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from . import placement
 from .backends import on_device_of
 from .core import ScanPlan
-from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, fold_in_order, reduction,
-                    scan, stage_token, stays_on_device, to_host_together)
+from .graph import (LEFT_FOLD_GROUPS, _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level,
+                    first_level_folds, fold_in_order, reduction, scan, stage_token, stays_on_device, to_host_together)
 
 
 logger = logging.getLogger(__name__)
@@ -1184,8 +1184,9 @@ def _reading_held_only(recipe, shared: dict):
 def recipe_values(sources, per_chunk, extra=None, fold_groups=None, need=None):
     """{chunk key: per_chunk(chunk)} for every chunk of ``sources`` (host values), each made and computed
     by the worker holding what it is made from, in one call; None where the graph must run instead.
-    ``fold_groups`` (a combine function and groups of keys): a group whose chunks one worker makes comes
-    back combined there, under its first key, its other keys absent. ``need``: see ``check_room``."""
+    ``fold_groups`` (a combine function, groups of keys, and whether leading runs may be combined apart:
+    ``graph.first_level_folds``): a group, or its leading run, whose chunks one worker makes comes back
+    combined there, under its first key, its other keys absent. ``need``: see ``check_room``."""
     found = planned_recipe_values(sources, per_chunk, extra, fold_groups, need)
     return None if found is None else found[0]
 
@@ -1202,12 +1203,8 @@ def planned_recipe_values(sources, per_chunk, extra=None, fold_groups=None, need
         recipes, where = planned
         folds = None
         if fold_groups is not None:
-            combine, groups = fold_groups
-            local: dict = {}
-            for group in groups:
-                workers = {where[k] for k in group}
-                if len(group) > 1 and len(workers) == 1:
-                    local.setdefault(workers.pop(), []).append(list(group))
+            combine, groups, leading_runs = fold_groups
+            local = first_level_folds(groups, where, leading_runs)
             folds = (combine, local) if local else None
         try:
             replies = _run(client, sorted(recipes), values_of_recipes, per_chunk, recipes, extra, folds, need)
@@ -1247,8 +1244,9 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
     # each chunk's partial, and all of them stacked for one copy to the host (``_PartialColumns``)
     need = None if whole else _on_gpus(x, "the held reduction's partials",
                                        2 * max(np.dtype(plan.out_dtype).itemsize, 4), plan.axes)
+    leading_runs = getattr(plan, "folds_left", False) and split_every < LEFT_FOLD_GROUPS
     values = recipe_values(sources, per_chunk, chunk_offsets(x) if located is not None else None,
-                           fold_groups=(plan.combine, groups), need=need)
+                           fold_groups=(plan.combine, groups, leading_runs), need=need)
     if values is None:
         return None
     on_device = type(x._meta).__module__.startswith("cupy")

@@ -222,6 +222,10 @@ class FusedPlan:
     def combine(self, *partials):
         return tuple(p.combine(*(q[i] for q in partials)) for i, p in enumerate(self.plans))
 
+    @property
+    def folds_left(self) -> bool:
+        return all(getattr(p, "folds_left", False) for p in self.plans)
+
     def aggregate(self, *partials):
         return tuple(p.aggregate(*(q[i] for q in partials)) for i, p in enumerate(self.plans))
 
@@ -717,26 +721,52 @@ def _cohort_aggregate(plan, on_device: bool, split_every: int, count: int, posit
 
 
 def _combined(plan, group: list):
-    if len(group) > 1 and all(p is None for p in group[1:]):
-        return group[0]
-    return plan.combine(*group)
+    """A first-level group's combine. None marks a partial combined already into the group's first value
+    where its chunks were: the whole group, or (plans that fold left) its leading run, so that combining
+    what is left after it gives the group's own bits (``first_level_folds``)."""
+    present = [p for p in group if p is not None]
+    return present[0] if len(present) == 1 else plan.combine(*present)
+
+
+#: ``split_every`` below which a plan that folds left may have a group's leading run combined apart
+#: (``core.ReductionPlan.folds_left``: the column kernel folds fewer than 64 rows in one thread per column)
+LEFT_FOLD_GROUPS = 64
+
+
+def first_level_folds(groups: list, where: dict, leading_runs: bool) -> dict:
+    """{worker: the runs of keys it combines itself}: each first-level group one worker holds whole and,
+    with ``leading_runs`` (a plan that folds left, groups below ``LEFT_FOLD_GROUPS``), the leading run of
+    two or more keys of a group that straddles workers, held by the worker holding its first key. The
+    combined run comes back under its first key, the others absent; ``_combined`` combines the rest with
+    it, in order."""
+    local: dict = {}
+    for group in groups:
+        first = where[group[0]]
+        run = 1
+        while run < len(group) and where[group[run]] == first:
+            run += 1
+        if run > 1 and (run == len(group) or leading_runs):
+            local.setdefault(first, []).append(list(group[:run]))
+    return local
 
 
 def fold_first_level(plan, split_every: int, count: int, positions, parts: list) -> list:
     """``parts`` (the partials of the chunks at ``positions`` of a lane of ``count`` chunks) with each
     first-level group of ``fold_in_order``'s tree that lies wholly among them combined here, in order,
     under the group's first position, None at its other positions: less crosses between workers, and
-    the combine is the one ``fold_in_order`` would make."""
+    the combine is the one ``fold_in_order`` would make. For a plan that folds left (``first_level_folds``)
+    the leading run of a group that straddles workers is combined here too, when this task holds it."""
     if count <= split_every:
         return list(parts)
     at = {position: i for i, position in enumerate(positions)}
+    where = {m: at.get(m) is not None for m in range(count)}  # held here or not
+    groups = [list(range(j, min(j + split_every, count))) for j in range(0, count, split_every)]
+    leading_runs = getattr(plan, "folds_left", False) and split_every < LEFT_FOLD_GROUPS
     out = list(parts)
-    for j in range(0, count, split_every):
-        members = range(j, min(j + split_every, count))
-        if len(members) > 1 and all(m in at for m in members):
-            out[at[j]] = plan.combine(*(parts[at[m]] for m in members))
-            for m in members[1:]:
-                out[at[m]] = None
+    for run in first_level_folds([g for g in groups if where[g[0]]], where, leading_runs).get(True, ()):
+        out[at[run[0]]] = plan.combine(*(parts[at[m]] for m in run))
+        for m in run[1:]:
+            out[at[m]] = None
     return out
 
 

@@ -164,6 +164,57 @@ def test_first_level_groups_folded_where_their_chunks_are_give_the_same_tree():
     assert mine[shuffled.index(8)] == ("combine", *range(8, 16))
 
 
+def test_leading_runs_of_straddling_groups_fold_where_they_are_for_plans_that_fold_left():
+    """A plan whose combine folds left (sum, max, ... with a ufunc) has the leading run of a group that
+    straddles workers combined where that run is: fewer partials cross, and combining the rest with it
+    gives the group's bits (float32 sums, whose association shows in the bits). A plan that does not fold
+    left (the variance's pairwise merge) keeps its straddling groups apart."""
+    from multireduce import graph
+    from multireduce.api import _resolve_reduction
+    from multireduce.operators import get_operator
+
+    rng = np.random.default_rng(8)
+    blocks = [(rng.standard_normal((5, 3)) * 10.0 ** rng.integers(-6, 7)).astype(np.float32) for _ in range(37)]
+    for name in ("sum", "max", "prod"):
+        plan = _resolve_reduction("numpy", get_operator(name), np.dtype(np.float32), 2, 0, None, False, 8,
+                                  "auto", False, None, name)[0][0]
+        assert plan.folds_left
+        parts = [plan.partial(b) for b in blocks]
+        want = np.asarray(graph.fold_in_order(plan, 8, parts))
+        held = list(range(5, 31))  # groups 0 and 3 straddle; 3 starts here: its leading run 24..30
+        mine = graph.fold_first_level(plan, 8, 37, held, parts[5:31])
+        assert [m is None for m in mine].count(True) == 7 + 7 + 6  # two whole groups, one run of 7
+        assert mine[:3] == parts[5:8]  # group 0's first chunk is elsewhere: apart
+        got = np.asarray(graph.fold_in_order(plan, 8, parts[:5] + mine + parts[31:]))
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+        assert graph.fold_first_level(plan, 64, 37, held, parts[5:31]) == parts[5:31]  # one level: nothing
+    class Pairwise:  # a plan without folds_left: only whole groups are combined where they are
+        def combine(self, *parts):
+            return ("combine", *parts)
+
+    mine = graph.fold_first_level(Pairwise(), 8, 37, list(range(5, 31)), list(range(5, 31)))
+    assert [m is None for m in mine].count(True) == 14 and mine[-7:] == list(range(24, 31))
+
+
+def test_straddling_groups_on_a_cluster_keep_the_graphs_bits(cpu_client):
+    """Contiguous shares that cut most first-level groups: sums, means, maxima, products and variances over
+    one axis, held and lazily made, directly and through the graph of a task per worker: the bits of a
+    task per chunk."""
+    a = (np.random.default_rng(9).standard_normal(26 * 40 * 6) * 1e3).astype(np.float32)
+    owners = [0] * 9 + [1] * 9 + [2] * 8  # groups of 4 and 3 straddle at 9 and 18
+    flat, _ = persist_spread(cpu_client, a, 240, owners)
+    x = flat.reshape(26 * 40, 6)
+    for fan in (3, 4):
+        for fn in (lambda v: mr.sum(v, axis=0, split_every=fan), lambda v: mr.mean(v * 3, axis=0, split_every=fan),
+                   lambda v: mr.max(v, axis=0, split_every=fan), lambda v: mr.prod(v / 1e3 + 1, axis=0, split_every=fan),
+                   lambda v: mr.var(v, axis=0, split_every=fan)):
+            want = _graph(fn, x)
+            direct_value = fn(x).compute()
+            graph_value = cpu_client.compute(fn(x)).result()
+            for got in (direct_value, graph_value):
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
 def test_dask_counts_a_partials_bytes():
     """Partials of reductions over some axes are as large as a slice of the input: Dask's scheduler and
     dask-cuda's spilling weigh them by their value's bytes."""
