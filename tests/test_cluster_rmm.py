@@ -112,6 +112,33 @@ def test_no_option_takes_rmms_async_allocator_where_rmm_is_installed(fake_gpus):
     assert len(calls) == 3
 
 
+def test_ucx_workers_get_an_rmm_pool_and_a_warning_for_the_async_allocator(fake_gpus):
+    """UCX moves arrays GPU to GPU only from memory CUDA IPC can map: with no RMM option named, a UCX
+    cluster gets DEFAULT_RMM_UCX (an RMM pool), not the asynchronous allocator; asking for that one with
+    UCX warns; CuPy's own pool (rmm_async=False) stays the caller's choice, quietly."""
+    import warnings
+
+    calls, absent = fake_gpus
+    assert cluster.DEFAULT_RMM_UCX == {"rmm_pool_size": 0.5}
+    cluster.local_cluster(protocol="ucx")
+    assert calls[-1]["protocol"] == "ucx" and calls[-1]["rmm_pool_size"] == 0.5
+    assert "rmm_async" not in calls[-1] and calls[-1]["rmm_allocator_external_lib_list"] == ["cupy"]
+    assert calls[-1]["host"] == "127.0.0.1"
+    with pytest.warns(RuntimeWarning, match="rmm_pool_size=... or rmm_async=False"):
+        cluster.local_cluster(protocol="ucx", rmm_async=True)
+    assert calls[-1]["rmm_async"] is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cluster.local_cluster(protocol="ucx", rmm_async=False)
+        cluster.local_cluster(protocol="ucx", rmm_pool_size="8GiB")
+        cluster.local_cluster(rmm_async=True)  # TCP: the asynchronous allocator is the default, no warning
+    assert not [k for k, v in calls[-3].items() if k.startswith("rmm_") and v]
+    assert calls[-2]["rmm_pool_size"] == "8GiB"
+    absent("rmm")
+    cluster.local_cluster(protocol="ucx")  # without rmm: CuPy's own pool
+    assert not [k for k in calls[-1] if k.startswith("rmm_")]
+
+
 def test_no_default_keeps_cupys_pool(fake_gpus, monkeypatch):
     calls, _ = fake_gpus
     monkeypatch.setattr(cluster, "DEFAULT_RMM", None)
