@@ -93,6 +93,7 @@ def test_multigpu_presets_and_explicit_options():
     held = multigpu.parse(["--cpu", "--profile", "held"])
     assert (held.profile, held.per_gpu_gib, held.chunk_log2) == ("held", "0.01", "18")
     assert multigpu.parse(["--profile"]).profile == "phases" and multigpu.parse(["--cpu", "--profile"]).gpus == "4"
+    assert full.protocols == ("tcp",) and multigpu.parse(["--protocols", "tcp,ucx"]).protocols == ("tcp", "ucx")
 
 
 @pytest.mark.parametrize("argv, named", [(["--paths", "held,axis"], "--paths"), (["--paths", ""], "--paths"),
@@ -101,7 +102,9 @@ def test_multigpu_presets_and_explicit_options():
                                          (["--gpus", "2,x"], "--gpus"), (["--gpus", "0"], "--gpus"),
                                          (["--per-gpu-gib", "-1"], "--per-gpu-gib"), (["--chunk-log2", "2.5"], "--chunk-log2"),
                                          (["--tall-cols", "0"], "--tall-cols"), (["--timeout-s", "0"], "--timeout-s"),
-                                         (["--dask-cumsum-methods", "scan"], "--dask-cumsum-methods")])
+                                         (["--dask-cumsum-methods", "scan"], "--dask-cumsum-methods"),
+                                         (["--protocols", "tcp,quic"], "--protocols"),
+                                         (["--cpu", "--protocols", "ucx"], "--protocols")])
 def test_multigpu_bad_options_are_refused_before_any_work(argv, named, capsys):
     with pytest.raises(SystemExit):
         multigpu.parse(argv)
@@ -179,9 +182,10 @@ def test_multigpu_paths_on_a_cpu_cluster(tmp_path):
     assert field["chunk"] == "166x9x16"  # 745 time steps: 4 chunks of 166 and one of 81
     # the short table printed last: one line per timed row, as wide as its header
     short = _tables(run.stdout)[-1]
-    assert short[0] == ["workers", "GiB/worker", "chunk", "placement", "chunks/worker", "allocator", "impl", "ms",
-                        "first ms", "x dask", "ok"]
+    assert short[0] == ["workers", "GiB/worker", "chunk", "placement", "chunks/worker", "allocator", "protocol",
+                        "impl", "ms", "first ms", "x dask", "ok"]
     assert {r["allocator"] for r in rows} == {"cupy"}  # CPU workers: no device allocator to choose
+    assert {r["protocol"] for r in rows} == {"tcp"}
     assert len(short) - 1 == len(rows) - len(memory)
     assert all(len(line) == len(short[0]) and line[-1] == "True" for line in short[1:])
     full, mem = _tables((tmp_path / "bench_multigpu_latest.md").read_text())
