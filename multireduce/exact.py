@@ -243,6 +243,9 @@ class ExactSumPlan:
             out = out + p
         return out
 
+    #: a left fold of exact integer states (``graph.first_level_folds``): any grouping gives the same state
+    folds_left = True
+
     def aggregate(self, *partials: ExactState):
         state = self.combine(*partials)
         if self.skipnan:  # nansum: a NaN adds 0 (its mantissa never entered the total); only its flag goes

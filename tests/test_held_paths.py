@@ -197,9 +197,8 @@ def test_leading_runs_of_straddling_groups_fold_where_they_are_for_plans_that_fo
 
 
 def test_straddling_groups_on_a_cluster_keep_the_graphs_bits(cpu_client):
-    """Contiguous shares that cut most first-level groups: sums, means, maxima, products and variances over
-    one axis, held and lazily made, directly and through the graph of a task per worker: the bits of a
-    task per chunk."""
+    """Contiguous shares that cut most first-level groups: sums, means, maxima, products, variances and exact
+    sums over one axis, directly and through the graph of a task per worker: the bits of a task per chunk."""
     a = (np.random.default_rng(9).standard_normal(26 * 40 * 6) * 1e3).astype(np.float32)
     owners = [0] * 9 + [1] * 9 + [2] * 8  # groups of 4 and 3 straddle at 9 and 18
     flat, _ = persist_spread(cpu_client, a, 240, owners)
@@ -207,7 +206,7 @@ def test_straddling_groups_on_a_cluster_keep_the_graphs_bits(cpu_client):
     for fan in (3, 4):
         for fn in (lambda v: mr.sum(v, axis=0, split_every=fan), lambda v: mr.mean(v * 3, axis=0, split_every=fan),
                    lambda v: mr.max(v, axis=0, split_every=fan), lambda v: mr.prod(v / 1e3 + 1, axis=0, split_every=fan),
-                   lambda v: mr.var(v, axis=0, split_every=fan)):
+                   lambda v: mr.var(v, axis=0, split_every=fan), lambda v: mr.sum(v, axis=0, exact=True, split_every=fan)):
             want = _graph(fn, x)
             direct_value = fn(x).compute()
             graph_value = cpu_client.compute(fn(x)).result()
