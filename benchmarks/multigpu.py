@@ -121,7 +121,7 @@ def parse(argv=None):
     p.add_argument("--placements", help=f"any of {', '.join(PLACEMENTS)} (default dask,contiguous)")
     p.add_argument("--allocators", help=f"the workers' device allocators, one cluster each: any of "
                                         f"{', '.join(h.ALLOCATORS)} (default: local_cluster's, async where rmm "
-                                        f"is installed, else cupy; RMM's need GPU workers)")
+                                        f"is installed, else cupy; with --protocols ucx: pool; RMM's need GPU workers)")
     p.add_argument("--protocols", help=f"Dask's transport between workers, one cluster each: any of "
                                        f"{', '.join(h.PROTOCOLS)} (default tcp; ucx needs distributed-ucxx and GPU workers)")
     p.add_argument("--dask-cumsum-max-gib", type=float, help="skip dask's cumsum above this per GPU (default 8)")
@@ -173,10 +173,20 @@ def parse(argv=None):
             p.error(f"{option}: expected at least {least:g}; got {value:g}")
     args.paths = PATHS if "all" in args.paths.split(",") else tuple(args.paths.split(","))
     args.placements = tuple(args.placements.split(","))
-    args.allocators = tuple((args.allocators or h.default_allocator(args.cpu)).split(","))
+    args.allocators = tuple(args.allocators.split(",")) if args.allocators else ()  # (): local_cluster's, per transport
     args.protocols = tuple(args.protocols.split(","))
     args.field_shape = tuple(int(v) for v in args.field_shape.split(","))
     return args
+
+
+def allocators_for(args, protocol: str) -> tuple:
+    """The allocators asked for, else the kind local_cluster gives workers of ``protocol``: RMM's
+    asynchronous allocator over TCP where rmm is installed, an RMM pool over UCX (whose CUDA IPC cannot map
+    the asynchronous allocator's memory), CuPy's pool on CPU workers."""
+    if args.allocators:
+        return args.allocators
+    return ("pool",) if protocol == "ucx" and not args.cpu and h.default_allocator(args.cpu) != "cupy" \
+        else (h.default_allocator(args.cpu),)
 
 
 def worker_counts(gpus: str, available: int) -> list[int]:
@@ -756,7 +766,7 @@ def main(argv=None):
         return multigpu_profile.main(args, setting)
     run = Run(args, setting)
     for n in worker_counts(args.gpus, setting.available):
-        for allocator, protocol in ((a, p) for p in args.protocols for a in args.allocators):
+        for allocator, protocol in ((a, p) for p in args.protocols for a in allocators_for(args, p)):
             if run.over_budget(f"{n} workers, {allocator}, {protocol}"):
                 continue
             run.allocator, run.protocol = allocator, protocol

@@ -94,6 +94,12 @@ def test_multigpu_presets_and_explicit_options():
     assert (held.profile, held.per_gpu_gib, held.chunk_log2) == ("held", "0.01", "18")
     assert multigpu.parse(["--profile"]).profile == "phases" and multigpu.parse(["--cpu", "--profile"]).gpus == "4"
     assert full.protocols == ("tcp",) and multigpu.parse(["--protocols", "tcp,ucx"]).protocols == ("tcp", "ucx")
+    # no --allocators: each transport's kind (UCX cannot map the asynchronous allocator's memory)
+    assert multigpu.allocators_for(cpu, "tcp") == ("cupy",)
+    assert multigpu.allocators_for(full, "ucx") in (("pool",), ("cupy",))  # ("cupy",) where rmm is missing
+    assert multigpu.allocators_for(full, "tcp") == (h.default_allocator(False),)
+    chosen = multigpu.parse(["--protocols", "ucx", "--allocators", "cupy,async"])
+    assert multigpu.allocators_for(chosen, "ucx") == ("cupy", "async")
 
 
 @pytest.mark.parametrize("argv, named", [(["--paths", "held,axis"], "--paths"), (["--paths", ""], "--paths"),
