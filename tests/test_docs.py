@@ -103,3 +103,17 @@ def test_checks_find_what_they_look_for(tmp_path):
     notebook = tmp_path / "n.ipynb"
     notebook.write_text(json.dumps({"cells": [{"source": ["# fine\n"]}, {"source": ["x = 1  # from session 3\n"]}]}))
     assert len(work_talk(notebook)) == 1
+
+
+def test_every_extra_is_in_the_readmes_table():
+    """The README's table of extras names every optional dependency set that pyproject.toml offers."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| extra | adds | pick it for |"):]
+    table = table[: table.index("\n\n")]
+    named = set(re.findall(r"`([a-z0-9-]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:])))
+    assert set(extras) <= named, sorted(set(extras) - named)
