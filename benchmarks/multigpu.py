@@ -185,8 +185,8 @@ def allocators_for(args, protocol: str) -> tuple:
     the asynchronous allocator's memory), CuPy's pool on CPU workers."""
     if args.allocators:
         return args.allocators
-    return ("pool",) if protocol == "ucx" and not args.cpu and h.default_allocator(args.cpu) != "cupy" \
-        else (h.default_allocator(args.cpu),)
+    default = h.default_allocator(args.cpu)  # "cupy" on CPU workers and without rmm
+    return ("pool",) if protocol == "ucx" and default != "cupy" else (default,)
 
 
 def worker_counts(gpus: str, available: int) -> list[int]:
@@ -655,7 +655,8 @@ class Run:
         return False
 
     def measure(self, client, cases: list[h.Case], base: dict) -> None:
-        """Each case once (the first of a name), as a row with ``base``'s configuration."""
+        """Each case once (the first of a name), as a row with ``base``'s configuration and the cluster's
+        allocator and transport."""
         base = {"allocator": self.allocator, "protocol": self.protocol, **base}
         seen = {r["impl"] for r in self.rows if all(r.get(k) == v for k, v in base.items())}
         for case in cases:
@@ -691,7 +692,7 @@ def configuration(run: Run, client, n: int, gib: float, log2: int, chunk: int, t
     args, setting = run.args, run.setting
     x, layout = place(client, setting, ((chunk,) * (total // chunk),), kind)
     base = dict(gpus=n, gib_per_gpu=gib, chunk_log2=log2, chunk=f"2^{log2}", placement=layout.placement,
-                runs=layout.runs, chunks_per_worker=layout.per_worker, allocator=run.allocator, protocol=run.protocol)
+                runs=layout.runs, chunks_per_worker=layout.per_worker)
     paths = args.paths if kind == "dask" else ("held",)
     ref = reference(x)
     if "held" in paths:

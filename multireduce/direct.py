@@ -108,8 +108,8 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from . import placement
 from .backends import on_device_of
 from .core import ScanPlan
-from .graph import (LEFT_FOLD_GROUPS, _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level,
-                    first_level_folds, fold_in_order, reduction, scan, stage_token, stays_on_device, to_host_together)
+from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, first_level_folds,
+                    fold_in_order, leading_runs_fold, reduction, scan, stage_token, stays_on_device, to_host_together)
 
 
 logger = logging.getLogger(__name__)
@@ -1244,9 +1244,8 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
     # each chunk's partial, and all of them stacked for one copy to the host (``_PartialColumns``)
     need = None if whole else _on_gpus(x, "the held reduction's partials",
                                        2 * max(np.dtype(plan.out_dtype).itemsize, 4), plan.axes)
-    leading_runs = getattr(plan, "folds_left", False) and split_every < LEFT_FOLD_GROUPS
     values = recipe_values(sources, per_chunk, chunk_offsets(x) if located is not None else None,
-                           fold_groups=(plan.combine, groups, leading_runs), need=need)
+                           fold_groups=(plan.combine, groups, leading_runs_fold(plan, split_every)), need=need)
     if values is None:
         return None
     on_device = type(x._meta).__module__.startswith("cupy")

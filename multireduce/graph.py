@@ -733,6 +733,11 @@ def _combined(plan, group: list):
 LEFT_FOLD_GROUPS = 64
 
 
+def leading_runs_fold(plan, split_every: int) -> bool:
+    """Whether a first-level group's leading run may be combined apart (``first_level_folds``)."""
+    return getattr(plan, "folds_left", False) and split_every < LEFT_FOLD_GROUPS
+
+
 def first_level_folds(groups: list, where: dict, leading_runs: bool) -> dict:
     """{worker: the runs of keys it combines itself}: each first-level group one worker holds whole and,
     with ``leading_runs`` (a plan that folds left, groups below ``LEFT_FOLD_GROUPS``), the leading run of
@@ -761,9 +766,9 @@ def fold_first_level(plan, split_every: int, count: int, positions, parts: list)
     at = {position: i for i, position in enumerate(positions)}
     where = {m: at.get(m) is not None for m in range(count)}  # held here or not
     groups = [list(range(j, min(j + split_every, count))) for j in range(0, count, split_every)]
-    leading_runs = getattr(plan, "folds_left", False) and split_every < LEFT_FOLD_GROUPS
     out = list(parts)
-    for run in first_level_folds([g for g in groups if where[g[0]]], where, leading_runs).get(True, ()):
+    for run in first_level_folds([g for g in groups if where[g[0]]], where,
+                                 leading_runs_fold(plan, split_every)).get(True, ()):
         out[at[run[0]]] = plan.combine(*(parts[at[m]] for m in run))
         for m in run[1:]:
             out[at[m]] = None
