@@ -24,13 +24,16 @@ from .graph import Grouping, even_groups
 
 
 def default_client():
-    """The current ``distributed`` client, or None."""
+    """The current ``distributed`` client, or None; None too for an asynchronous client called from its
+    event loop (``await client.compute(...)``): its calls return coroutines, and a held call or a
+    placement lookup cannot wait for them there, so the task graph runs."""
     try:
         from distributed import default_client as current
 
-        return current()
+        client = current()
     except (ImportError, ValueError):
         return None
+    return None if getattr(client, "asynchronous", False) else client
 
 
 def chunk_keys(x) -> tuple:
@@ -149,6 +152,7 @@ _SETTINGS = {
     "multireduce.tasks-per-thread": ("number above 0", 2),
     "multireduce.fuse-elementwise": ("flag", True),
     "multireduce.scan-keep-chunks": ("flag or auto", "auto"),
+    "multireduce.held-values-in-graphs": ("flag", True),
 }
 # the words YAML 1.1 (dask's config files) reads as booleans, and what dask's environment parsing gives
 _FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}

@@ -3,6 +3,7 @@ non-commutative operator, and one comparison used by the CPU and GPU tests alike
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -248,3 +249,13 @@ def kill_worker(client, address: str) -> None:
     while address in client.scheduler_info()["workers"]:
         assert time.monotonic() < deadline, f"{address} still listed after SIGKILL"
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def task_graphs():
+    """Held results computed by ``client.compute`` / ``dask.compute`` inside run their task graphs (the
+    reference a test compares the held paths with), not the held call those would otherwise make."""
+    import dask
+
+    with dask.config.set({"multireduce.held-values-in-graphs": False}):
+        yield

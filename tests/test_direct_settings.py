@@ -140,11 +140,13 @@ def test_environment_variables():
                                         "DASK_MULTIREDUCE__PLACEMENT_REUSE": "0",
                                         "DASK_MULTIREDUCE__TASKS_PER_THREAD": "3",
                                         "DASK_MULTIREDUCE__FUSE_ELEMENTWISE": "off",
-                                        "DASK_MULTIREDUCE__SCAN_KEEP_CHUNKS": "no"})
+                                        "DASK_MULTIREDUCE__SCAN_KEEP_CHUNKS": "no",
+                                        "DASK_MULTIREDUCE__HELD_VALUES_IN_GRAPHS": "off"})
     assert got == {"multireduce.placement": False, "multireduce.direct-to-workers": False,
                    "multireduce.direct-connect-timeout": 0.75, "multireduce.direct-check-interval": 0.5,
                    "multireduce.placement-reuse": 0.0, "multireduce.tasks-per-thread": 3.0,
-                   "multireduce.fuse-elementwise": False, "multireduce.scan-keep-chunks": False}
+                   "multireduce.fuse-elementwise": False, "multireduce.scan-keep-chunks": False,
+                   "multireduce.held-values-in-graphs": False}
     got = _settings_in_a_fresh_process({"DASK_MULTIREDUCE__PLACEMENT": "0",
                                         "DASK_MULTIREDUCE__DIRECT_TO_WORKERS": "None",
                                         "DASK_MULTIREDUCE__DIRECT_CONNECT_TIMEOUT": "",

@@ -18,7 +18,7 @@ distributed = pytest.importorskip("distributed")
 import multireduce as mr  # noqa: E402
 from multireduce import direct, placement  # noqa: E402
 
-from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold, sequential_scan, task_count  # noqa: E402
+from .helpers import matmul_operator, persist_spread, random_matrices, sequential_fold, sequential_scan, task_count, task_graphs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -172,12 +172,14 @@ def test_whole_reduction_is_partials_and_one_aggregate(client):
     d, _ = _spread(client, x, 1025, [0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 2, 1])
     workers = len(set(placement.holders(d, client).values()))
     lazy = mr.sum(d)
-    total, stream = _task_stream(client, lambda: client.compute(lazy).result())  # the graph
+    with task_graphs():
+        total, stream = _task_stream(client, lambda: client.compute(lazy).result())  # the graph
     assert sorted(_name(t["key"]) for t in stream) == ["sum-aggregate"] + ["sum-partial"] * workers
     method, stream = _task_stream(client, lazy.compute)  # the result's own .compute(): the direct path
     assert stream == [] and type(method) is type(total)
     assert total.tobytes() == mr.sum(d, compute=True).tobytes() == method.tobytes()
-    both = dask.compute(lazy, mr.max(d, keepdims=True))
+    with task_graphs():
+        both = dask.compute(lazy, mr.max(d, keepdims=True))
     assert both[0].tobytes() == total.tobytes() and both[1].shape == (1,) and both[1][0] == x.max()
     assert lazy.__dask_optimize__ is not da.Array.__dask_optimize__
     assert (lazy + 1).compute() == total + 1  # results of further operations are plain dask arrays
@@ -191,8 +193,9 @@ def test_whole_reduction_is_partials_and_one_aggregate(client):
 
 def test_a_held_whole_reduction_builds_its_graph_only_when_asked(client, monkeypatch):
     """``mr.sum(d)`` of a persisted array lays out no task until its graph is needed: ``.compute()``
-    (the direct path) never needs it; ``client.compute``, ``dask.compute``, arithmetic and ``repr``
-    build it then, with the per-worker grouping, under the same name."""
+    (the direct path) never needs it, nor do ``client.compute``, ``dask.compute`` and ``.persist()``
+    (computed where held, their graph is the value); arithmetic and ``repr`` build it then, with the
+    per-worker grouping, under the same name."""
     x = np.random.default_rng(9).integers(-1000, 1000, size=12 * 1000)
     d, _ = _spread(client, x, 1000, [0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 2, 1])
 
@@ -202,11 +205,13 @@ def test_a_held_whole_reduction_builds_its_graph_only_when_asked(client, monkeyp
     monkeypatch.setattr(direct, "reduction", no_graph)
     lazy = mr.sum(d)
     assert lazy.compute() == x.sum() and lazy._graph is None
-    monkeypatch.undo()
     name = lazy.name
-    assert client.compute(lazy).result() == x.sum() and lazy._graph is not None and lazy.name == name
-    assert name in lazy.__dask_graph__().layers
-    assert task_count(lazy, "sum-partial") == 3  # one per worker: the graph built with placement
+    assert client.compute(lazy).result() == x.sum() and lazy.name == name
+    assert dask.compute(mr.sum(d), mr.max(d)) == (x.sum(), x.max())
+    assert mr.sum(d).persist().compute() == x.sum()
+    monkeypatch.undo()
     other = mr.sum(d)
-    assert dask.compute(other, mr.max(d))[0] == x.sum() and (other + 1).compute() == x.sum() + 1
+    assert (other + 1).compute() == x.sum() + 1 and other._graph is not None
+    assert other.name in other.__dask_graph__().layers
+    assert task_count(other, "sum-partial") == 3  # one per worker: the graph built with placement
     assert "sum-aggregate" in repr(mr.sum(d))

@@ -132,3 +132,21 @@ def test_several_results_read_the_chunks_once(client):
     together = dask.compute(*(fn(x * 2) for fn in fns))
     for got, fn in zip(together, fns):
         assert _same(got, _graph(fn, x * 2))
+
+
+def test_client_compute_of_held_results_hands_the_values_over(client):
+    """``client.compute`` / ``dask.compute`` of held results: one held call for those read together, one task
+    per output block handing its value over (a CuPy array, made on the worker that runs it), the bits of
+    the task graph (tests/test_held_value_graphs.py runs the same on a CPU cluster)."""
+    x = client.persist(_gpu_array((2**22,), (2**18,), seed=13))
+    m = client.persist(_gpu_array((2**10, 2**10), (2**7, 2**9), seed=14))
+    distributed.wait([x, m])
+    fns = (lambda: mr.sum(x), lambda: mr.var(x * 2), lambda: mr.max(x), lambda: mr.mean(m, axis=0))
+    got, tasks = _tasks(client, lambda: dask.compute(*(fn() for fn in fns)))
+    assert tasks <= len(fns) + 2  # the values handed over, and the axis mean's concatenation of its blocks
+    with dask.config.set({"multireduce.held-values-in-graphs": False}):
+        want = dask.compute(*(fn() for fn in fns))
+    for g, w in zip(got, want):
+        assert type(g) is type(w) is cupy.ndarray and _same(g, w)
+    single, tasks = _tasks(client, lambda: client.compute(mr.sum(x)).result())
+    assert tasks == 1 and _same(single, want[0])
