@@ -390,7 +390,7 @@ class Setting:
 
         return local_cluster(n_workers=n_workers, gpu=not self.cpu,
                              **(ALLOCATORS[allocator] if not self.cpu else {}),
-                             **({} if protocol == "tcp" else {"protocol": protocol}))
+                             **({} if protocol == "tcp" else {"protocol": protocol, "ucx_on_all_interfaces": True}))
 
     def free(self, client) -> None:
         """The workers' pooled device memory back to the driver between configurations."""

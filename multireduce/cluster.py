@@ -85,6 +85,20 @@ def _check_exposure(kwargs: dict) -> None:
                          "(TLS); expected a loopback host such as '127.0.0.1', or such a security argument")
 
 
+def _check_ucx_exposure(protocol, allowed) -> None:
+    """Refuse a UCX cluster unless its caller accepted that it listens on every interface, unauthenticated
+    (measured with distributed-ucxx 0.52 and UCX 1.21: the scheduler's and each worker's listener on
+    0.0.0.0 although their addresses said 127.0.0.1; ``UCX_NET_DEVICES=lo`` moves UCX's own TCP transport
+    to loopback but not those listeners)."""
+    if not isinstance(allowed, bool):
+        raise TypeError(f"local_cluster: argument 'ucx_on_all_interfaces' must be True or False, got {allowed!r}")
+    if str(protocol or "").startswith("ucx") and not allowed:
+        raise ValueError("local_cluster(protocol='ucx'): distributed-ucxx listens on every network interface "
+                         "(0.0.0.0), whatever host is given, and UCX has no TLS or authentication, so any machine "
+                         "that reaches this one could run code in the cluster; pass ucx_on_all_interfaces=True "
+                         "where only trusted hosts reach this machine's network, or keep protocol='tcp' (loopback)")
+
+
 def _check_rmm(options: dict, origin: str) -> dict:
     """``options`` (rmm_pool_size, rmm_async, rmm_managed_memory; None: not set) checked, without the
     unset ones. ``origin``: how an error names where they came from."""
@@ -143,7 +157,8 @@ def _with_cupy(libs) -> list:
 
 
 def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_pool_size=None,
-                  rmm_async: bool | None = None, rmm_managed_memory: bool | None = None, **kwargs):
+                  rmm_async: bool | None = None, rmm_managed_memory: bool | None = None,
+                  ucx_on_all_interfaces: bool = False, **kwargs):
     """A LocalCUDACluster with one worker per GPU (``gpu=None``: when GPUs and dask-cuda exist), otherwise
     a CPU LocalCluster. Ports default to 0 and the dashboard to a free loopback port, so several clusters
     never collide. The scheduler, workers and nannies listen on 127.0.0.1 unless ``host`` (or ``interface``)
@@ -165,6 +180,11 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_
     default is ``DEFAULT_RMM_UCX`` instead, an RMM pool: UCX moves arrays GPU to GPU over NVLink or PCIe,
     which RMM's asynchronous allocator prevents (a warning says so where it is asked for).
 
+    UCX listens on every network interface: distributed-ucxx (0.52) opens its listeners on 0.0.0.0
+    whatever ``host`` says, and UCX has neither TLS nor authentication, so anyone who reaches the machine
+    could run code in the cluster. ``protocol="ucx"`` is therefore refused unless
+    ``ucx_on_all_interfaces=True`` says that only trusted hosts reach this machine's network.
+
     Worker processes import the script that starts the cluster again: start it under
     ``if __name__ == "__main__":`` (README, "Several GPUs, several nodes").
 
@@ -177,6 +197,7 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_
     ...     print(type(cluster).__name__, len(client.scheduler_info()["workers"]), mr.sum(x, compute=True))
     LocalCluster 2 45.0
     """
+    _check_ucx_exposure(kwargs.get("protocol"), ucx_on_all_interfaces)
     rmm = _check_rmm({"rmm_pool_size": rmm_pool_size, "rmm_async": rmm_async,
                       "rmm_managed_memory": rmm_managed_memory}, "local_cluster")
     rmm_given = [*rmm, *(k for k in kwargs if k.startswith("rmm_"))]  # DEFAULT_RMM then stays out

@@ -120,22 +120,22 @@ def test_ucx_workers_get_an_rmm_pool_and_a_warning_for_the_async_allocator(fake_
 
     calls, absent = fake_gpus
     assert cluster.DEFAULT_RMM_UCX == {"rmm_pool_size": 0.5}
-    cluster.local_cluster(protocol="ucx")
+    cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces=True)
     assert calls[-1]["protocol"] == "ucx" and calls[-1]["rmm_pool_size"] == 0.5
     assert "rmm_async" not in calls[-1] and calls[-1]["rmm_allocator_external_lib_list"] == ["cupy"]
     assert calls[-1]["host"] == "127.0.0.1"
     with pytest.warns(RuntimeWarning, match="rmm_pool_size=... or rmm_async=False"):
-        cluster.local_cluster(protocol="ucx", rmm_async=True)
+        cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces=True, rmm_async=True)
     assert calls[-1]["rmm_async"] is True
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cluster.local_cluster(protocol="ucx", rmm_async=False)
-        cluster.local_cluster(protocol="ucx", rmm_pool_size="8GiB")
+        cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces=True, rmm_async=False)
+        cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces=True, rmm_pool_size="8GiB")
         cluster.local_cluster(rmm_async=True)  # TCP: the asynchronous allocator is the default, no warning
     assert not [k for k, v in calls[-3].items() if k.startswith("rmm_") and v]
     assert calls[-2]["rmm_pool_size"] == "8GiB"
     absent("rmm")
-    cluster.local_cluster(protocol="ucx")  # without rmm: CuPy's own pool
+    cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces=True)  # without rmm: CuPy's own pool
     assert not [k for k in calls[-1] if k.startswith("rmm_")]
 
 
@@ -234,3 +234,19 @@ def test_install_hint_follows_cupys_cuda(monkeypatch):
     assert cluster._rmm_install_hint() == "pip install rmm-cu12"
     monkeypatch.setitem(sys.modules, "cupy", None)  # no CuPy: both lines
     assert "rmm-cu13" in cluster._rmm_install_hint() and "rmm-cu12" in cluster._rmm_install_hint()
+
+
+def test_a_ucx_cluster_is_refused_unless_its_exposure_is_accepted(fake_gpus):
+    """distributed-ucxx's listeners bind every interface whatever host is given, with no authentication:
+    refused before anything starts unless the caller says only trusted hosts reach the machine."""
+    calls, _ = fake_gpus
+    before = len(calls)
+    for protocol in ("ucx", "ucx://", "ucxx"):
+        with pytest.raises(ValueError, match="ucx_on_all_interfaces=True"):
+            cluster.local_cluster(protocol=protocol)
+    with pytest.raises(TypeError, match="ucx_on_all_interfaces"):
+        cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces="yes")
+    assert len(calls) == before  # nothing started
+    cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces=True)
+    assert calls[-1]["protocol"] == "ucx" and "ucx_on_all_interfaces" not in calls[-1]
+    cluster.local_cluster(protocol="tcp")  # loopback TCP needs nothing
