@@ -133,3 +133,21 @@ def test_an_asynchronous_client_runs_the_task_graph(cpu_client, spread):
     with task_graphs():
         want = cpu_client.compute(mr.sum(da.from_array(x, chunks=1001))).result()
     assert _bits(asyncio.run(run())) == _bits(want)
+
+
+def _boom(block):
+    raise ZeroDivisionError("a chunk that cannot be made")
+
+
+def test_a_lazy_whole_reduction_aggregates_on_the_client(cpu_client):
+    """``.compute()`` of a whole reduction of lazily made chunks: the first-stage tasks run on the cluster and
+    the aggregate on the client (no aggregate task), with the bits and type of the graph's aggregate task."""
+    lz = da.random.default_rng(44).standard_normal(97 * 1013, chunks=1013).astype(np.float32)
+    for fn in (mr.sum, mr.var, mr.max, lambda v: mr.sum(v, exact=True), lambda v: mr.mean(v, keepdims=True)):
+        got, ran = _stream(cpu_client, lambda: fn(lz).compute())
+        assert ran and not any("aggregate" in n for n in ran), ran
+        (want,) = dask.compute(fn(lz))  # the graph, its aggregate a task
+        assert type(got) is type(want) and np.shape(got) == np.shape(want) and _bits(got) == _bits(want)
+    with pytest.raises(ZeroDivisionError, match="cannot be made"):
+        mr.sum(lz.map_blocks(_boom, dtype=lz.dtype)).compute()
+    assert _bits(mr.sum(lz).compute(scheduler="sync")) == _bits(mr.sum(lz).compute())  # arguments: as asked
