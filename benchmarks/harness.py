@@ -643,11 +643,25 @@ def _memory_now():
     cupy = sys.modules.get("cupy")
     if cupy is not None and cupy.cuda.runtime.getDeviceCount() > 0:
         pool, device = cupy.get_default_memory_pool(), device_memory_reader(cupy)
+        if _rmm_allocates(cupy):
+            # CuPy's pool holds nothing and the driver sees RMM's reservation, not its use: RMM's counters
+            # (``start_sampling`` pushes fresh ones) give the bytes allocated at the peak
+            import rmm.statistics
+
+            return lambda: {"rmm_peak": getattr(rmm.statistics.get_statistics(), "peak_bytes", 0),
+                            "device_used": device()[0]}
         return lambda: {"pool_used": pool.used_bytes(), "pool_total": pool.total_bytes(), "device_used": device()[0]}
     import psutil
 
     proc = psutil.Process()
     return lambda: {"rss": proc.memory_info().rss}
+
+
+def _rmm_allocates(cupy) -> bool:
+    """Whether CuPy allocates through RMM in this process (dask-cuda's ``rmm_allocator_external_lib_list``)."""
+    allocator = cupy.cuda.get_allocator()
+    return getattr(allocator, "__module__", "").startswith("rmm") or \
+        getattr(allocator, "__name__", "") == "rmm_cupy_allocator"
 
 
 def start_sampling(interval_s: float = 0.005, dask_worker=None) -> dict:
@@ -658,6 +672,11 @@ def start_sampling(interval_s: float = 0.005, dask_worker=None) -> dict:
     if cupy is not None and cupy.cuda.runtime.getDeviceCount() > 0:
         cupy.cuda.Device().synchronize()
         cupy.get_default_memory_pool().free_all_blocks()
+        if _rmm_allocates(cupy):
+            import rmm.statistics
+
+            rmm.statistics.enable_statistics()  # once per worker: an adaptor over its resource
+            rmm.statistics.push_statistics()  # counters from zero for this run
     read = _memory_now()
     base = read()
     peak = dict(base)
@@ -681,4 +700,8 @@ def stop_sampling(dask_worker=None) -> dict:
     thread.join()
     for k, v in read().items():
         peak[k] = max(peak[k], v)
+    if "rmm_peak" in base:
+        import rmm.statistics
+
+        rmm.statistics.pop_statistics()
     return {"baseline": base, "peak": peak}

@@ -43,8 +43,9 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
   that worker's share of the chunks in a loop, the best any graph could do.
 - graph: ``client.compute(mr.sum(x)).result()`` and ``dask.compute(mr.sum(x), mr.max(x))`` vs dask.array's.
 - memory: peak memory per worker during ``mr.sum(lz).compute()`` and ``da.sum(lz).compute()``: CuPy's pool
-  (used, sampled every 5 ms; total, the pool's high-water mark) and the driver's bytes (NVML), above the
-  worker's baseline (RSS on CPU workers).
+  (used, sampled every 5 ms; total, the pool's high-water mark), or RMM's peak of allocated bytes where CuPy
+  allocates through RMM (counters pushed for the run), and the driver's bytes (NVML), above the worker's
+  baseline (RSS on CPU workers); the ratio compares the allocator's peak where there is one.
 
 ``--scaling`` is a preset: worker counts 1, 2, 4, 8... up to every GPU (and every GPU itself), 8 / 24 /
 32 GiB per GPU, chunks of 2^26, Dask's placement and balanced, the held sum, ``compute=True``, the held
@@ -830,14 +831,17 @@ def full_table(rows: list[dict]) -> str:
 
 def memory_table(rows: list[dict]) -> str:
     mem = [r for r in rows if r["path"] == "memory"]
-    metrics = ("peak_pool_used", "peak_pool_total", "peak_device_used", "peak_rss")
+    metrics = ("peak_pool_used", "peak_pool_total", "peak_rmm_peak", "peak_device_used", "peak_rss")
+
+    def compared(r):  # allocated bytes where an allocator counts them, else the driver's, else RSS
+        return next(k for k in ("peak_rmm_peak", "peak_pool_total", "peak_device_used", "peak_rss") if k in r)
+
     return h.md_table(
-        ("workers", "GiB/worker", "chunk", "impl", "ms", "pool used MiB", "pool high-water MiB", "device (NVML) MiB",
-         "RSS MiB", "dask's peak / ours (device or RSS)", "ok"),
-        ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], r["impl"], _f(r["ms"], ".2f"),
+        ("workers", "GiB/worker", "chunk", "allocator", "impl", "ms", "pool used MiB", "pool high-water MiB",
+         "RMM peak MiB", "device (NVML) MiB", "RSS MiB", "dask's peak / ours", "ok"),
+        ((r["gpus"], f"{r['gib_per_gpu']:.4g}", r["chunk"], r.get("allocator", "cupy"), r["impl"], _f(r["ms"], ".2f"),
           *(_f(r[k] / 2**20, ".0f") if k in r else "-" for k in metrics),
-          _f(x_dask(rows, r, "peak_device_used" if "peak_device_used" in r else "peak_rss"), ".2f")
-          if r["impl"] != r["peer"] else "", r["ok"]) for r in mem))
+          _f(x_dask(rows, r, compared(r)), ".2f") if r["impl"] != r["peer"] else "", r["ok"]) for r in mem))
 
 
 def short_table(rows: list[dict]) -> str:
