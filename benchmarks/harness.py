@@ -660,8 +660,8 @@ def _memory_now():
 def _rmm_allocates(cupy) -> bool:
     """Whether CuPy allocates through RMM in this process (dask-cuda's ``rmm_allocator_external_lib_list``)."""
     allocator = cupy.cuda.get_allocator()
-    return getattr(allocator, "__module__", "").startswith("rmm") or \
-        getattr(allocator, "__name__", "") == "rmm_cupy_allocator"
+    return (getattr(allocator, "__module__", None) or "").startswith("rmm") or \
+        getattr(allocator, "__name__", None) == "rmm_cupy_allocator"
 
 
 def start_sampling(interval_s: float = 0.005, dask_worker=None) -> dict:

@@ -834,7 +834,7 @@ def memory_table(rows: list[dict]) -> str:
     metrics = ("peak_pool_used", "peak_pool_total", "peak_rmm_peak", "peak_device_used", "peak_rss")
 
     def compared(r):  # allocated bytes where an allocator counts them, else the driver's, else RSS
-        return next(k for k in ("peak_rmm_peak", "peak_pool_total", "peak_device_used", "peak_rss") if k in r)
+        return next((k for k in ("peak_rmm_peak", "peak_pool_total", "peak_device_used", "peak_rss") if k in r), "ms")
 
     return h.md_table(
         ("workers", "GiB/worker", "chunk", "allocator", "impl", "ms", "pool used MiB", "pool high-water MiB",
