@@ -190,8 +190,12 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
     one value under its first key; the client would combine exactly those values in that order (the
     first level of ``fold_in_order``), so the bits are the same and less crosses the network."""
     extra = extra or {}
-    computed = [None if k in only_where else _call_where_held(b, per_chunk, *extra.get(k, ()))
-                for k, b in zip(keys, blocks)]
+    computed = []
+    blocks = iter(blocks)  # chunks made one by one (a recipe): none kept alive while the next is made
+    for k in keys:
+        block = next(blocks)
+        computed.append(None if k in only_where else _call_where_held(block, per_chunk, *extra.get(k, ())))
+        del block
     if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
         # partials of a reduction over some axes are combined on the GPU, as on every path: only the
         # groups' results come to the host
@@ -298,16 +302,15 @@ async def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, need=None, das
 def _scans_here(plan: ScanPlan, mine, inputs: list, recipe=None) -> dict:
     """``scan_and_keep``'s work: the chunks are ``inputs`` (in ``mine``'s order), or made by ``recipe`` from
     them (its inputs, in its order)."""
-    if recipe is None:
-        blocks = zip((in_key for in_key, _, _ in mine), inputs)
-    else:
-        blocks = zip(recipe.chunks, recipe.make(dict(zip(recipe.inputs, inputs))))
     seeds = {in_key: (out_key, carry) for in_key, out_key, carry in mine}
-    kept = {}
-    for in_key, block in blocks:
+
+    def scanned(block, in_key):
         out_key, carry = seeds[in_key]
-        kept[out_key] = _scan_one(plan, carry, block)
-    return kept
+        return out_key, _scan_one(plan, carry, block)
+
+    if recipe is None:
+        return dict(scanned(block, in_key) for (in_key, _, _), block in zip(mine, inputs))
+    return dict(recipe.apply(dict(zip(recipe.inputs, inputs)), scanned, recipe.chunks))
 
 
 def _scan_one(plan: ScanPlan, carry, block):

@@ -598,11 +598,12 @@ def _recipe_made(plan: ScanPlan, recipe, *inputs):
 
 
 def _totals_of(plan: ScanPlan, recipe, inputs, keep: list | None):
-    totals = []
-    for block in recipe.make(dict(zip(recipe.inputs, inputs))):
-        totals.append(_host(plan.totals(block)))
+    def total(block):
         if keep is not None:
             keep.append(block)
+        return _host(plan.totals(block))
+
+    totals = recipe.apply(dict(zip(recipe.inputs, inputs)), total)
     return totals[0] if len(totals) == 1 else np.concatenate(totals, axis=plan.axis)
 
 
@@ -844,7 +845,7 @@ def _recipe_partials(plan, recipe, *inputs):
     time: a chunk is dropped as soon as its partial is taken, and the partials come to the host together
     at the end (a copy per chunk would wait on the GPU between chunks); partials that ``stays_on_device``
     stay where they are."""
-    return to_host_together([plan.partial(b) for b in recipe.make(dict(zip(recipe.inputs, inputs)))])
+    return to_host_together(recipe.apply(dict(zip(recipe.inputs, inputs)), plan.partial))
 
 
 def to_host_together(values: list) -> list:

@@ -52,6 +52,9 @@ def read_once(x, attribute: str, read):
     return found
 
 
+_DONE = object()
+
+
 class Recipe:
     """The tasks that make ``chunks`` (keys, in chunk order) from ``inputs`` (keys read from outside: held
     chunks or shared constants). ``make(values)`` yields each chunk's value in order."""
@@ -100,6 +103,22 @@ class Recipe:
             if not remaining[chunk]:
                 del cache[chunk]
             yield value
+            del value  # not alive while the next chunk is made
+
+    def apply(self, values: Mapping, fn, *per_chunk: Sequence) -> list:
+        """``[fn(chunk, *extras) for each chunk]`` in chunk order (``per_chunk``: sequences of one extra
+        argument per chunk), with no chunk alive while the next one is made. A loop over ``make`` keeps
+        its variable bound through the next chunk's making: three chunks at once on each GPU where
+        dask.array holds two (a chunk made by a step that allocates a temporary; 4 x H200, 2026-11-27)."""
+        made = self.make(values)
+        out = []
+        for extras in zip(*per_chunk) if per_chunk else iter(tuple, None):
+            block = next(made, _DONE)
+            if block is _DONE:
+                break
+            out.append(fn(block, *extras))
+            del block
+        return out
 
 
 class ChunkSources:

@@ -1077,8 +1077,8 @@ def _segment_pieces_of_recipe(recipe, local_offsets, op, acc, *inputs):
     group's order; the values come to the host together (``graph.to_host_together``)."""
     from .graph import to_host_together
 
-    blocks = recipe.make(dict(zip(recipe.inputs, inputs)))
-    values = [_segment_reductions(b, o, op, acc) for b, o in zip(blocks, local_offsets)]
+    values = recipe.apply(dict(zip(recipe.inputs, inputs)), lambda b, o: _segment_reductions(b, o, op, acc),
+                          local_offsets)
     return [_head_and_rest(v) for v in to_host_together(values)]
 
 
@@ -1120,8 +1120,8 @@ def _scan_tails_of_recipe(recipe, local_heads, op, acc, *inputs):
     order; the values come to the host together."""
     from .graph import to_host_together
 
-    blocks = recipe.make(dict(zip(recipe.inputs, inputs)))
-    values = to_host_together([_tail_value(b, h, op, acc) for b, h in zip(blocks, local_heads)])
+    values = to_host_together(recipe.apply(dict(zip(recipe.inputs, inputs)),
+                                           lambda b, h: _tail_value(b, h, op, acc), local_heads))
     return [(_host(v)[0], bool(len(h))) for v, h in zip(values, local_heads)]
 
 

@@ -227,3 +227,40 @@ def test_several_whole_results_computed_together_read_each_chunk_once(cpu_client
     other = da.from_array(a[::-1].copy(), chunks=997)
     s, o, m = dask.compute(mr.sum(x), mr.sum(other), mr.max(x))
     assert (s, o, m) == (alone[0], _graph_bits(mr.sum, other), alone[1])
+
+
+
+
+class _Tracked(np.ndarray):
+    pass
+
+
+_made_refs: list = []
+_alive_when_made: list = []
+
+
+def _tracked_chunk(block):
+    """A chunk made with a temporary, as ``random(...) - 0.5`` is; notes how many made chunks are alive when
+    the next one is made."""
+    import gc
+
+    gc.collect()
+    _alive_when_made.append(sum(r() is not None for r in _made_refs))
+    out = (block * 2.0 + 1.0).view(_Tracked)
+    _made_refs.append(weakref.ref(out))
+    return out
+
+
+def test_a_recipe_keeps_no_chunk_alive_while_it_makes_the_next():
+    """``Recipe.apply`` hands each chunk to the function and drops it before the next one is made: a loop
+    over ``make`` would keep the previous chunk through the next one's making (three chunks at once on a
+    GPU where dask.array holds two)."""
+    x = da.from_array(np.arange(40.0), chunks=5).map_blocks(_tracked_chunk, dtype=float, meta=np.empty(0))
+    sources = ChunkSources(x)
+    (recipe,), _ = sources.recipes([sources.keys])
+    _made_refs.clear()
+    _alive_when_made.clear()
+    got = recipe.apply({}, lambda block, position: float(block.sum()), range(len(sources.keys)))
+    assert got == [float((np.arange(5.0) + 5 * i).sum() * 2 + 5) for i in range(8)]
+    assert _alive_when_made == [0] * 8  # the previous chunk was dropped before each was made
+    assert recipe.apply({}, lambda b, p: p, range(3)) == [0, 1, 2]  # fewer extras than chunks: stops there
