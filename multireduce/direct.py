@@ -196,6 +196,8 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
         block = next(blocks)
         computed.append(None if k in only_where else _call_where_held(block, per_chunk, *extra.get(k, ())))
         del block
+    if computed and all(type(v) is tuple for v in computed):  # several plans' partials (a FusedPlan)
+        computed = _on_host_by_plan(keys, computed)
     if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
         # partials of a reduction over some axes are combined on the GPU, as on every path: only the
         # groups' results come to the host
@@ -206,6 +208,16 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
         return _Packed(columns if columns is not None else dict(zip(keys, to_host_together(computed))))
     return _Packed(_folded(columns.expand() if columns is not None else dict(zip(keys, to_host_together(computed))),
                            folds))
+
+
+def _on_host_by_plan(keys: list, computed: list) -> list:
+    """Per-chunk tuples of several plans' partials with every plan's partials brought to the host together
+    (``_PartialColumns`` where they have its form, else ``to_host_together``), as one plan's would be."""
+    by_plan = []
+    for column in zip(*computed):
+        packed = _PartialColumns.of(keys, list(column))
+        by_plan.append(list(packed.expand().values()) if packed is not None else to_host_together(list(column)))
+    return [tuple(values) for values in zip(*by_plan)] if by_plan else computed
 
 
 def _folded(values: dict, folds) -> dict:
@@ -757,7 +769,7 @@ def reduce_persisted(x, plan, split_every: int = 16, located=None):
         return None
     keys = placement.chunk_keys(x)
     if located is None:
-        found = held_values(x, keys, plan.partial)
+        found = held_values(x, keys, getattr(plan, "partial_where_held", plan.partial))
     else:
         found = held_values(x, keys, functools.partial(_partial_of_located, plan, located), extra=chunk_offsets(x))
     if found is None:
@@ -1366,7 +1378,8 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
     lanes = [(kept, [(x.name, *i) for i in index]) for kept, index in _lanes(x, plan.axes)]
     # the first level of each lane's tree: a group of chunks one worker makes is combined there
     groups = [g for _, keys in lanes for g in first_level(split_every, keys)]
-    per_chunk = plan.partial if located is None else functools.partial(_partial_of_located, plan, located)
+    per_chunk = getattr(plan, "partial_where_held", plan.partial) if located is None else \
+        functools.partial(_partial_of_located, plan, located)
     # each chunk's partial, and all of them stacked for one copy to the host (``_PartialColumns``)
     need = None if whole else _on_gpus(x, "the held reduction's partials",
                                        2 * max(np.dtype(plan.out_dtype).itemsize, 4), plan.axes)

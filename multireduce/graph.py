@@ -219,6 +219,11 @@ class FusedPlan:
     def partial(self, *blocks):
         return tuple(_host_partial(p, *blocks) for p in self.plans)
 
+    def partial_where_held(self, *blocks):
+        """Each plan's partial as the plan makes it (on the chunk's device): the held paths bring every
+        chunk's partials to the host together (``direct.values_here``), not one copy per chunk and plan."""
+        return tuple(p.partial(*blocks) for p in self.plans)
+
     def combine(self, *partials):
         return tuple(p.combine(*(q[i] for q in partials)) for i, p in enumerate(self.plans))
 
