@@ -85,14 +85,24 @@ def _check_exposure(kwargs: dict) -> None:
                          "(TLS); expected a loopback host such as '127.0.0.1', or such a security argument")
 
 
-def _check_ucx_exposure(protocol, allowed) -> None:
+def _uses_ucx(kwargs: dict) -> bool:
+    """Whether the cluster would speak UCX: ``protocol``, a ``host`` with a ``ucx://`` scheme (distributed
+    takes the protocol from it), or either in ``scheduler_kwargs`` / ``worker_kwargs``."""
+    def ucx(value) -> bool:
+        return isinstance(value, str) and value.strip().lower().startswith("ucx")
+
+    places = [kwargs] + [kwargs.get(k) or {} for k in ("scheduler_kwargs", "worker_kwargs")]
+    return any(ucx(p.get("protocol")) or ucx(p.get("host")) for p in places if isinstance(p, dict))
+
+
+def _check_ucx_exposure(uses_ucx: bool, allowed) -> None:
     """Refuse a UCX cluster unless its caller accepted that it listens on every interface, unauthenticated
     (measured with distributed-ucxx 0.52 and UCX 1.21: the scheduler's and each worker's listener on
     0.0.0.0 although their addresses said 127.0.0.1; ``UCX_NET_DEVICES=lo`` moves UCX's own TCP transport
     to loopback but not those listeners)."""
     if not isinstance(allowed, bool):
         raise TypeError(f"local_cluster: argument 'ucx_on_all_interfaces' must be True or False, got {allowed!r}")
-    if str(protocol or "").startswith("ucx") and not allowed:
+    if uses_ucx and not allowed:
         raise ValueError("local_cluster(protocol='ucx'): distributed-ucxx listens on every network interface "
                          "(0.0.0.0), whatever host is given, and UCX has no TLS or authentication, so any machine "
                          "that reaches this one could run code in the cluster; pass ucx_on_all_interfaces=True "
@@ -197,7 +207,7 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_
     ...     print(type(cluster).__name__, len(client.scheduler_info()["workers"]), mr.sum(x, compute=True))
     LocalCluster 2 45.0
     """
-    _check_ucx_exposure(kwargs.get("protocol"), ucx_on_all_interfaces)
+    _check_ucx_exposure(_uses_ucx(kwargs), ucx_on_all_interfaces)
     rmm = _check_rmm({"rmm_pool_size": rmm_pool_size, "rmm_async": rmm_async,
                       "rmm_managed_memory": rmm_managed_memory}, "local_cluster")
     rmm_given = [*rmm, *(k for k in kwargs if k.startswith("rmm_"))]  # DEFAULT_RMM then stays out
@@ -220,7 +230,7 @@ def local_cluster(n_workers: int | None = None, gpu: bool | None = None, *, rmm_
             raise RuntimeError("local_cluster(gpu=True): no CUDA GPU is visible to this process")
         if not have_dask_cuda:
             raise RuntimeError("local_cluster(gpu=True) needs dask-cuda: pip install 'multireduce[cluster]'")
-        ucx = str(kwargs.get("protocol") or "").startswith("ucx")
+        ucx = _uses_ucx(kwargs)
         default_name = "DEFAULT_RMM_UCX" if ucx else "DEFAULT_RMM"
         default = DEFAULT_RMM_UCX if ucx else DEFAULT_RMM
         if not rmm_given and default and importlib.util.find_spec("rmm") is not None:

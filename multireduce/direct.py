@@ -108,7 +108,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from . import placement
 from .backends import on_device_of
 from .core import ScanPlan
-from .graph import (_device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, first_level_folds,
+from .graph import (PerPlan, _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, first_level_folds,
                     fold_in_order, leading_runs_fold, reduction, scan, stage_token, stays_on_device, to_host_together)
 
 
@@ -193,10 +193,12 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
     computed = []
     blocks = iter(blocks)  # chunks made one by one (a recipe): none kept alive while the next is made
     for k in keys:
-        block = next(blocks)
+        block = next(blocks, None)
+        if block is None:  # fewer chunks than keys (never, for the callers here): as zip would
+            break
         computed.append(None if k in only_where else _call_where_held(block, per_chunk, *extra.get(k, ())))
         del block
-    if computed and all(type(v) is tuple for v in computed):  # several plans' partials (a FusedPlan)
+    if computed and all(type(v) is PerPlan for v in computed):  # several plans' partials (a FusedPlan)
         computed = _on_host_by_plan(keys, computed)
     if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
         # partials of a reduction over some axes are combined on the GPU, as on every path: only the
@@ -1024,22 +1026,33 @@ class _GraphOnDemand:
     never carry different tasks (Dask warns of that, and it happened when a worker died between two
     builds). First in the bases: the property shadows Dask's slot.
 
-    Asked for by ``client.compute``, ``dask.compute``, ``dask.persist`` and the like (``_asked_to_compute``),
-    a result that has a direct path (``_value_graph``) is computed by it there and then, and its graph is
-    its value: one task per output block that hands the value over (``_handed_over``)."""
+    Read by ``dask.compute`` / ``dask.persist`` / ``client.compute`` / ``client.persist`` to run it
+    (``_asked_to_compute``), a result that has a direct path (``_value_graph``) is computed by it there and
+    then, and its graph is its value under a name of its own (the task graph's name with ``-value``): one
+    task per output block handing the value over (``_handed_over``). The value is kept for the next such
+    read; any other read gets the task graph under the result's own name (``_name`` follows which graph
+    was read last, as Dask reads the graph before the keys). A held call that fails or declines is not
+    tried again for this result: the task graph runs and reports what it reports."""
 
     __slots__ = ()
 
     @property
     def dask(self):
-        if self._graph is None:
-            reader = _dask_reader()
-            if reader is not None and reader.f_code.co_name == "is_dask_collection":
-                return _NOT_BUILT_YET  # only asked whether this is a collection (before it is computed)
+        reader = _dask_reader()
+        if reader is not None and reader.f_code.co_name == "is_dask_collection":
+            return self._graph or _NOT_BUILT_YET  # only asked whether this is a collection
+        if self._handed is None:
             together = _asked_to_compute(self, reader)
-            graph = self._value_graph(together) if together is not None else None
-            self._graph = graph if graph is not None else self._build_graph()
-        return self._graph
+            if together is not None:
+                try:
+                    self._handed = self._value_graph(together) or False
+                except Exception:  # noqa: BLE001 - the task graph runs and reports it, in its future
+                    logger.debug("the held call of %s failed; the task graph runs", self._task_name, exc_info=True)
+                    self._handed = False
+        if self._handed and _asked_to_compute(self, reader, siblings=False) is not None:
+            self._name = self._handed.name
+            return self._handed.graph
+        return self._task_graph()
 
     @dask.setter
     def dask(self, graph):
@@ -1049,10 +1062,22 @@ class _GraphOnDemand:
         return None
 
     def _task_graph(self):
-        """The task graph, never the value (the graph a ``.compute()`` that the direct path declined runs)."""
+        """The task graph, never the value (also what a ``.compute()`` the direct path declined runs)."""
+        self._name = self._task_name
         if self._graph is None:
             self._graph = self._build_graph()
         return self._graph
+
+    def _hand_over(self, value) -> "_Handed":
+        name = f"{self._task_name}-value"
+        return _Handed(name, _handed_over(name, self.chunks, value, type(self._meta).__module__.startswith("cupy")))
+
+
+class _Handed:
+    __slots__ = ("name", "graph")
+
+    def __init__(self, name: str, graph):
+        self.name, self.graph = name, graph
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1063,13 +1088,21 @@ class _GraphOnDemand:
 # a collection's graph on the client (``HLGExpr.from_collection``; ``collections_to_dsk`` before dask
 # 2025) before it ships anything, so a held result computed at that moment costs the held call plus one
 # task that hands the value over: 23 against 38 ms median, 13.5 ms held, on a 4-worker CPU cluster.
-# Only those readers: a graph asked for by arithmetic, ``repr`` or ``ChunkSources`` stays lazy.
-_COMPUTE_READERS = frozenset({"from_collection", "collections_to_dsk", "_extract_graph_and_keys"})
-_READERS = _COMPUTE_READERS | {"is_dask_collection"}
+# Only when that read comes from a call that computes or persists (``_COMPUTING``) with no scheduler
+# of its own named: ``dask.optimize``, ``visualize``, a ``Delayed`` made of the result, arithmetic and
+# ``ChunkSources`` get the task graph.
+_READERS = frozenset({"from_collection", "collections_to_dsk", "_extract_graph_and_keys", "is_dask_collection"})
+_COMPUTING = {("dask.base", "compute"), ("dask.base", "persist"), ("distributed.client", "compute"),
+              ("distributed.client", "persist"), ("distributed.client", "get")}
 _NOT_BUILT_YET = HighLevelGraph({}, {})
 # Above this many bytes, a result over some axes keeps its task graph: a value in the graph travels
 # through the scheduler (pickled in the graph), where a task's result goes worker to client.
 VALUE_GRAPH_BYTES = 8 << 20
+
+
+def _is_dask(frame) -> bool:
+    module = frame.f_globals.get("__name__", "")
+    return module == "dask" or module.startswith("dask.")
 
 
 def _dask_reader():
@@ -1081,30 +1114,40 @@ def _dask_reader():
     for _ in range(4):
         if frame is None:
             return None
-        if frame.f_code.co_name in _READERS and frame.f_globals.get("__name__", "").startswith("dask"):
+        if frame.f_code.co_name in _READERS and _is_dask(frame):
             return frame
         frame = frame.f_back
     return None
 
 
-def _asked_to_compute(result, reader):
-    """Whether ``result``'s graph is being read to compute or persist it now (``reader``, the frame of a
-    ``_COMPUTE_READERS``), with the held paths allowed here: the results read in the same call
-    (``result`` first, then the other collections of that call), else None. Dask's own reading of a
-    collection is not an API, so a reader not found costs the speed only: the task graph runs, as it
-    always did."""
-    if reader is None or not placement.setting("multireduce.held-values-in-graphs") \
-            or not _distributed_is_the_scheduler():
+def _asked_to_compute(result, reader, siblings: bool = True):
+    """Whether ``result``'s graph is read (``reader``) by a call that computes or persists it now on the
+    distributed client, with no scheduler of its own named and the held paths allowed here: the results
+    read by that call (``result`` first, then the other collections of the call; only ``result`` where
+    ``siblings`` is False), else None. Dask's own reading of a collection is not an API, so a reader not
+    recognised costs the speed only: the task graph runs, as it always did."""
+    if reader is None or reader.f_code.co_name == "is_dask_collection" \
+            or not placement.setting("multireduce.held-values-in-graphs") or not _distributed_is_the_scheduler():
         return None
     if placement.default_client() is None:  # gone, or asynchronous (a coroutine's caller cannot wait here)
         return None
-    together, frame = [result], reader
-    while frame is not None and frame.f_code.co_name in _COMPUTE_READERS | {"collections_to_expr"}:
-        collections = frame.f_locals.get("collections")
-        if isinstance(collections, (list, tuple)):
-            together += [c for c in collections if c is not result]
-            break
+    together, collections, frame = [result], None, reader
+    for _ in range(8):
         frame = frame.f_back
+        if frame is None:
+            return None
+        where = (frame.f_globals.get("__name__", ""), frame.f_code.co_name)
+        if collections is None and where[1] in ("collections_to_expr", "collections_to_dsk"):
+            collections = frame.f_locals.get("collections")
+        if where in _COMPUTING:
+            if where[0] == "dask.base" and (frame.f_locals.get("scheduler") is not None
+                                             or frame.f_locals.get("get") is not None):
+                return None  # a scheduler named for this call: the graph, as asked
+            break
+    else:
+        return None
+    if siblings and isinstance(collections, (list, tuple)):
+        together += [c for c in collections if c is not result]
     return together
 
 
@@ -1127,6 +1170,8 @@ def _graph_on_demand(cls, name: str, chunks, meta, direct: tuple):
     out = cls(HighLevelGraph({name: MaterializedLayer({})}, {name: set()}), name, chunks, meta=meta)
     out._direct = direct
     out._graph = None  # built on first use
+    out._handed = None  # the value graph: None not tried, False declined or failed (``_GraphOnDemand``)
+    out._task_name = name
     return out
 
 
@@ -1138,7 +1183,7 @@ class WholeOfHeld(_GraphOnDemand, _OneBlockOfHeld):
     ``.persist`` make the same held call when they read the graph, and hand the value over in one task
     (``_GraphOnDemand``); anything else that reads the graph gets the task graph, built on demand."""
 
-    __slots__ = ("_direct", "_graph")
+    __slots__ = ("_direct", "_graph", "_handed", "_task_name")
 
     def _build_graph(self):
         x, plan, split_every, token, build, _, groups, _ = self._direct
@@ -1157,28 +1202,27 @@ class WholeOfHeld(_GraphOnDemand, _OneBlockOfHeld):
 
     def _value_graph(self, together: list):
         """Every whole reduction of ``together`` over the same held chunks as this one (same fan-in and
-        grouping, no ``build``/``located``) computed by one held call that reads each chunk once (a
-        ``FusedPlan``, the same bits as each alone); each of them keeps its value graph, and this one's is
-        returned. None where the held call declines: the task graph then."""
+        grouping, no ``build``/``located``) not computed yet, computed by one held call that reads each
+        chunk once (a ``FusedPlan``, the same bits as each alone); each of them keeps its value graph, and
+        this one's is returned. None where the held call declines: the task graph then."""
         x, plan, split_every, _, build, located, groups, sources = self._direct
-        on_device = type(self._meta).__module__.startswith("cupy")
         if build is not None or located is not None:
             value = reduce_held(x, plan, split_every, located, sources)
-            return None if value is None else _handed_over(self.name, self.chunks, value, on_device)
-        fused = [self] + [r for r in together[1:] if type(r) is WholeOfHeld and r._graph is None
+            return None if value is None else self._hand_over(value)
+        fused = [self] + [r for r in together[1:] if type(r) is WholeOfHeld and r._handed is None
                           and _same_reading(r._direct, self._direct)]
         fused = list({id(r): r for r in fused}.values())
         if len(fused) == 1:
             value = reduce_held(x, plan, split_every, sources=sources)
-            return None if value is None else _handed_over(self.name, self.chunks, value, on_device)
+            return None if value is None else self._hand_over(value)
         from .graph import FusedPlan
 
         values = reduce_held(x, FusedPlan([r._direct[1] for r in fused]), split_every, sources=sources)
         if values is None:
             return None
         for r, value in zip(fused[1:], values[1:]):
-            r._graph = _handed_over(r.name, r.chunks, value, on_device)
-        return _handed_over(self.name, self.chunks, values[0], on_device)
+            r._handed = r._hand_over(value)
+        return self._hand_over(values[0])
 
 
 def _same_reading(a: tuple, b: tuple) -> bool:
@@ -1196,7 +1240,7 @@ class ScanOfHeld(_GraphOnDemand, _OfHeld):
     calls, no task) and the graph when that path cannot. ``client.persist``, ``dask.persist`` and
     ``.compute`` run the graph, built on demand."""
 
-    __slots__ = ("_direct", "_graph")
+    __slots__ = ("_direct", "_graph", "_handed", "_task_name")
 
     def _build_graph(self):
         x, plan, split_every, token, groups, _ = self._direct
@@ -1437,7 +1481,7 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
     ``client.compute`` and ``.persist`` make the same call and hand the value over in a task per output
     block, up to ``VALUE_GRAPH_BYTES`` of output; beyond that, and for anything else, the task graph."""
 
-    __slots__ = ("_direct", "_graph")
+    __slots__ = ("_direct", "_graph", "_handed", "_task_name")
 
     def _build_graph(self):
         x, plan, split_every, token, groups, _ = self._direct
@@ -1457,8 +1501,7 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
         if math.prod(self.shape) * np.dtype(self.dtype).itemsize > VALUE_GRAPH_BYTES:
             return None
         value = reduce_held(x, plan, split_every, sources=sources)
-        on_device = type(self._meta).__module__.startswith("cupy")
-        return None if value is None else _handed_over(self.name, self.chunks, value, on_device)
+        return None if value is None else self._hand_over(value)
 
 
 # Above this many bytes of per-chunk partials, a reduction over some axes of held chunks takes the graph:

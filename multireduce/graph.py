@@ -161,7 +161,7 @@ def _pinned(tasks: dict, holder: dict, carriers=()) -> MaterializedLayer:
     where it is pinned, for the tasks after it in ``tasks``' order. Data locality alone moved whole
     chunks: the scheduler weighs a chunk's transfer against its estimate of the holder's queue (0.5 s for
     a task it has not timed yet), and sent scan tasks away from their chunk (tests/test_scan_placement.py). The
-    annotations reach the scheduler because results over held chunks skip Dask's fusion (``_OfHeld``),
+    annotations reach the scheduler because pinned layers skip Dask's fusion (``_optimize_results``),
     which drops them."""
     where = _WorkerOf()
     held = dict(holder) if carriers else holder
@@ -222,7 +222,7 @@ class FusedPlan:
     def partial_where_held(self, *blocks):
         """Each plan's partial as the plan makes it (on the chunk's device): the held paths bring every
         chunk's partials to the host together (``direct.values_here``), not one copy per chunk and plan."""
-        return tuple(p.partial(*blocks) for p in self.plans)
+        return PerPlan(p.partial(*blocks) for p in self.plans)
 
     def combine(self, *partials):
         return tuple(p.combine(*(q[i] for q in partials)) for i, p in enumerate(self.plans))
@@ -274,15 +274,27 @@ def _fuse_whole_reductions(dsk):
     return HighLevelGraph(layers, dependencies), held
 
 
+class PerPlan(tuple):
+    """A chunk's partials of a ``FusedPlan``, one per plan (a statistic's own partial may be a plain tuple)."""
+
+    __slots__ = ()
+
+
 def _pick(values, i: int):
     return values[i]
 
 
-def _optimize_whole(dsk, keys, **kwargs):
-    """Dask's optimisation of whole results (one block), after several reductions of one array were fused
-    (``_fuse_whole_reductions``); over held chunks only the cull (``_OfHeld``)."""
+def _optimize_results(dsk, keys, **kwargs):
+    """The one optimisation of every result type here: several whole reductions of one array fused
+    (``_fuse_whole_reductions``); then only the cull where a layer is pinned to the workers holding its
+    chunks (held chunks: Dask's low-level fusion would drop the layers' annotations, and has nothing to
+    fuse there), else Dask's array optimisation. One function for every type: dask 2026.7-2026.8 group
+    the collections of one ``dask.compute`` by their optimiser and hand the results back in the groups'
+    order, so results of types with different optimisers came back swapped
+    (``dask.compute(mr.sum(lz), mr.mean(lz, axis=0), mr.max(lz))`` gave the mean where the max belonged)."""
     dsk, held = _fuse_whole_reductions(dsk)
-    if held:
+    if held or (isinstance(dsk, HighLevelGraph) and any(
+            (getattr(layer, "annotations", None) or {}).get("workers") for layer in dsk.layers.values())):
         return _cull_only(dsk, keys)
     from dask.array.optimization import optimize
 
@@ -297,7 +309,7 @@ class _OneBlock(da.Array):
     (0-d and 1-d results): ``single_key`` picks the first."""
 
     __slots__ = ()
-    __dask_optimize__ = staticmethod(_optimize_whole)
+    __dask_optimize__ = staticmethod(_optimize_results)
 
     def __dask_postcompute__(self):
         return Delayed.__dask_postcompute__(self)
@@ -360,21 +372,28 @@ def _cull_only(dsk, keys, **kwargs):
     return HighLevelGraph.cull(dsk, set(flatten(keys))) if isinstance(dsk, HighLevelGraph) else dsk
 
 
+class _Result(da.Array):
+    """A result of several blocks over lazily made chunks: Dask's array, with ``_optimize_results``."""
+
+    __slots__ = ()
+    __dask_optimize__ = staticmethod(_optimize_results)
+
+
 class _OfHeld(da.Array):
     """A result over an input whose chunks are all in workers' memory (futures): Dask's array optimisation
     (blockwise and linear fusion, slicing) has nothing to fuse there, so only the cull runs
-    (docs/performance.md, "Several GPUs")."""
+    (``_optimize_results``; docs/performance.md, "Several GPUs")."""
 
     __slots__ = ()
-    __dask_optimize__ = staticmethod(_cull_only)
+    __dask_optimize__ = staticmethod(_optimize_results)
 
 
 class _OneBlockOfHeld(_OneBlock, _OfHeld):
     __slots__ = ()
-    __dask_optimize__ = staticmethod(_optimize_whole)
+    __dask_optimize__ = staticmethod(_optimize_results)
 
 
-_RESULT_TYPES = {(False, False): da.Array, (True, False): _OneBlock, (False, True): _OfHeld,
+_RESULT_TYPES = {(False, False): _Result, (True, False): _OneBlock, (False, True): _OfHeld,
                  (True, True): _OneBlockOfHeld}
 
 

@@ -241,9 +241,11 @@ def test_a_ucx_cluster_is_refused_unless_its_exposure_is_accepted(fake_gpus):
     refused before anything starts unless the caller says only trusted hosts reach the machine."""
     calls, _ = fake_gpus
     before = len(calls)
-    for protocol in ("ucx", "ucx://", "ucxx"):
+    for asked in ({"protocol": "ucx"}, {"protocol": "ucx://"}, {"protocol": "ucxx"}, {"host": "ucx://127.0.0.1"},
+                  {"host": "ucxx://127.0.0.1"}, {"scheduler_kwargs": {"protocol": "ucx"}},
+                  {"worker_kwargs": {"protocol": "UCX"}}):
         with pytest.raises(ValueError, match="ucx_on_all_interfaces=True"):
-            cluster.local_cluster(protocol=protocol)
+            cluster.local_cluster(**asked)
     with pytest.raises(TypeError, match="ucx_on_all_interfaces"):
         cluster.local_cluster(protocol="ucx", ucx_on_all_interfaces="yes")
     assert len(calls) == before  # nothing started
