@@ -141,7 +141,7 @@ def _not_direct_here(kwargs: dict) -> bool:
     """Whether a held result's ``compute``/``persist`` goes to the graph as asked: arguments given, or a
     scheduler other than distributed's (said in ``last_decline``)."""
     _attempting()
-    if kwargs or not _distributed_is_the_scheduler():
+    if kwargs or not placement.distributed_is_the_scheduler():
         _declined("arguments to compute/persist, or a scheduler other than distributed's: the graph, as asked")
         return True
     return False
@@ -1012,12 +1012,6 @@ def _register_with_lineage(client, x, plan: ScanPlan, name: str, work: dict, sou
     return client.persist(lineage, optimize_graph=False)
 
 
-def _distributed_is_the_scheduler() -> bool:
-    """``.compute()`` / ``.persist()`` without arguments would run on the default distributed client."""
-    return dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed") \
-        and placement.default_client() is not None
-
-
 class _GraphOnDemand:
     """A result whose task graph is built when something first asks for it (``.dask``): laying out the
     per-worker tasks is work the direct paths of ``.compute()`` / ``.persist()`` never need (a few ms
@@ -1041,15 +1035,14 @@ class _GraphOnDemand:
         reader = _dask_reader()
         if reader is not None and reader.f_code.co_name == "is_dask_collection":
             return self._graph or _NOT_BUILT_YET  # only asked whether this is a collection
-        if self._handed is None:
-            together = _asked_to_compute(self, reader)
-            if together is not None:
-                try:
-                    self._handed = self._value_graph(together) or False
-                except Exception:  # noqa: BLE001 - the task graph runs and reports it, in its future
-                    logger.debug("the held call of %s failed; the task graph runs", self._task_name, exc_info=True)
-                    self._handed = False
-        if self._handed and _asked_to_compute(self, reader, siblings=False) is not None:
+        together = _asked_to_compute(self, reader, siblings=self._handed is None)
+        if together is not None and self._handed is None:
+            try:
+                self._handed = self._value_graph(together) or False
+            except Exception:  # noqa: BLE001 - the task graph runs and reports it, in its future
+                logger.debug("the held call of %s failed; the task graph runs", self._task_name, exc_info=True)
+                self._handed = False
+        if self._handed and together is not None:
             self._name = self._handed.name
             return self._handed.graph
         return self._task_graph()
@@ -1127,7 +1120,7 @@ def _asked_to_compute(result, reader, siblings: bool = True):
     ``siblings`` is False), else None. Dask's own reading of a collection is not an API, so a reader not
     recognised costs the speed only: the task graph runs, as it always did."""
     if reader is None or reader.f_code.co_name == "is_dask_collection" \
-            or not placement.setting("multireduce.held-values-in-graphs") or not _distributed_is_the_scheduler():
+            or not placement.setting("multireduce.held-values-in-graphs") or not placement.distributed_is_the_scheduler():
         return None
     if placement.default_client() is None:  # gone, or asynchronous (a coroutine's caller cannot wait here)
         return None
@@ -1205,15 +1198,13 @@ class WholeOfHeld(_GraphOnDemand, _OneBlockOfHeld):
         grouping, no ``build``/``located``) not computed yet, computed by one held call that reads each
         chunk once (a ``FusedPlan``, the same bits as each alone); each of them keeps its value graph, and
         this one's is returned. None where the held call declines: the task graph then."""
-        x, plan, split_every, _, build, located, groups, sources = self._direct
-        if build is not None or located is not None:
-            value = reduce_held(x, plan, split_every, located, sources)
-            return None if value is None else self._hand_over(value)
+        x, plan, split_every, _, _, located, _, sources = self._direct
+        # _same_reading admits no result with build or located: such a one is computed alone
         fused = [self] + [r for r in together[1:] if type(r) is WholeOfHeld and r._handed is None
                           and _same_reading(r._direct, self._direct)]
         fused = list({id(r): r for r in fused}.values())
         if len(fused) == 1:
-            value = reduce_held(x, plan, split_every, sources=sources)
+            value = reduce_held(x, plan, split_every, located, sources)
             return None if value is None else self._hand_over(value)
         from .graph import FusedPlan
 

@@ -334,16 +334,13 @@ def _aggregated_here(result):
     """``result``'s value with its aggregate task run here, after the tasks it reads ran on the default
     distributed client's cluster; ``_NOT_HERE`` where another scheduler is configured, no client is
     there (or an asynchronous one), or the output task is not an aggregate of partials."""
-    import dask
+    from dask.core import flatten
 
     from . import placement
 
-    if dask.config.get("scheduler", None) not in (None, "dask.distributed", "distributed"):
+    if not placement.distributed_is_the_scheduler():
         return _NOT_HERE
     client = placement.default_client()
-    if client is None:
-        return _NOT_HERE
-    from dask.core import flatten
 
     graph = result.__dask_graph__()
     (key,) = flatten(result.__dask_keys__())

@@ -36,6 +36,12 @@ def default_client():
     return None if getattr(client, "asynchronous", False) else client
 
 
+def distributed_is_the_scheduler() -> bool:
+    """``.compute()`` / ``.persist()`` without arguments would run on the default distributed client."""
+    return dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed") \
+        and default_client() is not None
+
+
 def chunk_keys(x) -> tuple:
     """``x``'s chunk keys in C order, read once per array (a held call asks several times)."""
     from dask.core import flatten
