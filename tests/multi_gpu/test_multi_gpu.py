@@ -15,6 +15,7 @@ cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
 dask_cuda = pytest.importorskip("dask_cuda", reason="dask-cuda is not installed")
 pytestmark = pytest.mark.multi_gpu
 
+import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 import distributed  # noqa: E402
 
@@ -85,8 +86,10 @@ def test_one_task_per_gpu_and_chunks_stay_put(client):
     assert len(workers) >= 2
     lazy = mr.sum(x)
     assert task_count(lazy, "sum-partial") == len(workers)
-    with distributed.get_task_stream(client) as stream:
-        client.compute(lazy).result()  # the graph (the result's own .compute() runs no task)
+    # the task graph: with held values in graphs, client.compute would make the held call instead
+    with dask.config.set({"multireduce.held-values-in-graphs": False}), \
+            distributed.get_task_stream(client) as stream:
+        client.compute(lazy).result()
     partial_workers = {t["worker"] for t in stream.data if "sum-partial" in str(t["key"])}
     assert partial_workers == workers
     assert len(stream.data) == len(workers) + 1  # the partials and the aggregate: no finalize task
