@@ -81,6 +81,11 @@ struct LookbackState {
 // Warp 0 only. Returns the fold of every element before ``tile`` (carry-in included) in all lanes.
 // A window of 32 predecessors is read at once; only the tiles nearer than the nearest PREFIX in it
 // are waited for (a slower tile further back does not hold this one up).
+// A polling warp sleeps 32 ns after its first miss, doubling up to this cap. Measured (H200, 2^26-2^28):
+// caps of 128-256 ns ran the fixed look-back ~1 % faster than 512 and the free one the same; 1024 and
+// spinning without sleep were slower (docs/profiles.md).
+constexpr unsigned kBackoffCapNs = 128;
+
 template <class Acc, class Op>
 __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row_first_tile, Acc row_carry,
                          Acc identity, Op op) {
@@ -92,7 +97,7 @@ __device__ Acc look_back(const LookbackState<Acc>& st, index_t tile, index_t row
     Acc v = row_carry;
     unsigned status = before_row ? static_cast<unsigned>(kStatusPrefix) : st.poll(j, &v);
     unsigned prefix_lanes;
-    for (unsigned backoff = 32;; backoff = backoff < 512 ? backoff * 2 : backoff) {
+    for (unsigned backoff = 32;; backoff = backoff < kBackoffCapNs ? backoff * 2 : backoff) {
       prefix_lanes = __ballot_sync(kFullMask, status == kStatusPrefix);
       const unsigned needed = prefix_lanes ? ((prefix_lanes & (0u - prefix_lanes)) << 1) - 1u : kFullMask;
       const unsigned missing = __ballot_sync(kFullMask, status == kStatusNone) & needed;
@@ -120,7 +125,7 @@ template <class Acc>
 __device__ __forceinline__ Acc wait_published(const LookbackState<Acc>& st, bool need, index_t j, Acc fallback) {
   Acc v = fallback;
   bool waiting = need && st.poll(j, &v) == kStatusNone;
-  for (unsigned backoff = 32; __any_sync(kFullMask, waiting); backoff = backoff < 512 ? backoff * 2 : backoff) {
+  for (unsigned backoff = 32; __any_sync(kFullMask, waiting); backoff = backoff < kBackoffCapNs ? backoff * 2 : backoff) {
     __nanosleep(backoff);  // spinning warps would otherwise crowd L2
     if (waiting) waiting = st.poll(j, &v) == kStatusNone;
   }
@@ -178,7 +183,7 @@ __device__ Acc look_back_fixed(const LookbackState<Acc>& st, index_t tile, index
     bool wait0 = lane < in_window, wait1 = need_window || need_prefix;
     if (wait0) wait0 = st.poll(window_first + lane, &v0) == kStatusNone;
     if (wait1) wait1 = st.poll(j1, &v1) == kStatusNone;
-    for (unsigned backoff = 32; __any_sync(kFullMask, wait0 || wait1); backoff = backoff < 512 ? backoff * 2 : backoff) {
+    for (unsigned backoff = 32; __any_sync(kFullMask, wait0 || wait1); backoff = backoff < kBackoffCapNs ? backoff * 2 : backoff) {
       __nanosleep(backoff);
       if (wait0) wait0 = st.poll(window_first + lane, &v0) == kStatusNone;
       if (wait1) wait1 = st.poll(j1, &v1) == kStatusNone;

@@ -9,6 +9,7 @@ a GPU."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import types
@@ -48,7 +49,11 @@ def fake_cupy() -> types.SimpleNamespace:
         ascontiguousarray=lambda a: dev(np.ascontiguousarray(a)), moveaxis=lambda *a: dev(np.moveaxis(*a)),
         transpose=lambda *a: dev(np.transpose(*a)), expand_dims=lambda *a: dev(np.expand_dims(*a)),
         cuda=types.SimpleNamespace(Device=lambda *a: contextlib.nullcontext(),
-                                   runtime=types.SimpleNamespace(getDevice=lambda: 0)))
+                                   runtime=types.SimpleNamespace(getDevice=lambda: 0),
+                                   get_current_stream=lambda: _NULL_STREAM))
+
+
+_NULL_STREAM = types.SimpleNamespace(ptr=0)
 
 
 def digits(values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -75,10 +80,13 @@ class Kernels:
                 words[r, K] |= flags
 
     def round_rows(self, grid, block, args):
-        words, rows, precision, emin, skipnan, divisor, out = args
+        words, rows, precision, emin, skipnan, divisor, clear, out = args
+        assert block == cupy_exact._ROUND_ROWS and grid == min(-(-int(rows) // block), 1024)
         totals, nan, pinf, ninf = cupy_exact.fold_words(np.asarray(words[: int(rows)]))
         state = exact.ExactState(totals, nan & (not skipnan), pinf, ninf, int(divisor))
         out[: int(rows)] = exact.finish(state, out.dtype, mean=True)
+        if clear:  # the kernel clears what it read: kept words start the next sum at zero
+            words[: int(rows)] = 0
 
     def scan(self) -> dict:
         def words_kernel(grid, block, args):
@@ -121,6 +129,7 @@ def device(monkeypatch):
     """cupy_exact with NumPy for CuPy and the kernel models; scan tiles of 16 elements, 3 blocks per row."""
     kernels = Kernels(grid=3)
     monkeypatch.setattr(cupy_exact, "cupy", fake_cupy())
+    monkeypatch.setattr(cupy_exact, "_kept", collections.OrderedDict())
     monkeypatch.setattr(cupy_exact, "_kernel", lambda dtype, role="sum": kernels.sum_rows if role == "sum"
                         else kernels.round_rows)
     monkeypatch.setattr(cupy_exact, "_scan_kernels", lambda dtype, out: kernels.scan())
@@ -167,6 +176,30 @@ def test_reductions_in_batches_of_rows_and_launches(device, monkeypatch, dtype):
             state, host = cupy_exact.state_of(dev(x), axis), exact.state_of(x, axis)
             assert [int(t) for t in np.ravel(state.total)] == [int(t) for t in np.ravel(host.total)]
             assert np.array_equal(state.nan, host.nan) and np.array_equal(state.ninf, host.ninf)
+
+
+def test_kept_words_are_cleared_by_the_rounding_and_dropped_after_a_failure(device, monkeypatch):
+    """Sums of a few rows reuse one buffer of words per GPU and stream, which the rounding launch clears:
+    repeated sums stay right, and a sum that fails between its launches leaves no dirty buffer behind."""
+    x = data((3, 50), np.float32, 4)
+    plan = exact.ExactSumPlan((1,), np.dtype(np.float32), False, False, False)
+    want = bits(plan.whole(x))
+    for _ in range(3):
+        assert np.array_equal(bits(cupy_exact.reduce(dev(x), plan)), want)
+    (entry,) = cupy_exact._kept.values()
+    assert not np.asarray(entry.words).any()
+    real = device.sum_rows
+
+    def failing(grid, block, args):
+        real(grid, block, args)  # the words are written, then the call fails before the rounding
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(device, "sum_rows", failing)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        cupy_exact.reduce(dev(x), plan)
+    assert not cupy_exact._kept  # dropped
+    monkeypatch.setattr(device, "sum_rows", real)
+    assert np.array_equal(bits(cupy_exact.reduce(dev(x), plan)), want)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

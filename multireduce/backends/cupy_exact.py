@@ -17,10 +17,13 @@ a Dask array's, each seeded with the exact carry of the chunks before it (``carr
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import os
 import sys
+import threading
+import weakref
 from fractions import Fraction
 
 import numpy as np
@@ -315,6 +318,65 @@ def state_of(block, axes: tuple[int, ...]):
                       ninf.reshape(kept_shape), n)
 
 
+# Words kept between sums, per GPU and stream: the rounding launch clears the words it reads
+# (exact_round_rows' ``clear``), so a sum of at most _KEPT_ROWS rows starts on zeroed words without a
+# clearing launch. A lock per buffer keeps one call's launches together: two threads' sums on one stream
+# must not interleave in the same words. A call that fails between its launches drops its buffer (the
+# words may not be zero). A user stream's buffer is tied to that stream object (a destroyed stream's handle
+# can come back as another stream's).
+_KEPT_ROWS = 64
+_KEPT_BUFFERS = 16
+_ROUND_ROWS = 32  # kernels/exact.cuh kRoundRows: rows per rounding block
+
+
+class _KeptWords:
+    __slots__ = ("stream", "words", "lock")
+
+    def __init__(self, stream, words):
+        self.stream = stream
+        self.words = words
+        self.lock = threading.Lock()
+
+
+_kept: collections.OrderedDict = collections.OrderedDict()
+_kept_guard = threading.Lock()
+
+
+def _kept_words(rows: int):
+    """The zeroed words kept for the current GPU and stream (created on first use), or None for more rows."""
+    if rows > min(_KEPT_ROWS, _WORDS_PER_BATCH // (KWORDS + 1)):  # one batch of rows, kept words
+        return None
+    stream = cupy.cuda.get_current_stream()
+    key = (cupy.cuda.runtime.getDevice(), stream.ptr)
+    builtin = stream.ptr in (0, 1, 2)  # the legacy and per-thread default streams live as long as the process
+    with _kept_guard:
+        entry = _kept.get(key)
+        if entry is not None and not builtin and entry.stream() is not stream:
+            entry = None
+        if entry is None:
+            entry = _KeptWords(weakref.ref(stream) if not builtin else None,
+                               cupy.zeros((_KEPT_ROWS, KWORDS + 1), dtype=np.int64))
+            _kept[key] = entry
+            while len(_kept) > _KEPT_BUFFERS:
+                _kept.popitem(last=False)
+        _kept.move_to_end(key)
+    return key, entry
+
+
+def _drop_kept(key, entry) -> None:
+    with _kept_guard:
+        if _kept.get(key) is entry:
+            del _kept[key]
+
+
+def _round_launch(words, rows: int, out_dtype, skipnan: bool, divisor: int, clear: bool, out) -> None:
+    fi = np.finfo(out_dtype)
+    grid = min(-(-rows // _ROUND_ROWS), 1024)
+    _kernel(out_dtype, "round")(grid, _ROUND_ROWS,
+                                (words, np.int64(rows), np.int32(fi.nmant + 1), np.int32(fi.minexp),
+                                 np.int32(skipnan), np.int64(divisor), np.int32(clear), out))
+
+
 def reduce(x, plan):
     """An exact sum, nansum or mean of one CuPy array, rounded on the device from the words (exact.cuh
     round_words: exact.py's rounding and division by the count, bit for bit), so the call returns without
@@ -323,20 +385,28 @@ def reduce(x, plan):
         kept_shape, rows_n, n = _rows_of(x, plan.axes)
         if rows_n is not None:
             out_dtype = np.dtype(plan.out_dtype)
-            fi = np.finfo(out_dtype)
+            divisor = n if plan.mean else 1
             rows = rows_n.shape[0]
             out = cupy.empty(rows, out_dtype)
-            batches = _row_batches(rows, KWORDS + 1)
-            words = cupy.empty((batches[0][1], KWORDS + 1), dtype=np.int64)  # one buffer, batch after batch
-            for start, stop in batches:
-                held = words[: stop - start]
-                held.fill(0)
-                device_words(rows_n[start:stop], words=held)
-                grid = min(-(-(stop - start) // _POLICY.elementwise_block), 1024)
-                _kernel(out_dtype, "round")(grid, _POLICY.elementwise_block,
-                                            (held, np.int64(stop - start), np.int32(fi.nmant + 1),
-                                             np.int32(fi.minexp), np.int32(plan.skipnan),
-                                             np.int64(n if plan.mean else 1), out[start:stop]))
+            kept = _kept_words(rows)
+            if kept is not None:
+                key, entry = kept
+                with entry.lock:
+                    try:
+                        held = entry.words[:rows]
+                        device_words(rows_n, words=held)
+                        _round_launch(held, rows, out_dtype, plan.skipnan, divisor, True, out)
+                    except BaseException:
+                        _drop_kept(key, entry)
+                        raise
+            else:
+                batches = _row_batches(rows, KWORDS + 1)
+                words = cupy.empty((batches[0][1], KWORDS + 1), dtype=np.int64)  # one buffer, batch after batch
+                for start, stop in batches:
+                    held = words[: stop - start]
+                    held.fill(0)
+                    device_words(rows_n[start:stop], words=held)
+                    _round_launch(held, stop - start, out_dtype, plan.skipnan, divisor, False, out[start:stop])
             out = out.reshape(kept_shape)
             return cupy.expand_dims(out, plan.axes) if plan.keepdims else out
         return cupy.asarray(plan.whole(x))
