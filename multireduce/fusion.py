@@ -82,9 +82,11 @@ _CANDIDATES = [np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.u
                                      np.int64, np.uint64, np.float16, np.float32, np.float64, np.longdouble,
                                      np.complex64, np.complex128, np.clongdouble, "m8[ns]")]
 # float32 only: steps that flush a subnormal operand to zero under NVRTC's -ftz=true, which CuPy's kernels and
-# ours are both compiled with; a value that reaches the result through none of them (``where(c, x, 0)``)
-# would keep its subnormal bits in CuPy's step but not in our load, whose conversion flushes it
-_FLUSHING = {"add", "subtract", "multiply", "divide", "sqrt", *_CUDA_COMPARE}
+# ours are both compiled with (abs and negation too: abs.ftz and neg.ftz; tests/gpu/test_gpu_fusion_hostile.py
+# checks CuPy's steps against this set); a value that reaches the result through none of them
+# (``where(c, x, 0)``, ``+x``) would keep its subnormal bits in CuPy's step but not in our load, whose
+# conversion flushes it
+_FLUSHING = {"add", "subtract", "multiply", "divide", "sqrt", "absolute", "negative", *_CUDA_COMPARE}
 # longer chains are left to CuPy (the reading recurses once per step)
 MAX_STEPS = 64
 

@@ -239,13 +239,13 @@ ORDERED = {
 }
 
 
-_FLUSHING = {"add", "subtract", "multiply", "divide", "sqrt", "greater", "greater_equal", "less", "less_equal",
-             "equal", "not_equal"}
+_FLUSHING = {"add", "subtract", "multiply", "divide", "sqrt", "absolute", "negative", "greater", "greater_equal",
+             "less", "less_equal", "equal", "not_equal"}
 
 
 def _input_reaches_unflushed(tree) -> bool:
     """Whether the input reaches the result through no step that flushes a float32 subnormal under
-    NVRTC's -ftz=true (a ``where`` branch, negation, abs): CuPy's step keeps its bits there, and the fused
+    NVRTC's -ftz=true (a ``where`` branch, ``+x``): CuPy's step keeps its bits there, and the fused
     load, whose conversion flushes it, would not, so such float32 expressions are left to CuPy."""
     if tree[0] == "input":
         return True
