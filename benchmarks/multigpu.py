@@ -599,10 +599,18 @@ def field_cases(client, f, refs: dict) -> list[h.Case]:
         return da.stack([f[np.flatnonzero(month == m)].mean(axis=0) for m in present], axis=-1)
 
     theirs, their_months = "da.mean(f, axis=0).compute()", "per month: da.stack([f[month == m].mean(axis=0)])"
+    theirs64 = "da.mean(f, axis=0, dtype=float64).compute()"
     cases = [h.Case("axes", "mr.mean(f, axis=0).compute()", "mean(f, axis=0)",
                    h.Step(client, "compute", lambda: mr.mean(f, axis=0)), f.nbytes, close(ref64), theirs),
             h.Case("axes", theirs, "mean(f, axis=0)", h.Step(client, "compute", lambda: da.mean(f, axis=0)),
                    f.nbytes, close(ref64), theirs),
+            # float64 sums of float32 values, exact in any order on such data: each worker sums its chunks together
+            h.Case("axes", "mr.mean(f, axis=0, dtype=float64).compute()", "float64 mean(f, axis=0)",
+                   h.Step(client, "compute", lambda: mr.mean(f, axis=0, dtype=np.float64)), f.nbytes, close(ref64),
+                   theirs64),
+            h.Case("axes", theirs64, "float64 mean(f, axis=0)",
+                   h.Step(client, "compute", lambda: da.mean(f, axis=0, dtype=np.float64)), f.nbytes, close(ref64),
+                   theirs64),
             h.Case("axes", "mr.groupby_reduce(f, month, 'mean', axis=0)", "monthly mean",
                    h.Step(client, "compute", lambda: mr.groupby_reduce(f, month, "mean", axis=0)[0]), f.nbytes,
                    close(monthly64), their_months),

@@ -21,7 +21,7 @@ from typing import ClassVar
 import numpy as np
 
 from .backends import backend_for
-from .dtypes import division_dtype
+from .dtypes import NARROW_FLOATS, division_dtype
 from .errors import gpu_memory_guard
 from .operators import Operator
 
@@ -79,6 +79,12 @@ class ReductionPlan:
         run of a group combined first, and the rest combined with it, gives the group's own bits. An
         operator without a ufunc folds NumPy partials pairwise, and does not."""
         return self.op.partials.ufunc is not None
+
+    def sums_narrow_floats_in_float64(self, dtype) -> bool:
+        """Whether this plan's partials of ``dtype`` chunks are float64 sums of float16/float32 values
+        (sum, mean, nansum in float64): exact, so foldable in any order, where ``dtypes.exact_in_any_order``."""
+        return (type(self) is ReductionPlan and self.op.name in ("sum", "nansum") and self.algorithm == "auto"
+                and np.dtype(self.acc_dtype) == np.float64 and np.dtype(dtype) in NARROW_FLOATS)
 
     def finalize(self, partial: Partial):
         value = partial.value

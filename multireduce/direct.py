@@ -108,6 +108,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from . import placement
 from .backends import on_device_of
 from .core import ScanPlan
+from .dtypes import NO_GRID, NO_TOP, exact_in_any_order, merge_bounds
 from .graph import (PerPlan, _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, first_level_folds,
                     fold_in_order, leading_runs_fold, reduction, scan, stage_token, stays_on_device, to_host_together)
 
@@ -1304,24 +1305,67 @@ def held_sources(x):
     return sources if sources.held_only else None
 
 
-async def values_of_recipes(per_chunk, recipes: dict, extra=None, folds=None, need=None, dask_worker=None):
-    """Runs on the workers named in ``recipes`` (worker -> ``recipes.Recipe``): each chunk of this worker's
-    recipe made from the chunks it holds, one at a time, and ``per_chunk(chunk, *extra[key])`` of it on
-    the GPU holding it, brought to the host together (in a thread, as ``values_of_held``). ``_Moved``
-    where a held chunk the recipe reads is no longer here. ``folds``: (combine, {worker: groups of keys})
-    combined here (``values_here``). ``need``: see ``check_room``, done first."""
+async def _on_made_chunks(recipes: dict, need, dask_worker, work):
+    """On a worker named in ``recipes`` (worker -> ``recipes.Recipe``): ``work(keys, chunks)`` in a thread
+    (as ``values_of_held``), the chunks of this worker's recipe made from the chunks it holds one at a time
+    as ``work`` consumes them. None where the recipe names no chunk here, ``_Moved`` where a held chunk it
+    reads is no longer here, ``_Failed`` on an error. ``need``: see ``check_room``, done first."""
     recipe = recipes.get(dask_worker.address)
     if recipe is None:
-        return _Packed({})
+        return None
     if any(k not in dask_worker.data for k in recipe.inputs):
         return _Moved()
     try:
         check_room(need, recipe.chunks, [dask_worker.data[k] for k in recipe.inputs], dask_worker.address)
         made = recipe.make({k: dask_worker.data[k] for k in recipe.inputs})  # runs in the thread, as consumed
-        mine = (folds[0], folds[1].get(dask_worker.address, ())) if folds else None
-        return await asyncio.to_thread(values_here, per_chunk, recipe.chunks, made, frozenset(), extra or {}, mine)
+        return await asyncio.to_thread(work, recipe.chunks, made)
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
+
+
+async def values_of_recipes(per_chunk, recipes: dict, extra=None, folds=None, need=None, dask_worker=None):
+    """Runs on the workers named in ``recipes``: ``per_chunk(chunk, *extra[key])`` of each chunk this worker
+    makes (``_on_made_chunks``), on the GPU holding it, brought to the host together. ``folds``: (combine,
+    {worker: groups of keys}) combined here (``values_here``)."""
+    mine = (folds[0], folds[1].get(dask_worker.address, ())) if folds else None
+    found = await _on_made_chunks(recipes, need, dask_worker, lambda keys, made: values_here(
+        per_chunk, keys, made, frozenset(), extra or {}, mine))
+    return _Packed({}) if found is None else found
+
+
+async def totals_of_recipes(plan, recipes: dict, lane_of: dict, need=None, dask_worker=None):
+    """Runs on the workers named in ``recipes``: each chunk this worker makes reduced by ``plan`` and added to
+    its lane's total (``lane_of``: chunk key -> lane) in the order made, and the chunks' ``sum_bounds``
+    merged. ``_Packed(({lane: Partial}, (top, grid)))``, host values. For plans whose partials may be summed
+    in any order once the bounds allow (``core.ReductionPlan.sums_narrow_floats_in_float64``): the client
+    checks the bounds of every worker's chunks together before it uses the totals."""
+    found = await _on_made_chunks(recipes, need, dask_worker,
+                                  lambda keys, made: _totals_here(plan, keys, made, lane_of))
+    return _Packed(({}, (NO_TOP, NO_GRID))) if found is None else found
+
+
+def _totals_here(plan, keys: list, blocks, lane_of: dict) -> _Packed:
+    from .backends import backend_for
+
+    totals: dict = {}
+    bounds = []
+    blocks = iter(blocks)  # made one by one: none kept alive while the next is made
+    for k in keys:
+        block = next(blocks, None)
+        if block is None:
+            break
+        with on_device_of(block):
+            part = plan.partial(block)
+            bounds.append(backend_for(block).sum_bounds(block))
+            lane = lane_of[k]
+            totals[lane] = part if lane not in totals else plan.combine(totals[lane], part)
+        del block
+    lanes = list(totals)
+    parts = [totals[lane] for lane in lanes]
+    columns = _PartialColumns.of(lanes, parts)
+    host = columns.expand() if columns is not None else dict(zip(lanes, to_host_together(parts)))
+    bounds = [b if type(b) is tuple else tuple(int(v) for v in b.get()) for b in bounds]
+    return _Packed((host, merge_bounds(bounds)))
 
 
 def _recipes_by_worker(sources, client):
@@ -1366,21 +1410,44 @@ def recipe_values(sources, per_chunk, extra=None, fold_groups=None, need=None):
 
 def planned_recipe_values(sources, per_chunk, extra=None, fold_groups=None, need=None):
     """(recipe_values' values, the recipes that made them (``_recipes_by_worker``), {chunk key: worker}),
-    or None. The recipes are planned once more where a chunk they read moved between the placement lookup
-    and the call (a replica the Active Memory Manager dropped)."""
+    or None (see ``_recipe_replies``)."""
+    planned_folds = []
+
+    def arguments(recipes, where):
+        folds = None
+        if fold_groups is not None:
+            combine, groups, leading_runs = fold_groups
+            local = first_level_folds(groups, where, leading_runs)
+            folds = (combine, local) if local else None
+        planned_folds.append(folds)
+        return per_chunk, recipes, extra, folds, need
+
+    found = _recipe_replies(sources, values_of_recipes, arguments)
+    if found is None:
+        return None
+    replies, recipes, where = found
+    folds = planned_folds[-1]
+    values = {k: v for reply in replies.values() for k, v in reply.items()}
+    folded = sum(len(g) - 1 for groups in (folds[1].values() if folds else ()) for g in groups)
+    if len(values) + folded != len(sources.keys):
+        return _declined(f"workers answered for {len(values) + folded} of the {len(sources.keys)} chunks of "
+                         f"{sources.name}")
+    return values, recipes, where
+
+
+def _recipe_replies(sources, fn, arguments):
+    """({worker: reply}, recipes, {chunk key: worker}) of ``fn(*arguments(recipes, where))`` run on every
+    worker making chunks of ``sources`` (``_recipes_by_worker``), or None where the graph must run. The
+    recipes are planned once more where a chunk they read moved between the placement lookup and the call
+    (a replica the Active Memory Manager dropped)."""
     client = placement.default_client()
     for _ in range(2):
         planned = _recipes_by_worker(sources, client)
         if planned is None:
             return _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
         recipes, where = planned
-        folds = None
-        if fold_groups is not None:
-            combine, groups, leading_runs = fold_groups
-            local = first_level_folds(groups, where, leading_runs)
-            folds = (combine, local) if local else None
         try:
-            replies = _run(client, sorted(recipes), values_of_recipes, per_chunk, recipes, extra, folds, need)
+            replies = _run(client, sorted(recipes), fn, *arguments(recipes, where))
         except _Unanswered as error:
             raise _stalled({w: len(recipes[w].chunks) for w in error.workers}, len(sources.keys), sources.name,
                            placement.setting("multireduce.direct-connect-timeout")) from None
@@ -1388,13 +1455,33 @@ def planned_recipe_values(sources, per_chunk, extra=None, fold_groups=None, need
             return _declined(f"a worker holding chunks of {sources.name} left")
         if any(isinstance(r, _Moved) for r in replies.values()):
             continue
-        values = {k: v for reply in replies.values() for k, v in reply.items()}
-        folded = sum(len(g) - 1 for groups in (folds[1].values() if folds else ()) for g in groups)
-        if len(values) + folded != len(sources.keys):
-            return _declined(f"workers answered for {len(values) + folded} of the {len(sources.keys)} chunks of "
-                             f"{sources.name}")
-        return values, recipes, where
+        return replies, recipes, where
     return _declined(f"the chunks that the chunks of {sources.name} are made from moved twice while looked up")
+
+
+def _summed_in_any_order(x, plan, sources, lanes: list, need):
+    """{lane index: the lane's totals, one per worker making its chunks} where the sums are exact in any
+    order (``dtypes.exact_in_any_order`` over the bounds of every chunk), so that combining them gives the
+    bits of the chunk-ordered tree; ``_NOT_EXACT`` where the bounds do not allow it, None where the graph
+    must run. One call: each worker sums its chunks of each lane on its GPU, one total per lane crosses."""
+    lane_of = {k: i for i, (_, keys) in enumerate(lanes) for k in keys}
+    found = _recipe_replies(sources, totals_of_recipes, lambda recipes, where: (plan, recipes, lane_of, need))
+    if found is None:
+        return None
+    totals: dict = {}
+    bounds = []
+    for worker in sorted(found[0]):
+        parts, worker_bounds = found[0][worker]
+        bounds.append(worker_bounds)
+        for lane, part in parts.items():
+            totals.setdefault(lane, []).append(part)
+    count = math.prod(x.shape[a] for a in plan.axes)
+    if len(totals) != len(lanes) or any(sum(p.count for p in parts) != count for parts in totals.values()):
+        return _declined(f"workers' totals of {sources.name} do not cover every chunk")
+    return totals if exact_in_any_order(count, *merge_bounds(bounds)) else _NOT_EXACT
+
+
+_NOT_EXACT = object()
 
 
 def reduce_held(x, plan, split_every: int, located=None, sources=None):
@@ -1411,18 +1498,28 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
         if sources is None:
             return None
     lanes = [(kept, [(x.name, *i) for i in index]) for kept, index in _lanes(x, plan.axes)]
+    on_device = type(x._meta).__module__.startswith("cupy")
+    # each chunk's partial, and all of them stacked for one copy to the host (``_PartialColumns``)
+    need = None if whole else _on_gpus(x, "the held reduction's partials",
+                                       2 * max(np.dtype(plan.out_dtype).itemsize, 4), plan.axes)
+    if not whole and located is None and _sums_in_any_order(x, plan):
+        totals = _summed_in_any_order(x, plan, sources, lanes, need)
+        if totals is None:
+            return None
+        if totals is not _NOT_EXACT:
+            return _laid_out({tuple(keys[0][1:]) if plan.keepdims else tuple(kept): _device(on_device, plan.aggregate(
+                *(_to_device_again(p) if on_device else p for p in totals[i]))) for i, (kept, keys) in enumerate(lanes)})
+        if not _partials_fit(x, plan):
+            return _declined("a sum over some axes not exact in any order whose partials would exceed "
+                             "DIRECT_PARTIAL_BYTES: the graph")
     # the first level of each lane's tree: a group of chunks one worker makes is combined there
     groups = [g for _, keys in lanes for g in first_level(split_every, keys)]
     per_chunk = getattr(plan, "partial_where_held", plan.partial) if located is None else \
         functools.partial(_partial_of_located, plan, located)
-    # each chunk's partial, and all of them stacked for one copy to the host (``_PartialColumns``)
-    need = None if whole else _on_gpus(x, "the held reduction's partials",
-                                       2 * max(np.dtype(plan.out_dtype).itemsize, 4), plan.axes)
     values = recipe_values(sources, per_chunk, chunk_offsets(x) if located is not None else None,
                            fold_groups=(plan.combine, groups, leading_runs_fold(plan, split_every)), need=need)
     if values is None:
         return None
-    on_device = type(x._meta).__module__.startswith("cupy")
     if on_device and not whole:  # partials that ``stays_on_device`` are folded on the GPU here too
         values = {k: _to_device_again(v) for k, v in values.items()}
     blocks = {}
@@ -1508,6 +1605,23 @@ def _partials_fit(x, plan) -> bool:
     return per_lane * out * max(np.dtype(plan.out_dtype).itemsize, 4) <= DIRECT_PARTIAL_BYTES
 
 
+def _sums_in_any_order(x, plan) -> bool:
+    """Whether ``plan``'s partials of ``x`` are float64 sums of float16/float32 values, which the direct path
+    sums in any order where their bounds make them exact (``_summed_in_any_order``)."""
+    return bool(getattr(plan, "sums_narrow_floats_in_float64", lambda dtype: False)(x.dtype))
+
+
+def _totals_fit(x, plan) -> bool:
+    """Whether one total per lane and worker (what crosses where the sums are exact in any order) stays
+    within DIRECT_PARTIAL_BYTES."""
+    if not _sums_in_any_order(x, plan):
+        return False
+    workers = placement.worker_count(placement.default_client()) or 1
+    per_lane = min(math.prod(x.numblocks[d] for d in plan.axes), workers)
+    out = math.prod(x.shape[d] for d in range(x.ndim) if d not in plan.axes)
+    return per_lane * out * np.dtype(np.float64).itemsize <= DIRECT_PARTIAL_BYTES
+
+
 def held_result(x, plan, split_every: int, build=None, located=None):
     """The lazy result of ``plan``'s reduction of ``x`` when its chunks are held (``x`` persisted, or an
     expression over persisted arrays whose chunks it reads from one worker each): its ``.compute()`` then
@@ -1522,7 +1636,7 @@ def held_result(x, plan, split_every: int, build=None, located=None):
     token = stage_token(x, plan, split_every, groups)
     if whole:
         return whole_of_held(x, plan, split_every, build, located, sources=sources, groups=groups)
-    if build is not None or located is not None or not _partials_fit(x, plan):
+    if build is not None or located is not None or not (_partials_fit(x, plan) or _totals_fit(x, plan)):
         _attempting()
         return _declined("a reduction over some axes whose partials would exceed DIRECT_PARTIAL_BYTES (or that "
                          "reads located chunks): the graph")

@@ -122,3 +122,24 @@ def division_dtype(acc) -> np.dtype:
     an integer (or bool) sum in float64, since the count need not fit a narrow type such as int8."""
     acc = np.dtype(acc)
     return acc if acc.kind in "fc" else np.dtype(np.float64)
+
+
+# Sums of float16 or float32 values in float64 are exact when every value is a multiple of 2**grid and the
+# count times 2**(top + 1), a bound on the sum of their magnitudes, stays within float64's 53 bits above
+# 2**grid: every partial sum is then a float64 exactly, so any grouping of the additions gives the same
+# bits. ``top`` is the largest floor(log2 |v|) and ``grid`` the smallest exponent of a lowest set bit over
+# the finite non-zero values (backends' ``sum_bounds``); NO_TOP and NO_GRID stand for none. NaN and
+# infinities do not enter: a sum holding them is NaN or the infinity in any order.
+NO_TOP, NO_GRID = -(1 << 20), 1 << 20
+NARROW_FLOATS = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def exact_in_any_order(count: int, top: int, grid: int) -> bool:
+    """Whether ``count`` values bounded by ``top`` and ``grid`` (see above) sum exactly in float64."""
+    return (max(int(count), 1) - 1).bit_length() + top + 1 <= 53 + grid
+
+
+def merge_bounds(bounds) -> tuple[int, int]:
+    """(top, grid) of the union of the values whose (top, grid) are ``bounds``."""
+    bounds = list(bounds)
+    return max((t for t, _ in bounds), default=NO_TOP), min((g for _, g in bounds), default=NO_GRID)

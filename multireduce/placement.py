@@ -277,6 +277,11 @@ def _workers(client) -> dict:
     return getattr(client, "_scheduler_identity", {}).get("workers") or client.scheduler_info()["workers"]
 
 
+def worker_count(client) -> int:
+    """How many workers the client's scheduler reported last (0 without a client)."""
+    return len(_workers(client)) if client is not None else 0
+
+
 def _threads(client, workers: dict | None = None) -> int:
     """The worker threads the client's scheduler reported last."""
     workers = _workers(client) if workers is None else workers

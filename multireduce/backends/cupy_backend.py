@@ -547,3 +547,76 @@ def _scan(x, op: Operator, axis: int, acc_dtype, out_dtype, carry=None, inclusiv
     _scan_rows(rows, out_rows, op, acc, identity, carry, inclusive, algorithm)
     out[...] = out_rows.reshape(outer, inner, K).transpose(0, 2, 1).reshape(shape)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Bounds of float16/float32 values for sums exact in float64 (dtypes.exact_in_any_order)
+# ------------------------------------------------------------------------------------------------
+# From the bits: |v| = m 2**base with m a whole number, so floor(log2 |v|) = base + 31 - clz(m) and the
+# lowest set bit is base + ffs(m) - 1. One read of the chunk, one pair of atomics per warp.
+_BOUNDS_SOURCE = r"""
+#define MR_NO_TOP (%(no_top)d)
+#define MR_NO_GRID (%(no_grid)d)
+__device__ __forceinline__ void mr_take(unsigned m, int base, int& top, int& grid) {
+  top = max(top, base + 31 - __clz(m));
+  grid = min(grid, base + __ffs(m) - 1);
+}
+__device__ __forceinline__ void mr_publish(int top, int grid, int* out) {
+  for (int o = 16; o > 0; o >>= 1) {
+    top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    grid = min(grid, __shfl_xor_sync(0xffffffffu, grid, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicMax(out, top);
+    atomicMin(out + 1, grid);
+  }
+}
+extern "C" __global__ void mr_sum_bounds_f32(const unsigned* x, long long n, int* out) {
+  int top = MR_NO_TOP, grid = MR_NO_GRID;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const unsigned b = x[i] & 0x7fffffffu;
+    if (b == 0u || b >= 0x7f800000u) continue;
+    const unsigned field = b >> 23, m = b & 0x7fffffu;
+    if (field) mr_take(m | 0x800000u, (int)field - 150, top, grid); else mr_take(m, -149, top, grid);
+  }
+  mr_publish(top, grid, out);
+}
+extern "C" __global__ void mr_sum_bounds_f16(const unsigned short* x, long long n, int* out) {
+  int top = MR_NO_TOP, grid = MR_NO_GRID;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const unsigned b = x[i] & 0x7fffu;
+    if (b == 0u || b >= 0x7c00u) continue;
+    const unsigned field = b >> 10, m = b & 0x3ffu;
+    if (field) mr_take(m | 0x400u, (int)field - 25, top, grid); else mr_take(m, -24, top, grid);
+  }
+  mr_publish(top, grid, out);
+}
+"""
+_bounds_modules: dict[int, object] = {}
+
+
+def _bounds_kernel(dtype: np.dtype):
+    from ..dtypes import NO_GRID, NO_TOP
+
+    device = cupy.cuda.runtime.getDevice()
+    module = _bounds_modules.get(device)
+    if module is None:
+        module = _bounds_modules[device] = cupy.RawModule(
+            code=_BOUNDS_SOURCE % {"no_top": NO_TOP, "no_grid": NO_GRID})
+    return module.get_function("mr_sum_bounds_f32" if dtype == np.float32 else "mr_sum_bounds_f16")
+
+
+def sum_bounds(x):
+    """(top, grid) of a float16 or float32 ``x`` (numpy_backend.sum_bounds) as a (2,) int32 array on its GPU,
+    without waiting for it: bring several to the host together."""
+    from ..dtypes import NO_GRID, NO_TOP
+
+    if not (x.flags.c_contiguous or x.flags.f_contiguous):  # the order of the elements does not matter
+        x = cupy.ascontiguousarray(x)
+    out = cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
+    if x.size:
+        sms, _ = _facts()
+        grid = int(min(-(-x.size // 256), sms * 8))
+        _bounds_kernel(x.dtype)((grid,), (256,), (x, np.int64(x.size), out))
+    return out
+

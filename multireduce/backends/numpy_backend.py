@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import division_dtype
+from ..dtypes import NO_GRID, NO_TOP, division_dtype
 from ..operators import Operator
 
 
@@ -258,3 +258,25 @@ def scan(
         length = scanned.shape[axis]
         scanned = np.take(np.concatenate([first, scanned], axis=axis), np.arange(length), axis=axis)
     return scanned.astype(out_dtype, copy=False)
+
+
+def sum_bounds(x) -> tuple[int, int]:
+    """(top, grid) of a float16 or float32 ``x`` (``dtypes.exact_in_any_order``): the largest floor(log2 |v|)
+    and the smallest exponent of a lowest set bit over its finite non-zero values; (NO_TOP, NO_GRID) where
+    it has none. Read from the float32 bits (float16 values are float32s exactly), a piece at a time."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    top, grid = NO_TOP, NO_GRID
+    for start in range(0, flat.size, PIECE):
+        bits = flat[start:start + PIECE].astype(np.float32).view(np.uint32) & np.uint32(0x7FFFFFFF)
+        bits = bits[(bits != 0) & (bits < 0x7F800000)].astype(np.int64)
+        if bits.size == 0:
+            continue
+        field = bits >> 23
+        mantissa = np.where(field > 0, (bits & 0x7FFFFF) | 0x800000, bits)
+        base = np.where(field > 0, field - 150, -149)  # |v| = mantissa * 2**base
+        # floor(log2) of a whole number below 2**24 from frexp of its float64: exact
+        top = max(top, int((base + np.frexp(mantissa.astype(np.float64))[1]).max()) - 1)
+        lowest = (mantissa & -mantissa).astype(np.float64)
+        grid = min(grid, int((base + np.frexp(lowest)[1]).min()) - 1)
+    return top, grid
+

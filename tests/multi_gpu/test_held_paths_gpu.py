@@ -70,6 +70,52 @@ def test_expressions_and_axes_of_held_chunks_run_where_they_are(client, name):
     assert _same(client.compute(fn(x)).result(), value)  # the graph over held chunks: same bits
 
 
+@pytest.mark.parametrize("placement", ["dask", "interleaved"])
+def test_float64_means_over_time_sum_each_workers_chunks_together(client, placement):
+    """A float64 mean of float32 chunks whose sums are exact in any order: each worker sums its chunks of a
+    lane on its GPU and one total per worker crosses, with the bits of the chunk-ordered tree, also past
+    the per-chunk partials' limit; data whose sums round keep the ordered fold, with its bits."""
+    from multireduce import direct
+
+    fn = lambda v: mr.mean(v, axis=0, dtype=np.float64)  # noqa: E731
+    workers = sorted(client.scheduler_info()["workers"])
+    for scale in (1.0, 1e30):
+        x = _gpu_array((6_000, 7, 9), (250, 7, 9), seed=5)
+        if scale != 1.0:
+            x = x * x.dtype.type(1.0) + da.where(x > 0.25, x.dtype.type(scale), x.dtype.type(0.0))
+        if placement == "interleaved":
+            x = da.concatenate([client.persist(x[i * 250:(i + 1) * 250], workers=[workers[i % len(workers)]])
+                                for i in range(24)])
+        x = client.persist(x)
+        distributed.wait(x)
+        ref = _graph(fn, x)
+        direct.last_decline = None
+        value, tasks = _tasks(client, lambda: fn(x).compute())
+        assert tasks == 0 and direct.last_decline is None
+        assert _same(value, ref)
+        saved = direct.DIRECT_PARTIAL_BYTES
+        direct.DIRECT_PARTIAL_BYTES = 24 * 7 * 9 * 8 // 2  # every chunk's partial is too much, a total per worker is not
+        try:
+            value, tasks = _tasks(client, lambda: fn(x).compute())
+        finally:
+            direct.DIRECT_PARTIAL_BYTES = saved
+        assert (tasks == 0) == (scale == 1.0)  # exact sums go direct; rounding ones take the graph
+        assert _same(value, ref)
+
+
+def test_sum_bounds_on_the_gpu_are_numpys():
+    from multireduce.backends import cupy_backend, numpy_backend
+
+    rng = np.random.default_rng(4)
+    for dtype in (np.float32, np.float16):
+        tiny = float(np.finfo(dtype).smallest_subnormal)
+        for a in (rng.standard_normal((300, 70)).astype(dtype), (rng.integers(-9, 9, 999) * tiny).astype(dtype),
+                  np.array([np.nan, 0, -np.inf, 2.5, -0.0], dtype=dtype), np.array([], dtype=dtype),
+                  rng.uniform(-1e3, 1e3, (64, 33)).astype(dtype)[:, ::2]):
+            got = tuple(int(v) for v in cupy_backend.sum_bounds(cupy.asarray(a)).get())
+            assert got == numpy_backend.sum_bounds(a), (dtype, a[:5])
+
+
 def test_axis_mean_against_numpy(client):
     x = client.persist(_gpu_array((4_000, 7, 9), (250, 7, 9), seed=3))
     distributed.wait(x)

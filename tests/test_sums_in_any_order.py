@@ -1,0 +1,196 @@
+"""Sums of float16/float32 values in float64 that are exact, and so the same in any order: the bounds of the
+values (``dtypes.exact_in_any_order``, the backends' ``sum_bounds``) and the held path that sums each
+worker's chunks of a lane together where the bounds allow it, on a real CPU cluster, with the bits of the
+chunk-ordered tree whatever the placement; data the bounds refuse keep the ordered fold."""
+
+from __future__ import annotations
+
+import math
+import random
+from fractions import Fraction
+
+import dask
+import numpy as np
+import pytest
+
+from multireduce.backends import numpy_backend
+from multireduce.dtypes import NO_GRID, NO_TOP, exact_in_any_order, merge_bounds
+
+
+def _bounds_by_fractions(x) -> tuple[int, int]:
+    top, grid = NO_TOP, NO_GRID
+    for v in np.asarray(x, dtype=np.float64).ravel().tolist():
+        if v == 0 or not math.isfinite(v):
+            continue
+        f = Fraction(abs(v))
+        t = f.numerator.bit_length() - f.denominator.bit_length()
+        if Fraction(2) ** t > f:
+            t -= 1
+        g = (f.numerator & -f.numerator).bit_length() - 1 - (f.denominator.bit_length() - 1)
+        top, grid = max(top, t), min(grid, g)
+    return top, grid
+
+
+def _bounds_cases(dtype):
+    rng = np.random.default_rng(0)
+    info = np.finfo(dtype)
+    big = 3e4 if dtype == np.float16 else 3e38
+    return {
+        "normal": rng.standard_normal(1000).astype(dtype),
+        "subnormal": (rng.integers(-100, 100, 300) * float(info.smallest_subnormal)).astype(dtype),
+        "special": np.array([0, -0.0, np.inf, -np.inf, np.nan, 1.5, big, -float(info.smallest_subnormal)], dtype=dtype),
+        "empty": np.array([], dtype=dtype),
+        "nothing finite non-zero": np.array([np.nan, 0, -np.inf], dtype=dtype),
+        "pieces": rng.uniform(-1e-3, 1e3, 70_000).astype(dtype).reshape(700, 100)[:, ::3],  # strided, several pieces
+    }
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_sum_bounds_are_those_of_the_exact_values(dtype):
+    for name, x in _bounds_cases(dtype).items():
+        assert numpy_backend.sum_bounds(x) == _bounds_by_fractions(x), name
+
+
+def test_merged_bounds_are_the_bounds_of_the_union():
+    rng = np.random.default_rng(1)
+    parts = [rng.standard_normal(50).astype(np.float32) * s for s in (1e-3, 1.0, 1e5)]
+    assert merge_bounds(numpy_backend.sum_bounds(p) for p in parts) == numpy_backend.sum_bounds(np.concatenate(parts))
+    assert merge_bounds([]) == (NO_TOP, NO_GRID)
+
+
+def test_sums_the_bounds_allow_are_the_exact_sum_in_every_order():
+    """Soundness: wherever the bounds allow it, float64 sums in shuffled orders and random groupings all
+    equal the exact rational sum."""
+    rng = np.random.default_rng(2)
+    shuffler = random.Random(3)
+    allowed = 0
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        spread = float(10.0 ** rng.integers(-12, 13))
+        x = (rng.standard_normal(n) * spread).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x * 64) / np.float32(64)  # coarse grids, large values
+        if not exact_in_any_order(n, *numpy_backend.sum_bounds(x)):
+            continue
+        allowed += 1
+        exact = sum(Fraction(float(v)) for v in x.tolist())
+        values = [float(v) for v in x.tolist()]
+        for _ in range(5):
+            shuffler.shuffle(values)
+            total = 0.0
+            for v in values:
+                total += v
+            assert Fraction(total) == exact
+            groups = [values[i:i + 7] for i in range(0, len(values), 7)]
+            assert Fraction(math.fsum([sum(g) for g in groups])) == exact and Fraction(sum(sum(g) for g in groups)) == exact
+    assert allowed > 50
+
+
+def test_the_bounds_refuse_where_an_order_changes_the_sum():
+    x = np.array([2.0**24, 1.0, 2.0**-30, -(2.0**24)], dtype=np.float32)
+    assert not exact_in_any_order(len(x), *numpy_backend.sum_bounds(x))
+    a = ((np.float64(x[0]) + x[1]) + x[2]) + x[3]
+    b = ((np.float64(x[0]) + x[3]) + x[1]) + x[2]
+    assert a != b  # the float64 sum depends on the order here
+    assert exact_in_any_order(2**20, 10, -20) and not exact_in_any_order(2**20 + 1, 10, -22)
+    assert exact_in_any_order(1, 52, 0) and not exact_in_any_order(2, 52, 0)
+
+
+# ---- the held path -----------------------------------------------------------------------------------
+distributed = pytest.importorskip("distributed")
+
+import multireduce as mr  # noqa: E402
+from multireduce import direct  # noqa: E402
+
+from .helpers import persist_spread  # noqa: E402
+
+
+def _graph(fn, x):
+    with dask.config.set({"multireduce.placement": False}):
+        return fn(x).compute()
+
+
+@pytest.fixture
+def summed_together(monkeypatch):
+    """How many chunks the workers summed into lane totals (the workers run in this process)."""
+    made = []
+    totals_here = direct._totals_here
+
+    def counting(plan, keys, blocks, lane_of):
+        made.extend(keys)
+        return totals_here(plan, keys, blocks, lane_of)
+
+    monkeypatch.setattr(direct, "_totals_here", counting)
+    return made
+
+
+def _field(seed, scale=1.0):
+    a = np.random.default_rng(seed).standard_normal((60, 4, 5)).astype(np.float32) * np.float32(scale)
+    a[7, 1, 2] = np.nan
+    a[8, 0, 0] = -0.0
+    return a
+
+
+F64 = np.float64  # float32 sums and means accumulate in float32 unless float64 is asked for
+REDUCTIONS = {
+    "mean0": lambda v: mr.mean(v, axis=0, dtype=F64), "sum0k": lambda v: mr.sum(v, axis=0, dtype=F64, keepdims=True),
+    "nansum0": lambda v: mr.nansum(v, axis=0, dtype=F64), "mean02": lambda v: mr.mean(v, axis=(0, 2), dtype=F64),
+    "mean0_fan2": lambda v: mr.mean(v, axis=0, split_every=2, dtype=F64),
+    "mean_expr": lambda v: mr.mean(v * 2 + 1, axis=0, dtype=F64),
+}
+
+
+@pytest.mark.parametrize("owners", [[0] * 4 + [1] * 4 + [2] * 4, [0, 1, 2] * 4, [2, 0, 0, 1, 2, 2, 1, 0, 0, 0, 1, 2]])
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_exact_sums_over_an_axis_summed_per_worker_give_the_ordered_bits(cpu_client, summed_together, name, owners):
+    a = _field(5)
+    flat, _ = persist_spread(cpu_client, a.reshape(-1), 5 * 4 * 5, owners)
+    x = flat.reshape(a.shape)
+    fn = REDUCTIONS[name]
+    with distributed.get_task_stream(cpu_client) as stream:
+        value = fn(x).compute()
+    assert stream.data == []  # one call, no task
+    assert len(summed_together) == 12  # every chunk summed into its worker's lane totals
+    ref = _graph(fn, x)
+    assert value.dtype == ref.dtype and value.shape == ref.shape
+    assert np.array_equal(value, ref, equal_nan=True)
+    assert np.array_equal(np.signbit(value), np.signbit(ref))
+
+
+def test_sums_the_bounds_refuse_keep_the_ordered_fold(cpu_client, summed_together):
+    a = _field(6)
+    a[::2] *= np.float32(1e30)  # 1e30 beside values of order 1: float64 rounds, the order decides the bits
+    a[1::4] *= np.float32(1e-30)
+    flat, _ = persist_spread(cpu_client, a.reshape(-1), 5 * 4 * 5, [0, 1, 2] * 4)
+    x = flat.reshape(a.shape)
+    value = mr.mean(x, axis=0, dtype=F64).compute()
+    assert len(summed_together) == 12  # tried, and refused by the bounds
+    assert np.array_equal(value, _graph(lambda v: mr.mean(v, axis=0, dtype=F64), x), equal_nan=True)
+
+
+def test_partials_too_large_for_the_client_go_direct_only_where_the_sums_are_exact(cpu_client, summed_together,
+                                                                                     monkeypatch):
+    """Per-chunk partials past DIRECT_PARTIAL_BYTES: one total per lane and worker still fits, so the direct path
+    takes the sum where the bounds allow it, and the graph where they do not."""
+    good = _field(7)
+    bad = _field(8)
+    bad[::2] *= np.float32(1e30)
+    for a, direct_expected in ((good, True), (bad, False)):
+        flat, _ = persist_spread(cpu_client, a.reshape(-1), 5 * 4 * 5, [0, 1, 2] * 4)
+        x = flat.reshape(a.shape)
+        ref = _graph(lambda v: mr.mean(v, axis=0, dtype=F64), x)
+        per_chunk_partials = 12 * 4 * 5 * 8
+        monkeypatch.setattr(direct, "DIRECT_PARTIAL_BYTES", per_chunk_partials // 2)  # 3 totals per lane fit
+        with distributed.get_task_stream(cpu_client) as stream:
+            value = mr.mean(x, axis=0, dtype=F64).compute()
+        monkeypatch.undo()
+        assert (stream.data == []) == direct_expected
+        assert np.array_equal(value, ref, equal_nan=True)
+
+
+def test_mean_over_time_against_numpy(cpu_client):
+    a = _field(9, scale=40.0) + np.float32(280)  # a temperature-like field: exact sums in any order
+    flat, _ = persist_spread(cpu_client, a.reshape(-1), 5 * 4 * 5, [1, 2, 0, 0] * 3)
+    x = flat.reshape(a.shape)
+    np.testing.assert_allclose(mr.mean(x, axis=0, dtype=F64).compute(), a.astype(np.float64).mean(axis=0), rtol=1e-12,
+                               equal_nan=True)
