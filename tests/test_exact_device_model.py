@@ -130,6 +130,7 @@ def device(monkeypatch):
     kernels = Kernels(grid=3)
     monkeypatch.setattr(cupy_exact, "cupy", fake_cupy())
     monkeypatch.setattr(cupy_exact, "_kept", collections.OrderedDict())
+    monkeypatch.setattr(cupy_exact, "_whole_sums", {})
     monkeypatch.setattr(cupy_exact, "_kernel", lambda dtype, role="sum": kernels.sum_rows if role == "sum"
                         else kernels.round_rows)
     monkeypatch.setattr(cupy_exact, "_scan_kernels", lambda dtype, out: kernels.scan())
@@ -176,6 +177,25 @@ def test_reductions_in_batches_of_rows_and_launches(device, monkeypatch, dtype):
             state, host = cupy_exact.state_of(dev(x), axis), exact.state_of(x, axis)
             assert [int(t) for t in np.ravel(state.total)] == [int(t) for t in np.ravel(host.total)]
             assert np.array_equal(state.nan, host.nan) and np.array_equal(state.ninf, host.ninf)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_whole_sums_take_one_launch_of_each_kernel_with_the_general_paths_bits(device, monkeypatch, dtype):
+    """A C-contiguous array reduced over every axis: one sum launch and one rounding launch into kept words
+    (``_whole_sum``), the bits of exact.py's, call after call; a non-contiguous one takes the general path."""
+    x = data((6, 35), dtype, 5)
+    for mean, skipnan, keepdims in ((False, False, False), (True, False, True), (False, True, False)):
+        plan = exact.ExactSumPlan((0, 1), np.dtype(dtype), keepdims, mean, skipnan)
+        with np.errstate(invalid="ignore"):
+            want = bits(plan.whole(x))
+        for _ in range(2):
+            device.rows_seen.clear()
+            launches = device.launches
+            got = cupy_exact.reduce(dev(x), plan)
+            assert np.array_equal(bits(got), want) and device.rows_seen == [1] and device.launches == launches + 1
+    monkeypatch.setattr(cupy_exact, "_whole_sum", lambda *a: pytest.fail("a strided view took the whole path"))
+    plan = exact.ExactSumPlan((0, 1), np.dtype(dtype), False, False, False)
+    assert np.array_equal(bits(cupy_exact.reduce(dev(x)[:, ::2], plan)), bits(plan.whole(x[:, ::2])))
 
 
 def test_kept_words_are_cleared_by_the_rounding_and_dropped_after_a_failure(device, monkeypatch):

@@ -377,10 +377,65 @@ def _round_launch(words, rows: int, out_dtype, skipnan: bool, divisor: int, clea
                                  np.int32(skipnan), np.int64(divisor), np.int32(clear), out))
 
 
+class _WholeSum:
+    """A whole-array exact sum bound to one (GPU, input dtype, output dtype, nansum): its two kernels, the
+    sum kernel's resident blocks per SM and the rounding's constants, looked up once, so that a call is two launches into kept
+    words and little Python."""
+
+    __slots__ = ("sum_kernel", "round_kernel", "resident", "precision", "emin", "skipnan")
+
+    def __init__(self, dtype, plan):
+        from .cupy_backend import scan_occupancy
+
+        self.sum_kernel, self.round_kernel = _kernel(dtype), _kernel(plan.out_dtype, "round")
+        self.resident = scan_occupancy(self.sum_kernel, BLOCK)
+        fi = np.finfo(plan.out_dtype)
+        self.precision, self.emin = np.int32(fi.nmant + 1), np.int32(fi.minexp)
+        self.skipnan = np.int32(plan.skipnan)
+
+
+_whole_sums: dict = {}
+_ONE, _CLEAR = np.int64(1), np.int32(1)
+
+
+def _whole_sum(x, plan):
+    """``reduce`` of a C-contiguous, non-empty ``x`` over every axis in one launch of each kernel (the same
+    words and rounding as the general path), or None where that path is needed."""
+    n = x.size
+    key = (x.data.device_id, x.dtype.char, plan.out_dtype.char, plan.skipnan)
+    bound = _whole_sums.get(key)
+    if bound is None:
+        bound = _whole_sums[key] = _WholeSum(x.dtype, plan)
+    grid = _grid_x(key[0], n, 1, BLOCKS_PER_SM, bound.resident)
+    if n > grid * _PER_BLOCK_LIMIT:
+        return None
+    key_and_entry = _kept_words(1)
+    if key_and_entry is None:
+        return None
+    key, entry = key_and_entry
+    out = cupy.empty(1, plan.out_dtype)
+    count = np.int64(n)
+    words = entry.words[:1]
+    with entry.lock:
+        try:
+            bound.sum_kernel((grid, 1), BLOCK, (x.reshape(1, n), _ONE, count, count, words))
+            bound.round_kernel(1, _ROUND_ROWS, (words, _ONE, bound.precision, bound.emin, bound.skipnan,
+                                                count if plan.mean else _ONE, _CLEAR, out))
+        except BaseException:
+            _drop_kept(key, entry)
+            raise
+    return out.reshape((1,) * x.ndim if plan.keepdims else ())
+
+
 def reduce(x, plan):
     """An exact sum, nansum or mean of one CuPy array, rounded on the device from the words (exact.cuh
     round_words: exact.py's rounding and division by the count, bit for bit), so the call returns without
     waiting for the GPU. Empty reductions take exact.py's host path (zeros, or NaN with its warning)."""
+    if x.size and len(plan.axes) == x.ndim and x._c_contiguous:
+        with on_device_of(x):
+            value = _whole_sum(x, plan)
+        if value is not None:
+            return value
     with on_device_of(x):
         kept_shape, rows_n, n = _rows_of(x, plan.axes)
         if rows_n is not None:
