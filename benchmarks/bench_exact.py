@@ -3,7 +3,7 @@
     python -m benchmarks exact [--quick] [--gpu]
     python -m benchmarks exact --gpu-exact [--quick | --logs 26,28]
     python -m benchmarks exact --gpu-exact-cumsum [--logs 24,26,28]
-    python -m benchmarks exact --profile shapes [--quick] | terms | ncu | call | scan
+    python -m benchmarks exact --profile shapes [--quick] | terms | ncu | call | scan | latency
 
 --gpu-exact: the exact GPU sum (kernels/exact.cuh) against our plain sum, cupy.sum and torch.sum on the
 same device array, float32/float64, 2^20..2^30 elements, uniform / normal / ill-conditioned (condition
@@ -34,6 +34,9 @@ Profiles (one GPU):
 - ``scan``: where the exact GPU cumsum spends its time: each of device_cumsum's five steps (tile words,
   the words' cumsum, seeds, pass 2, fallback walk) timed with CUDA events at 2^26 and 2^28 elements,
   float32 and float64 uniform data, beside the plain mr.cumsum; median of 5.
+- ``latency``: the exact sum against the plain sum at 2^26 and 2^28, float32 and float64 normal data, one
+  call's latency (events around a call) and back to back (events around 20 calls), and the host time of one
+  call at 2^10.
 """
 
 from __future__ import annotations
@@ -355,11 +358,59 @@ def profile_scan() -> list:
     return rows
 
 
+def profile_latency() -> list:
+    """``--profile latency``: the exact sum against the plain sum of the same normal data at 2^26 and 2^28,
+    float32 and float64: one call's latency (CUDA events around a call, as ``--gpu-exact`` times it) and
+    back to back (events around 20 calls, per call), and the host time of one call at 2^10."""
+    import cupy
+
+    def back_to_back(f, calls=20, repeat=5):
+        f()
+        times = []
+        for _ in range(repeat):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            for _ in range(calls):
+                f()
+            end.record()
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) / calls)
+        return float(np.median(times))
+
+    rng = cupy.random.default_rng(0)
+    header = ("dtype", "n", "plain latency us", "exact latency us (x plain)", "plain back to back us",
+              "exact back to back us (x plain)")
+    rows = []
+    print(h.md_table(header, []), end="")
+    for dtype in (np.float32, np.float64):
+        for lg in (26, 28):
+            g = rng.standard_normal(1 << lg, dtype=dtype)
+            plain, exact_ = (lambda: mr.sum(g)), (lambda: mr.sum(g, exact=True))
+            lp, le = 1e3 * median_ms(plain, 15), 1e3 * median_ms(exact_, 15)
+            bp, be = 1e3 * back_to_back(plain), 1e3 * back_to_back(exact_)
+            rows.append((np.dtype(dtype).name, f"2^{lg}", f"{lp:.1f}", f"{le:.1f} ({lp / le:.3f})", f"{bp:.1f}",
+                         f"{be:.1f} ({bp / be:.3f})"))
+            print(h.md_table(header, rows[-1:]).splitlines()[-1], flush=True)
+            del g
+    small = rng.standard_normal(1 << 10, dtype=np.float32)
+    for label, f in (("mr.sum(exact=True)", lambda: mr.sum(small, exact=True)), ("mr.sum", lambda: mr.sum(small))):
+        f()
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(200):
+            f()
+        host_us = 1e6 * (time.perf_counter() - start) / 200
+        cupy.cuda.Device().synchronize()
+        print(f"{label:20s} host {host_us:6.1f} us per call at 2^10")
+    return rows
+
+
 PROFILES = {"shapes": "the exact sum kernel's terms, unroll and blocks per SM against the plain sum",
             "terms": "expansion lengths 4/6/8 at 2^26 on four data kinds",
             "ncu": "exact-sum launches for Nsight Compute",
             "call": "host time of one exact sum, and cProfile",
-            "scan": "the exact cumsum's five steps, each timed"}
+            "scan": "the exact cumsum's five steps, each timed",
+            "latency": "one call's latency and back-to-back time against the plain sum, and host time"}
 
 
 def main(argv=None):
@@ -375,7 +426,8 @@ def main(argv=None):
     if args.profile in ("shapes", "terms"):
         return profile_shapes(args.quick, args.profile == "terms")
     if args.profile:
-        return {"ncu": profile_ncu, "call": profile_call, "scan": profile_scan}[args.profile]()
+        return {"ncu": profile_ncu, "call": profile_call, "scan": profile_scan,
+                "latency": profile_latency}[args.profile]()
     if args.gpu_exact_cumsum:
         gpu_exact_cumsum([int(v) for v in args.logs.split(',')] if args.logs else None)
         return
