@@ -571,25 +571,27 @@ __device__ __forceinline__ void mr_publish(int top, int grid, int* out) {
     atomicMin(out + 1, grid);
   }
 }
-extern "C" __global__ void mr_sum_bounds_f32(const unsigned* x, long long n, int* out) {
+// the bounds of IEEE values of kMantissa fraction bits and kExponent exponent bits, read as bits
+template <class Bits, int kMantissa, int kExponent>
+__device__ __forceinline__ void mr_sum_bounds(const Bits* x, long long n, int* out) {
+  const unsigned magnitude = (1u << (kMantissa + kExponent)) - 1u, infinite = ((1u << kExponent) - 1u) << kMantissa;
+  const int bias = (1 << (kExponent - 1)) - 1;
   int top = MR_NO_TOP, grid = MR_NO_GRID;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const unsigned b = x[i] & 0x7fffffffu;
-    if (b == 0u || b >= 0x7f800000u) continue;
-    const unsigned field = b >> 23, m = b & 0x7fffffu;
-    if (field) mr_take(m | 0x800000u, (int)field - 150, top, grid); else mr_take(m, -149, top, grid);
+    const unsigned b = (unsigned)x[i] & magnitude;
+    if (b == 0u || b >= infinite) continue;
+    const int field = (int)(b >> kMantissa);
+    const unsigned m = b & ((1u << kMantissa) - 1u);
+    if (field) mr_take(m | (1u << kMantissa), field - bias - kMantissa, top, grid);
+    else mr_take(m, 1 - bias - kMantissa, top, grid);
   }
   mr_publish(top, grid, out);
 }
+extern "C" __global__ void mr_sum_bounds_f32(const unsigned* x, long long n, int* out) {
+  mr_sum_bounds<unsigned, 23, 8>(x, n, out);
+}
 extern "C" __global__ void mr_sum_bounds_f16(const unsigned short* x, long long n, int* out) {
-  int top = MR_NO_TOP, grid = MR_NO_GRID;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const unsigned b = x[i] & 0x7fffu;
-    if (b == 0u || b >= 0x7c00u) continue;
-    const unsigned field = b >> 10, m = b & 0x3ffu;
-    if (field) mr_take(m | 0x400u, (int)field - 25, top, grid); else mr_take(m, -24, top, grid);
-  }
-  mr_publish(top, grid, out);
+  mr_sum_bounds<unsigned short, 10, 5>(x, n, out);
 }
 """
 _bounds_modules: dict[int, object] = {}

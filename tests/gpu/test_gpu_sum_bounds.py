@@ -1,0 +1,32 @@
+"""The bounds of float16/float32 values that decide whether their float64 sum is exact in any order, on the
+GPU (cupy_backend.sum_bounds) against NumPy's (numpy_backend.sum_bounds, itself checked against exact
+rationals in tests/test_sums_in_any_order.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+pytestmark = pytest.mark.gpu
+
+from multireduce.backends import cupy_backend, numpy_backend  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_sum_bounds_on_the_gpu_are_numpys(dtype):
+    rng = np.random.default_rng(4)
+    tiny = float(np.finfo(dtype).smallest_subnormal)
+    big = float(np.finfo(dtype).max)
+    for a in (rng.standard_normal((300, 70)).astype(dtype), (rng.integers(-9, 9, 999) * tiny).astype(dtype),
+              np.array([np.nan, 0, -np.inf, 2.5, -0.0, big, -tiny], dtype=dtype), np.array([], dtype=dtype),
+              rng.uniform(-1e3, 1e3, (64, 33)).astype(dtype)[:, ::2], np.full(1 << 20, 0.75, dtype=dtype)):
+        got = tuple(int(v) for v in cupy_backend.sum_bounds(cupy.asarray(a)).get())
+        assert got == numpy_backend.sum_bounds(a), (dtype, a.ravel()[:5])
+
+
+def test_sum_bounds_of_a_strided_view():
+    a = np.random.default_rng(5).uniform(-1e3, 1e3, (64, 33)).astype(np.float32)
+    a[::2, ::2] *= np.float32(1e-20)
+    got = tuple(int(v) for v in cupy_backend.sum_bounds(cupy.asarray(a)[:, ::2]).get())
+    assert got == numpy_backend.sum_bounds(a[:, ::2])
