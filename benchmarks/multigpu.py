@@ -9,6 +9,7 @@ LocalCluster with NumPy chunks at tiny sizes, to check the suite anywhere), side
     python -m benchmarks multigpu --profile [phases]  # where a lazy sum's time goes, vs dask.array.sum
     python -m benchmarks multigpu --profile held [--cprofile]   # the held paths phase by phase
     python -m benchmarks multigpu --profile groupby   # the field's group-by, task by task
+    python -m benchmarks multigpu --profile axes      # the field's mean over time, call by call
 
 Data: float32 uniform in [-0.5, 0.5), generated on the workers and persisted (held): with Dask's own
 placement, contiguous (worker w holds the w-th run of chunks) or balanced (``multireduce.persist(x,
@@ -109,7 +110,9 @@ def parse(argv=None):
     p = h.parser("multigpu", __doc__, quick="the held rows on every GPU, then one; <= 240 s on 4 x H200",
                  profiles={"phases": "a lazy sum's phases next to dask.array.sum's (4 workers)",
                            "held": "the held paths piece by piece, beside Dask's per-task floor",
-                           "groupby": "the field's group-by (by month, by day; both methods) from the task stream"})
+                           "groupby": "the field's group-by (by month, by day; both methods) from the task stream",
+                           "axes": "the field's mean over time, float32 and float64, split into the direct call, "
+                                   "the busiest worker's work and the client's own time"})
     p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster with NumPy chunks, tiny sizes")
     p.add_argument("--scaling", action="store_true", help="the scaling table: worker counts x sizes x placements")
     p.add_argument("--paths", help=f"comma-separated, any of {', '.join(PATHS)} or all (default all)")

@@ -1,4 +1,4 @@
-"""The multigpu suite's profiles (``python -m benchmarks multigpu --profile [phases | held]``).
+"""The multigpu suite's profiles (``python -m benchmarks multigpu --profile [phases | held | groupby | axes]``).
 
 ``phases``: a lazy sum over held chunks split into phases (build, optimize, submit, to the first task,
 tasks, transfers, the window of tasks, gather) next to dask.array.sum's, at 16 and 32 chunks per worker;
@@ -19,6 +19,11 @@ stream, per task prefix the tasks, their compute time summed and the transfers i
 seconds); per worker the compute time summed, the span from its first task's start to its last task's
 end and, from its transfer log, what came in (count, MB, seconds); beside one ``client.run`` that
 computes every held chunk's partial where it is (no task).
+
+``axes``: the same field's mean over time, float32 (the chunk-ordered fold of float32 partials) and float64
+(summed per worker where the sums are exact in any order), each ``.compute()`` split into the direct call to
+the workers (``client.run``: the workers' work, their replies and the transfer to the client), the busiest
+worker's own work inside it, and the client's own time (planning, combining, the result on its GPU).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def main(args, setting: h.Setting):
 
     n_workers = worker_counts(args.gpus, 4 if setting.cpu else setting.available)[-1]
     with setting.cluster(n_workers) as cluster, distributed.Client(cluster) as client:
-        return {"phases": phases, "held": held, "groupby": groupby}[args.profile](args, setting, client, n_workers)
+        return {"phases": phases, "held": held, "groupby": groupby, "axes": axes}[args.profile](args, setting, client,
+                                                                                               n_workers)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -483,3 +489,87 @@ def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
     print(h.md_table(("call", "worker", "tasks", "compute ms (sum)", "span ms", "transfers in", "MB in",
                       "transfer ms (sum)"), tables["workers"]), flush=True)
     return tables
+
+
+# ------------------------------------------------------------------------------------------------
+# axes
+# ------------------------------------------------------------------------------------------------
+_TIMED = ("_totals_here", "values_here")  # the workers' share of the direct paths over some axes
+
+
+def _time_worker_work(dask_worker=None):
+    """Wraps ``_TIMED`` of multireduce.direct in this worker (once) with a log of their durations; clears it."""
+    from multireduce import direct
+
+    for name in _TIMED:
+        fn = getattr(direct, name)
+        if not hasattr(fn, "log"):
+            def timed(*args, _real=fn, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _real(*args, **kwargs)
+                finally:
+                    timed_log.append(time.perf_counter() - start)
+
+            timed_log: list = []
+            timed.log = timed_log
+            setattr(direct, name, timed)
+        getattr(direct, name).log.clear()
+
+
+def _worker_work_log(dask_worker=None) -> float:
+    from multireduce import direct
+
+    return sum(sum(getattr(direct, name).log) for name in _TIMED)
+
+
+def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
+    """``--profile axes``: see the module docstring."""
+    import multireduce as mr
+    from multireduce import direct
+
+    lat, lon = args.field_shape
+    steps = int(args.field_gib * n_workers * 2**30 // (lat * lon * 4))
+    per = min(args.field_chunk_steps, steps)
+    chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
+    f, layout = place(client, setting, chunks, "dask", seed=3)
+    print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks, "
+          f"chunks per worker {layout.per_worker}", flush=True)
+    runs: list = []
+    real_run = direct._run
+
+    def timed_run(*a, **k):
+        start = time.perf_counter()
+        try:
+            return real_run(*a, **k)
+        finally:
+            runs.append(time.perf_counter() - start)
+
+    rows = []
+    direct._run = timed_run
+    try:
+        for label, make in (("mr.mean(f, axis=0)", lambda: mr.mean(f, axis=0)),
+                            ("mr.mean(f, axis=0, dtype=float64)", lambda: mr.mean(f, axis=0, dtype=np.float64))):
+            cells = []
+            for rep in range(args.repeats + 1):
+                client.run(_time_worker_work)
+                runs.clear()
+                direct.last_decline = None
+                start = time.perf_counter()
+                make().compute()
+                wall = time.perf_counter() - start
+                work = max(client.run(_worker_work_log).values())
+                cells.append((wall, sum(runs), work, len(runs)))
+            med = [statistics.median(c[i] for c in cells[1:]) for i in range(3)]
+            rows.append((label, f"{med[0] * 1e3:.1f}", f"{med[1] * 1e3:.1f}", f"{med[2] * 1e3:.1f}",
+                         f"{(med[0] - med[1]) * 1e3:.1f}", str(cells[-1][3]), direct.last_decline or "-"))
+            print(h.md_table(HEADER_AXES, rows[-1:]).splitlines()[-1], flush=True)
+    finally:
+        direct._run = real_run
+    print(h.md_table(HEADER_AXES, rows), flush=True)
+    return {"rows": rows}
+
+
+HEADER_AXES = ("call", "wall ms", "direct calls ms", "busiest worker's work ms", "client's own ms", "direct calls",
+               "declined")
+
