@@ -1507,8 +1507,11 @@ def reduce_held(x, plan, split_every: int, located=None, sources=None):
         if totals is None:
             return None
         if totals is not _NOT_EXACT:
-            return _laid_out({tuple(keys[0][1:]) if plan.keepdims else tuple(kept): _device(on_device, plan.aggregate(
-                *(_to_device_again(p) if on_device else p for p in totals[i]))) for i, (kept, keys) in enumerate(lanes)})
+            blocks = {}
+            for i, (kept, keys) in enumerate(lanes):
+                parts = [_to_device_again(p) for p in totals[i]] if on_device else totals[i]
+                blocks[tuple(keys[0][1:]) if plan.keepdims else tuple(kept)] = _device(on_device, plan.aggregate(*parts))
+            return _laid_out(blocks)
         if not _partials_fit(x, plan):
             return _declined("a sum over some axes not exact in any order whose partials would exceed "
                              "DIRECT_PARTIAL_BYTES: the graph")
