@@ -388,6 +388,9 @@ def expr_cases(client, x, ref: Reference, args, gib: float) -> list[h.Case]:
     cases.append(h.Case("expr", "mr.sum(x * 2).compute() unfused", "sum(x * 2)",
                         h.Step(client, "compute", lambda: _unfused(lambda: mr.sum(x * 2))), nbytes,
                         lambda got: ref.close(got, 2 * ref.sum, 2 * ref.sum_tol), "da.sum(x * 2).compute()"))
+    cases.append(h.Case("expr", "mr.argmax(abs(x)).compute() unfused", "argmax(abs(x))",
+                        h.Step(client, "compute", lambda: _unfused(lambda: mr.argmax(abs(x)))), nbytes,
+                        lambda got: int(h.host(got)) == ref.argmax_abs, "da.argmax(abs(x)).compute()"))
     scan = ("mr.cumsum(x * 2).persist()", "da.cumsum(x * 2).persist()")
     cases.append(h.Case("expr", scan[0], "cumsum(x * 2)", h.Step(client, "persist", lambda: mr.cumsum(x * 2)),
                         2 * nbytes, _scan_total_close(ref, 2), scan[1]))
