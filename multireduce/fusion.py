@@ -17,9 +17,10 @@ mixed dtypes; an input dtype the graph leaves ambiguous (any other input dtype N
 same result dtype: ``x * 0.5`` over float64 could be over int32); a Python constant beside a boolean
 (NumPy compares those in float64) or an integer constant inexact in float64; an accumulator narrower than
 the input (the kernels convert each element to it before the load transform runs); and float32 input
-that reaches the result through no arithmetic step (``where(x > 0, x, 0)``): CuPy and our runtime-
-compiled kernels both flush float32 subnormals (NVRTC's -ftz=true), in CuPy's arithmetic steps and in our
-load's conversion alike, but CuPy's ``where`` passes a subnormal through untouched; a float32 constant that
+that reaches the result through no step that flushes subnormals (``where(x > 0, x, 0)``, ``+x``): CuPy and
+our runtime-compiled kernels both flush float32 subnormals (NVRTC's -ftz=true), in CuPy's arithmetic
+steps, abs and negation and in our load's conversion alike, but CuPy's ``where`` passes a subnormal
+through untouched; a float32 constant that
 is itself subnormal, for the same reason. One difference is left: the fused kernels are compiled at run
 time (-ftz=true) where the plain float32 ones are prebuilt without it, so a float32 running sum or
 comparison that passes through the subnormal range (|values| below 1.2e-38) is flushed to zero by the
