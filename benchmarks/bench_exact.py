@@ -282,6 +282,21 @@ def profile_ncu() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def host_us_per_call(f, calls: int, until_done: bool) -> float:
+    """Host microseconds per call of ``f`` called ``calls`` times back to back; ``until_done``: the wait for
+    the GPU to finish the last one counted too."""
+    import cupy
+
+    start = time.perf_counter()
+    for _ in range(calls):
+        f()
+    if until_done:
+        cupy.cuda.Device().synchronize()
+    us = 1e6 * (time.perf_counter() - start) / calls
+    cupy.cuda.Device().synchronize()
+    return us
+
+
 def profile_call() -> None:
     """``--profile call``: host microseconds of the exact sum and its pieces, then cProfile of the call."""
     import cupy
@@ -298,11 +313,7 @@ def profile_call() -> None:
                      ("device_words + get", lambda: cupy_exact.device_words(flat).get()),
                      ("cupy_exact.state_of", lambda: cupy_exact.state_of(g, (0,))),
                      ("mr.sum", lambda: float(mr.sum(g)))):
-        start = time.perf_counter()
-        for _ in range(calls):
-            f()
-        cupy.cuda.Device().synchronize()
-        print(f"{label:22s} {1e6 * (time.perf_counter() - start) / calls:8.1f} us per call (host wall)")
+        print(f"{label:22s} {host_us_per_call(f, calls, until_done=True):8.1f} us per call (host wall)")
     for sort, lines in (("tottime", 18), ("cumulative", 25)):
         print(h.cprofiled(lambda: mr.sum(g, exact=True), calls, sort, lines))
 
@@ -396,12 +407,7 @@ def profile_latency() -> list:
     for label, f in (("mr.sum(exact=True)", lambda: mr.sum(small, exact=True)), ("mr.sum", lambda: mr.sum(small))):
         f()
         cupy.cuda.Device().synchronize()
-        start = time.perf_counter()
-        for _ in range(200):
-            f()
-        host_us = 1e6 * (time.perf_counter() - start) / 200
-        cupy.cuda.Device().synchronize()
-        print(f"{label:20s} host {host_us:6.1f} us per call at 2^10")
+        print(f"{label:20s} host {host_us_per_call(f, 200, until_done=False):6.1f} us per call at 2^10")
     return rows
 
 

@@ -429,6 +429,18 @@ def _partials_here(plan, codes_of, keys, dask_worker=None):
     return len(held), time.perf_counter() - t0
 
 
+def _field(args, setting: h.Setting, client, n_workers: int):
+    """(the field of ``--paths axes`` persisted with Dask's placement, its time steps, its chunks)."""
+    lat, lon = args.field_shape
+    steps = int(args.field_gib * n_workers * 2**30 // (lat * lon * 4))
+    per = min(args.field_chunk_steps, steps)
+    chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
+    f, layout = place(client, setting, chunks, "dask", seed=3)
+    print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks, "
+          f"chunks per worker {layout.per_worker}", flush=True)
+    return f, steps, chunks
+
+
 def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
     """``--profile groupby``: see the module docstring."""
     import distributed
@@ -439,13 +451,7 @@ def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
 
     from benchmarks.multigpu import month_of_hour
 
-    lat, lon = args.field_shape
-    steps = int(args.field_gib * n_workers * 2**30 // (lat * lon * 4))
-    per = min(args.field_chunk_steps, steps)
-    chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
-    f, layout = place(client, setting, chunks, "dask", seed=3)
-    print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks, "
-          f"chunks per worker {layout.per_worker}", flush=True)
+    f, steps, chunks = _field(args, setting, client, n_workers)
     month, day = month_of_hour(steps), np.arange(steps) // 24
     tables: dict = {"walls": [], "prefixes": [], "workers": []}
     keys = placement.chunk_keys(f)
@@ -528,13 +534,7 @@ def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
     import multireduce as mr
     from multireduce import direct
 
-    lat, lon = args.field_shape
-    steps = int(args.field_gib * n_workers * 2**30 // (lat * lon * 4))
-    per = min(args.field_chunk_steps, steps)
-    chunks = ((per,) * (steps // per) + ((steps % per,) if steps % per else ()), (lat,), (lon,))
-    f, layout = place(client, setting, chunks, "dask", seed=3)
-    print(f"field {steps} x {lat} x {lon} float32 ({f.nbytes / 1e9:.1f} GB) in {len(chunks[0])} chunks, "
-          f"chunks per worker {layout.per_worker}", flush=True)
+    f, steps, chunks = _field(args, setting, client, n_workers)
     runs: list = []
     real_run = direct._run
 
@@ -555,11 +555,15 @@ def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
                 client.run(_time_worker_work)
                 runs.clear()
                 direct.last_decline = None
+                result = make()
                 start = time.perf_counter()
-                make().compute()
+                result.compute()
                 wall = time.perf_counter() - start
                 work = max(client.run(_worker_work_log).values())
                 cells.append((wall, sum(runs), work, len(runs)))
+                names = [result.name]
+                del result
+                h.wait_released(client, names)  # the next repetition may not reuse this one's keys
             med = [statistics.median(c[i] for c in cells[1:]) for i in range(3)]
             rows.append((label, f"{med[0] * 1e3:.1f}", f"{med[1] * 1e3:.1f}", f"{med[2] * 1e3:.1f}",
                          f"{(med[0] - med[1]) * 1e3:.1f}", str(cells[-1][3]), direct.last_decline or "-"))

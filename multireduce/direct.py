@@ -190,15 +190,12 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
     combine function and groups of keys): each group's host values combined here, in order, and sent as
     one value under its first key; the client would combine exactly those values in that order (the
     first level of ``fold_in_order``), so the bits are the same and less crosses the network."""
+    from .recipes import one_at_a_time
+
     extra = extra or {}
-    computed = []
-    blocks = iter(blocks)  # chunks made one by one (a recipe): none kept alive while the next is made
-    for k in keys:
-        block = next(blocks, None)
-        if block is None:  # fewer chunks than keys (never, for the callers here): as zip would
-            break
-        computed.append(None if k in only_where else _call_where_held(block, per_chunk, *extra.get(k, ())))
-        del block
+    # chunks made one by one (a recipe): none kept alive while the next is made
+    computed = one_at_a_time(blocks, lambda block, k: None if k in only_where else _call_where_held(
+        block, per_chunk, *extra.get(k, ())), keys)
     if computed and all(type(v) is PerPlan for v in computed):  # several plans' partials (a FusedPlan)
         computed = _on_host_by_plan(keys, computed)
     if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
@@ -1345,27 +1342,27 @@ async def totals_of_recipes(plan, recipes: dict, lane_of: dict, need=None, dask_
 
 
 def _totals_here(plan, keys: list, blocks, lane_of: dict) -> _Packed:
-    from .backends import backend_for
+    from .backends import backend_for, is_cupy_array
+    from .recipes import one_at_a_time
 
     totals: dict = {}
-    bounds = []
-    blocks = iter(blocks)  # made one by one: none kept alive while the next is made
-    for k in keys:
-        block = next(blocks, None)
-        if block is None:
-            break
+    bounds: dict = {}  # per GPU (None: host memory), merged where they are: one copy to the host each
+
+    def add(block, k):
+        where = block.data.device_id if is_cupy_array(block) else None
         with on_device_of(block):
             part = plan.partial(block)
-            bounds.append(backend_for(block).sum_bounds(block))
+            bounds[where] = backend_for(block).sum_bounds(block, bounds.get(where))
             lane = lane_of[k]
             totals[lane] = part if lane not in totals else plan.combine(totals[lane], part)
-        del block
+
+    one_at_a_time(blocks, add, keys)  # made one by one: none kept alive while the next is made
     lanes = list(totals)
     parts = [totals[lane] for lane in lanes]
     columns = _PartialColumns.of(lanes, parts)
     host = columns.expand() if columns is not None else dict(zip(lanes, to_host_together(parts)))
-    bounds = [b if type(b) is tuple else tuple(int(v) for v in b.get()) for b in bounds]
-    return _Packed((host, merge_bounds(bounds)))
+    merged = merge_bounds(b if type(b) is tuple else tuple(int(v) for v in b.get()) for b in bounds.values())
+    return _Packed((host, merged))
 
 
 def _recipes_by_worker(sources, client):
@@ -1610,8 +1607,12 @@ def _partials_fit(x, plan) -> bool:
 
 def _sums_in_any_order(x, plan) -> bool:
     """Whether ``plan``'s partials of ``x`` are float64 sums of float16/float32 values, which the direct path
-    sums in any order where their bounds make them exact (``_summed_in_any_order``)."""
-    return bool(getattr(plan, "sums_narrow_floats_in_float64", lambda dtype: False)(x.dtype))
+    sums in any order where their bounds make them exact (``_summed_in_any_order``), and ``x``'s chunks
+    live where a bounds pass costs less than the transfers it saves (the backend's ``SUMS_IN_ANY_ORDER``)."""
+    from .backends import backend_for
+
+    return bool(getattr(plan, "sums_narrow_floats_in_float64", lambda dtype: False)(x.dtype)
+                and getattr(backend_for(x._meta), "SUMS_IN_ANY_ORDER", False))
 
 
 def _totals_fit(x, plan) -> bool:

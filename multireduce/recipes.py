@@ -19,7 +19,7 @@ whose one output feeds many chunks) is not split (``None``): its tasks stay Dask
 from __future__ import annotations
 
 from collections import Counter
-from typing import Hashable, Iterator, Mapping, Sequence
+from typing import Hashable, Iterable, Iterator, Mapping, Sequence
 
 Key = Hashable
 
@@ -106,19 +106,25 @@ class Recipe:
             del value  # not alive while the next chunk is made
 
     def apply(self, values: Mapping, fn, *per_chunk: Sequence) -> list:
-        """``[fn(chunk, *extras) for each chunk]`` in chunk order (``per_chunk``: sequences of one extra
-        argument per chunk), with no chunk alive while the next one is made. A loop over ``make`` keeps
-        its variable bound through the next chunk's making: three chunks at once on each GPU where
-        dask.array holds two (a chunk made by a step that allocates a temporary; 4 x H200, 2026-11-27)."""
-        made = self.make(values)
-        out = []
-        for extras in zip(*per_chunk) if per_chunk else iter(tuple, None):
-            block = next(made, _DONE)
-            if block is _DONE:
-                break
-            out.append(fn(block, *extras))
-            del block
-        return out
+        """``one_at_a_time`` over the chunks this recipe makes from ``values``."""
+        return one_at_a_time(self.make(values), fn, *per_chunk)
+
+
+def one_at_a_time(chunks: Iterable, fn, *per_chunk: Sequence) -> list:
+    """``[fn(chunk, *extras) for each chunk]`` in order (``per_chunk``: sequences of one extra argument per
+    chunk; the shortest ends it, as ``zip``), with no chunk alive while the next one is made. A loop over
+    a generator of chunks keeps its variable bound through the next chunk's making: three chunks at once
+    on each GPU where dask.array holds two (a chunk made by a step that allocates a temporary; 4 x H200,
+    2026-11-27)."""
+    chunks = iter(chunks)
+    out = []
+    for extras in zip(*per_chunk) if per_chunk else iter(tuple, None):
+        block = next(chunks, _DONE)
+        if block is _DONE:
+            break
+        out.append(fn(block, *extras))
+        del block
+    return out
 
 
 class ChunkSources:

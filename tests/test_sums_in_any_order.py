@@ -1,6 +1,7 @@
 """Sums of float16/float32 values in float64 that are exact, and so the same in any order: the bounds of the
 values (``dtypes.exact_in_any_order``, the backends' ``sum_bounds``) and the held path that sums each
-worker's chunks of a lane together where the bounds allow it, on a real CPU cluster, with the bits of the
+worker's chunks of a lane together where the bounds allow it (taken for CuPy chunks; here for NumPy
+chunks too, on a real CPU cluster), with the bits of the
 chunk-ordered tree whatever the placement; data the bounds refuse keep the ordered fold."""
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ def test_merged_bounds_are_the_bounds_of_the_union():
     assert merge_bounds([]) == (NO_TOP, NO_GRID)
 
 
+def test_bounds_merged_into_an_earlier_result_are_those_of_both():
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal(70).astype(np.float32) * 1e4, rng.standard_normal(90).astype(np.float32) * 1e-4
+    merged = numpy_backend.sum_bounds(b, numpy_backend.sum_bounds(a))
+    assert merged == numpy_backend.sum_bounds(np.concatenate([a, b])) == merge_bounds(
+        [numpy_backend.sum_bounds(a), numpy_backend.sum_bounds(b)])
+
+
 def test_sums_the_bounds_allow_are_the_exact_sum_in_every_order():
     """Soundness: wherever the bounds allow it, float64 sums in shuffled orders and random groupings all
     equal the exact rational sum."""
@@ -112,7 +121,10 @@ def _graph(fn, x):
 
 @pytest.fixture
 def summed_together(monkeypatch):
-    """How many chunks the workers summed into lane totals (the workers run in this process)."""
+    """How many chunks the workers summed into lane totals (the workers run in this process), with the
+    path taken for NumPy chunks too: it is the GPU's (numpy_backend.SUMS_IN_ANY_ORDER says why not on the
+    CPU), and its logic is the same."""
+    monkeypatch.setattr(numpy_backend, "SUMS_IN_ANY_ORDER", True)
     made = []
     totals_here = direct._totals_here
 

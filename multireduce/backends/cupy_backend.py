@@ -595,6 +595,9 @@ extern "C" __global__ void mr_sum_bounds_f16(const unsigned short* x, long long 
 }
 """
 _bounds_modules: dict[int, object] = {}
+#: whether the held paths sum chunks in any order where ``sum_bounds`` allows it (numpy_backend's says why
+#: not there): on a GPU the bounds pass is one more read at the memory roof
+SUMS_IN_ANY_ORDER = True
 
 
 def _bounds_kernel(dtype: np.dtype):
@@ -608,14 +611,15 @@ def _bounds_kernel(dtype: np.dtype):
     return module.get_function("mr_sum_bounds_f32" if dtype == np.float32 else "mr_sum_bounds_f16")
 
 
-def sum_bounds(x):
+def sum_bounds(x, into=None):
     """(top, grid) of a float16 or float32 ``x`` (numpy_backend.sum_bounds) as a (2,) int32 array on its GPU,
-    without waiting for it: bring several to the host together."""
+    without waiting for it. ``into``: an earlier result on the same GPU, merged into in place (the kernel's
+    atomics), so the bounds of many chunks come to the host in one copy."""
     from ..dtypes import NO_GRID, NO_TOP
 
     if not (x.flags.c_contiguous or x.flags.f_contiguous):  # the order of the elements does not matter
         x = cupy.ascontiguousarray(x)
-    out = cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
+    out = into if into is not None else cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
     if x.size:
         sms, _ = _facts()
         grid = int(min(-(-x.size // 256), sms * 8))

@@ -363,10 +363,22 @@ def _kept_words(rows: int):
     return key, entry
 
 
-def _drop_kept(key, entry) -> None:
-    with _kept_guard:
-        if _kept.get(key) is entry:
-            del _kept[key]
+def _in_kept_words(rows: int, launches) -> bool:
+    """``launches(words)`` on the kept words of ``rows`` rows (``_kept_words``), under their lock; a failure
+    drops the buffer (its words may not be zero) and is raised. False where more rows than are kept."""
+    found = _kept_words(rows)
+    if found is None:
+        return False
+    key, entry = found
+    with entry.lock:
+        try:
+            launches(entry.words[:rows])
+        except BaseException:
+            with _kept_guard:
+                if _kept.get(key) is entry:
+                    del _kept[key]
+            raise
+    return True
 
 
 def _round_launch(words, rows: int, out_dtype, skipnan: bool, divisor: int, clear: bool, out) -> None:
@@ -409,21 +421,16 @@ def _whole_sum(x, plan):
     grid = _grid_x(key[0], n, 1, BLOCKS_PER_SM, bound.resident)
     if n > grid * _PER_BLOCK_LIMIT:
         return None
-    key_and_entry = _kept_words(1)
-    if key_and_entry is None:
-        return None
-    key, entry = key_and_entry
     out = cupy.empty(1, plan.out_dtype)
     count = np.int64(n)
-    words = entry.words[:1]
-    with entry.lock:
-        try:
-            bound.sum_kernel((grid, 1), BLOCK, (x.reshape(1, n), _ONE, count, count, words))
-            bound.round_kernel(1, _ROUND_ROWS, (words, _ONE, bound.precision, bound.emin, bound.skipnan,
-                                                count if plan.mean else _ONE, _CLEAR, out))
-        except BaseException:
-            _drop_kept(key, entry)
-            raise
+
+    def launches(words):
+        bound.sum_kernel((grid, 1), BLOCK, (x.reshape(1, n), _ONE, count, count, words))
+        bound.round_kernel(1, _ROUND_ROWS, (words, _ONE, bound.precision, bound.emin, bound.skipnan,
+                                            count if plan.mean else _ONE, _CLEAR, out))
+
+    if not _in_kept_words(1, launches):
+        return None
     return out.reshape((1,) * x.ndim if plan.keepdims else ())
 
 
@@ -443,18 +450,12 @@ def reduce(x, plan):
             divisor = n if plan.mean else 1
             rows = rows_n.shape[0]
             out = cupy.empty(rows, out_dtype)
-            kept = _kept_words(rows)
-            if kept is not None:
-                key, entry = kept
-                with entry.lock:
-                    try:
-                        held = entry.words[:rows]
-                        device_words(rows_n, words=held)
-                        _round_launch(held, rows, out_dtype, plan.skipnan, divisor, True, out)
-                    except BaseException:
-                        _drop_kept(key, entry)
-                        raise
-            else:
+
+            def launches(held):
+                device_words(rows_n, words=held)
+                _round_launch(held, rows, out_dtype, plan.skipnan, divisor, True, out)
+
+            if not _in_kept_words(rows, launches):
                 batches = _row_batches(rows, KWORDS + 1)
                 words = cupy.empty((batches[0][1], KWORDS + 1), dtype=np.int64)  # one buffer, batch after batch
                 for start, stop in batches:

@@ -30,3 +30,12 @@ def test_sum_bounds_of_a_strided_view():
     a[::2, ::2] *= np.float32(1e-20)
     got = tuple(int(v) for v in cupy_backend.sum_bounds(cupy.asarray(a)[:, ::2]).get())
     assert got == numpy_backend.sum_bounds(a[:, ::2])
+
+
+def test_sum_bounds_merged_on_the_gpu_into_an_earlier_result():
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal(700).astype(np.float32) * 1e4, rng.standard_normal(900).astype(np.float32) * 1e-4
+    first = cupy_backend.sum_bounds(cupy.asarray(a))
+    merged = cupy_backend.sum_bounds(cupy.asarray(b), first)
+    assert merged is first
+    assert tuple(int(v) for v in merged.get()) == numpy_backend.sum_bounds(np.concatenate([a, b]))
