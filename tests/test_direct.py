@@ -595,6 +595,34 @@ def test_partials_travel_as_columns_and_come_back_equal():
         assert list(again) == list(other) and all(type(again[k]) is type(v) for k, v in other.items())
 
 
+def _large_reply(seed: int):
+    from multireduce.core import Partial
+
+    big = np.random.default_rng(seed).random((721, 1440))  # a float64 total per worker: 8.3 MB
+    return direct._Packed(({0: Partial(big, 7), 1: Partial(np.arange(3.0), 2)}, (5, -60)))
+
+
+@pytest.mark.parametrize("to_workers", [True, False])
+def test_large_partials_travel_outside_the_pickle_and_arrive_equal_and_writable(client, to_workers):
+    import pickle
+
+    packed = _large_reply(3)
+    assert len(packed.buffers) == 1 and len(packed.data) < 1 << 12  # the 8.3 MB array is not in the pickle
+    want = _large_reply(3).unpack()
+    for protocol in (4, 5):  # stdlib pickle under either protocol gives the same values
+        back = pickle.loads(pickle.dumps(packed, protocol=protocol)).unpack()
+        assert np.array_equal(back[0][0].value, want[0][0].value) and back[1] == (5, -60)
+    workers = sorted(client.scheduler_info()["workers"])
+    with dask.config.set({"multireduce.direct-to-workers": to_workers}):
+        replies = direct._run(client, workers, _large_reply, 3)
+    assert sorted(replies) == workers
+    for (partials, bounds) in replies.values():
+        value = partials[0].value
+        assert np.array_equal(value, want[0][0].value) and partials[0].count == 7 and bounds == (5, -60)
+        assert np.array_equal(partials[1].value, np.arange(3.0)) and value.flags.writeable
+        value += 1.0  # the fold may add into what arrived
+
+
 @pytest.mark.parametrize("name", ["multireduce.placement-reuse", "multireduce.direct-connect-timeout",
                                   "multireduce.direct-check-interval"])
 @pytest.mark.parametrize("value", [True, "abc", -1, float("inf"), [1]])
