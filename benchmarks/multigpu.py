@@ -10,6 +10,7 @@ LocalCluster with NumPy chunks at tiny sizes, to check the suite anywhere), side
     python -m benchmarks multigpu --profile held [--cprofile]   # the held paths phase by phase
     python -m benchmarks multigpu --profile groupby   # the field's group-by, task by task
     python -m benchmarks multigpu --profile axes      # the field's mean over time, call by call
+    python -m benchmarks multigpu --profile expr      # expressions over a held array, call by call
 
 Data: float32 uniform in [-0.5, 0.5), generated on the workers and persisted (held): with Dask's own
 placement, contiguous (worker w holds the w-th run of chunks) or balanced (``multireduce.persist(x,
@@ -103,6 +104,7 @@ PRESETS = {
     "profile-phases": dict(gpus="4"),
     "cpu-profile-phases": dict(gpus="4", chunk_log2="10"),
     "profile-held": dict(per_gpu_gib="8", chunk_log2="26"),
+    "profile-expr": dict(per_gpu_gib="8", chunk_log2="26"),
 }
 
 
@@ -112,7 +114,9 @@ def parse(argv=None):
                            "held": "the held paths piece by piece, beside Dask's per-task floor",
                            "groupby": "the field's group-by (by month, by day; both methods) from the task stream",
                            "axes": "the field's mean over time, float32 and float64, split into the direct call, "
-                                   "the busiest worker's work and the client's own time"})
+                                   "the busiest worker's work and the client's own time",
+                           "expr": "expressions over a held array (sum(x * 2), argmax(abs(x)), var(x + 1)), "
+                                   "split as axes"})
     p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster with NumPy chunks, tiny sizes")
     p.add_argument("--scaling", action="store_true", help="the scaling table: worker counts x sizes x placements")
     p.add_argument("--paths", help=f"comma-separated, any of {', '.join(PATHS)} or all (default all)")

@@ -24,6 +24,10 @@ computes every held chunk's partial where it is (no task).
 (summed per worker where the sums are exact in any order), each ``.compute()`` split into the direct call to
 the workers (``client.run``: the workers' work, their replies and the transfer to the client), the busiest
 worker's own work inside it, and the client's own time (planning, combining, the result on its GPU).
+
+``expr``: whole reductions and statistics of a held 1-D float32 array and of expressions over it
+(``sum(x * 2)``, ``argmax(abs(x))``, ``var(x + 1)``), Dask's placement, the first size and chunk of
+``--per-gpu-gib``/``--chunk-log2``, split as ``axes``.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ def main(args, setting: h.Setting):
 
     n_workers = worker_counts(args.gpus, 4 if setting.cpu else setting.available)[-1]
     with setting.cluster(n_workers) as cluster, distributed.Client(cluster) as client:
-        return {"phases": phases, "held": held, "groupby": groupby, "axes": axes}[args.profile](args, setting, client,
-                                                                                               n_workers)
+        return {"phases": phases, "held": held, "groupby": groupby, "axes": axes,
+                "expr": expressions}[args.profile](args, setting, client, n_workers)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -529,12 +533,12 @@ def _worker_work_log(dask_worker=None) -> float:
     return sum(sum(getattr(direct, name).log) for name in _TIMED)
 
 
-def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
-    """``--profile axes``: see the module docstring."""
-    import multireduce as mr
+def _split_calls(client, calls, repeats: int) -> list:
+    """Each (label, make) of ``calls``: ``make().compute()`` timed whole and split into the direct calls to
+    the workers (``direct._run``), the busiest worker's own work inside them and the client's own time;
+    median ms over ``repeats`` after a warm-up, each repetition after the previous result's keys left."""
     from multireduce import direct
 
-    f, steps, chunks = _field(args, setting, client, n_workers)
     runs: list = []
     real_run = direct._run
 
@@ -548,10 +552,9 @@ def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
     rows = []
     direct._run = timed_run
     try:
-        for label, make in (("mr.mean(f, axis=0)", lambda: mr.mean(f, axis=0)),
-                            ("mr.mean(f, axis=0, dtype=float64)", lambda: mr.mean(f, axis=0, dtype=np.float64))):
+        for label, make in calls:
             cells = []
-            for rep in range(args.repeats + 1):
+            for rep in range(repeats + 1):
                 client.run(_time_worker_work)
                 runs.clear()
                 direct.last_decline = None
@@ -571,7 +574,50 @@ def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
     finally:
         direct._run = real_run
     print(h.md_table(HEADER_AXES, rows), flush=True)
+    return rows
+
+
+def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
+    """``--profile axes``: see the module docstring."""
+    import multireduce as mr
+
+    f, steps, chunks = _field(args, setting, client, n_workers)
+    rows = _split_calls(client, (
+        ("mr.mean(f, axis=0)", lambda: mr.mean(f, axis=0)),
+        ("mr.mean(f, axis=0, dtype=float64)", lambda: mr.mean(f, axis=0, dtype=np.float64))), args.repeats)
+    # the same call with the workers' replies pickled whole (every buffer inside the pickle), side by side
+    client.run(_replies_out_of_band_from, 1 << 62)
+    try:
+        rows += _split_calls(client, (("mr.mean(f, axis=0, dtype=float64), replies pickled whole",
+                                       lambda: mr.mean(f, axis=0, dtype=np.float64)),), args.repeats)
+    finally:
+        client.run(_replies_out_of_band_from, None)
+    print(h.md_table(HEADER_AXES, rows), flush=True)
     return {"rows": rows}
+
+
+def _replies_out_of_band_from(nbytes):
+    """Sets this worker's ``direct.OUT_OF_BAND_BYTES`` (None: back to the default)."""
+    from multireduce import direct
+
+    default = getattr(direct, "_default_out_of_band", direct.OUT_OF_BAND_BYTES)
+    direct._default_out_of_band = default
+    direct.OUT_OF_BAND_BYTES = default if nbytes is None else nbytes
+
+
+def expressions(args, setting: h.Setting, client, n_workers: int) -> dict:
+    """``--profile expr``: see the module docstring."""
+    import multireduce as mr
+    from benchmarks.multigpu import float32_sizes
+
+    (gib, log2, chunk, total), = list(float32_sizes(args, n_workers))[:1]
+    x, layout = place(client, setting, ((chunk,) * (total // chunk),), "dask")
+    print(f"x: {total} float32 in {total // chunk} chunks of 2^{log2}, chunks per worker {layout.per_worker}",
+          flush=True)
+    return {"rows": _split_calls(client, (
+        ("mr.sum(x)", lambda: mr.sum(x)), ("mr.sum(x * 2)", lambda: mr.sum(x * 2)),
+        ("mr.argmax(x)", lambda: mr.argmax(x)), ("mr.argmax(abs(x))", lambda: mr.argmax(abs(x))),
+        ("mr.var(x + 1)", lambda: mr.var(x + 1))), args.repeats)}
 
 
 HEADER_AXES = ("call", "wall ms", "direct calls ms", "busiest worker's work ms", "client's own ms", "direct calls",
