@@ -128,6 +128,23 @@ class Steps:
         """A CUDA expression of ``element`` (a ``ctype``) computing the steps."""
         return _cuda(self.tree, ctype, element)
 
+    def read_in_kernels(self, dtype) -> bool:
+        """Whether kernels reading a ``dtype`` chunk through these steps (``cuda``) compute what NumPy's steps
+        do: ``dtype`` is float32 or float64, the steps keep it, and ``_writable`` holds for it."""
+        key = (self, np.dtype(dtype))
+        found = _READ_IN_KERNELS.get(key)
+        if found is None:
+            dtype = np.dtype(dtype)
+            found = (dtype in _CTYPES and self.dtype_of(dtype, keeping=True) == dtype
+                     and _writable(self.tree, dtype))
+            if len(_READ_IN_KERNELS) >= 1024:
+                _READ_IN_KERNELS.clear()
+            _READ_IN_KERNELS[key] = found
+        return found
+
+
+_READ_IN_KERNELS: dict = {}
+
 
 def _constant_key(value):
     """A Python number by its type and bits: 0.0 and -0.0 differ, a NaN equals itself."""
@@ -306,18 +323,23 @@ class _NotFusable(Exception):
     pass
 
 
-def split_steps(x):
-    """``read_steps(x)``, read once per array."""
+def split_steps(x, any_input: bool = False):
+    """``read_steps(x, any_input)``, read once per array."""
     from .recipes import read_once
 
+    if any_input:
+        return read_once(x, "_multireduce_steps_any_input", lambda a: read_steps(a, any_input=True))
     return read_once(x, "_multireduce_steps", read_steps)
 
 
-def read_steps(x):
+def read_steps(x, any_input: bool = False):
     """(the array the elementwise steps at the top of ``x``'s graph read, Steps) where every chunk of ``x``
     is made by the same steps from the chunk at its position of one other array, with Python numbers as
     the only other operands, and that array's dtype is ``x``'s (float32 or float64) whatever it could have
-    been; None otherwise."""
+    been; None otherwise. The graph does not say the input's dtype: ``any_input`` also takes steps that
+    give ``x``'s dtype from other input dtypes too (``abs`` of complex64 is float32 as well), and the
+    array returned then claims ``x``'s dtype, which its chunks may not have: for consumers that check
+    each chunk's dtype (``Steps.read_in_kernels``) and evaluate the steps apart where it is another."""
     import dask.array as da
     from dask.array.utils import meta_from_array
     from dask.highlevelgraph import HighLevelGraph
@@ -341,10 +363,9 @@ def read_steps(x):
     name, steps = found
     # the input's dtype is not in the graph: it is taken as x's only where the steps keep x's dtype and no
     # other input dtype would give x's dtype (dtype_of is None where NumPy refuses: never equal)
-    kept = steps.dtype_of(dtype, keeping=True)
-    if kept is None or kept != dtype or not _writable(steps.tree, dtype):
+    if not steps.read_in_kernels(dtype):
         return None
-    for other in _CANDIDATES:
+    for other in () if any_input else _CANDIDATES:
         found = steps.dtype_of(other) if other != dtype else None
         if found is not None and found == dtype:
             return None
@@ -493,7 +514,7 @@ def fused_statistic(x, plan):
     if (not setting("multireduce.fuse-elementwise") or getattr(plan, "steps", None) is not None
             or plan.stat not in STATISTICS_READING_STEPS or not worth_fusing(x)):
         return None
-    found = split_steps(x)
+    found = split_steps(x, any_input=True)  # StatPlan reads through the steps only chunks of x's dtype
     if found is None:
         return None
     below, steps = found

@@ -135,8 +135,11 @@ class StatPlan:
             offsets = (0,) * block.ndim
         be = _backend(block)
         steps = self.steps
-        if steps is not None and (not getattr(be, "READS_STEPS", False) or _refused(self, block.dtype)):
-            block, steps = steps.evaluate(block), None  # the steps first, as the graph would
+        if steps is not None and (not getattr(be, "READS_STEPS", False) or not steps.read_in_kernels(block.dtype)
+                                  or _refused(self, block.dtype)):
+            # the steps first, as the graph would; also where the chunk is not of the dtype the steps were
+            # read for (the graph does not say it: abs(x) of float32 may read complex64 chunks)
+            block, steps = steps.evaluate(block), None
         if steps is not None:
             from .kernels import KernelError
 

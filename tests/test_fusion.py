@@ -210,6 +210,60 @@ def test_statistics_the_kernels_cannot_read_so_keep_their_steps(monkeypatch):
     assert dask.base.tokenize(fused) != dask.base.tokenize(plan)
 
 
+class _ReadingBackend:
+    """numpy_stats taking ``steps`` as a GPU backend does (READS_STEPS), recording the dtype of each chunk
+    read through them; the steps' values computed first, as NumPy would."""
+
+    READS_STEPS = True
+
+    def __init__(self):
+        self.read = []
+
+    def __getattr__(self, name):
+        from multireduce.backends import numpy_stats
+
+        real = getattr(numpy_stats, name)
+        if not name.endswith("_chunk"):
+            return real
+
+        def chunk(block, *args, steps=None):
+            if steps is not None:
+                self.read.append(np.dtype(block.dtype))
+                block = steps.evaluate(block)
+            return real(block, *args)
+
+        return chunk
+
+
+@pytest.mark.parametrize("stat", ["argmax", "nanargmin", "var", "nanmax"])
+def test_statistics_of_steps_that_other_input_dtypes_also_give_read_only_chunks_of_that_dtype(monkeypatch, stat):
+    """``abs(x)`` is float32 for float32 and for complex64 chunks, and the graph does not say which: a
+    statistic reads the steps in its kernels for chunks of the dtype it assumed, and computes them apart
+    for any other, with NumPy's result either way."""
+    from multireduce import statistics
+
+    reading = _ReadingBackend()
+    monkeypatch.setattr(fusion, "worth_fusing", lambda x: True)
+    monkeypatch.setattr(statistics, "_backend", lambda block: reading)
+    fn = getattr(mr, stat)
+    x = _data()
+    z = (x + 1j * _data()).astype(np.complex64)
+    for data, read_in_kernels in ((x, True), (z, False)):
+        reading.read.clear()
+        d = da.from_array(data, chunks=(CHUNKS,))
+        e = abs(d) if stat != "var" else da.sqrt(abs(d)) * 2  # sqrt: int16 chunks give float32 too
+        assert e.dtype == np.float32 and fusion.split_steps(e) is None  # not for reductions: any input dtype
+        assert fusion.split_steps(e, any_input=True) is not None
+        with np.errstate(all="ignore"):
+            got = fn(e).compute()
+            with dask.config.set({"multireduce.fuse-elementwise": False}):
+                want = fn(e).compute()
+            numpy_value = getattr(np, stat)(np.sqrt(np.abs(data)) * 2 if stat == "var" else np.abs(data))
+        assert _bits(got) == _bits(want)
+        assert np.asarray(got) == numpy_value or np.isclose(got, numpy_value, rtol=1e-5)
+        assert set(reading.read) == ({np.dtype(np.float32)} if read_in_kernels else set())
+
+
 def test_a_subnormal_float32_constant_is_left_to_cupy():
     """Our runtime-compiled kernels flush float32 subnormals (-ftz): such a constant would read as zero."""
     x = da.from_array(_data(np.float32), chunks=(CHUNKS,))
