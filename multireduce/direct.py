@@ -106,7 +106,7 @@ from dask.array.utils import meta_from_array
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import placement
-from .backends import on_device_of
+from .backends import finish_later, on_device_of, partials_later
 from .core import ScanPlan
 from .dtypes import NO_GRID, NO_TOP, exact_in_any_order, merge_bounds
 from .graph import (PerPlan, _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, first_level_folds,
@@ -193,11 +193,16 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
     from .recipes import one_at_a_time
 
     extra = extra or {}
-    # chunks made one by one (a recipe): none kept alive while the next is made
-    computed = one_at_a_time(blocks, lambda block, k: None if k in only_where else _call_where_held(
-        block, per_chunk, *extra.get(k, ())), keys)
+    # chunks made one by one (a recipe): none kept alive while the next is made; a statistic's partials
+    # stay on the GPU until every chunk's is launched, then come to the host in one copy
+    with partials_later():
+        computed = one_at_a_time(blocks, lambda block, k: None if k in only_where else _call_where_held(
+            block, per_chunk, *extra.get(k, ())), keys)
     if computed and all(type(v) is PerPlan for v in computed):  # several plans' partials (a FusedPlan)
-        computed = _on_host_by_plan(keys, computed)
+        by_plan = [finish_later(list(column)) for column in zip(*computed)]
+        computed = _on_host_by_plan(keys, [PerPlan(values) for values in zip(*by_plan)])
+    else:
+        computed = finish_later(computed)
     if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
         # partials of a reduction over some axes are combined on the GPU, as on every path: only the
         # groups' results come to the host

@@ -135,8 +135,9 @@ class Steps:
         found = _READ_IN_KERNELS.get(key)
         if found is None:
             dtype = np.dtype(dtype)
-            found = (dtype in _CTYPES and self.dtype_of(dtype, keeping=True) == dtype
-                     and _writable(self.tree, dtype))
+            kept = self.dtype_of(dtype, keeping=True) if dtype in _CTYPES else None
+            # "is not None" first: a dtype compares equal to None (np.dtype(None) is float64)
+            found = kept is not None and kept == dtype and _writable(self.tree, dtype)
             if len(_READ_IN_KERNELS) >= 1024:
                 _READ_IN_KERNELS.clear()
             _READ_IN_KERNELS[key] = found

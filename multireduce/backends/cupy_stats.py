@@ -33,8 +33,8 @@ except ImportError:  # the kernel names, the layout logic and the nvcc check (CI
 from .. import dtypes as _dt
 from .. import kernels as _kernels
 from ..tuning import Policy
+from . import Later, later_wanted, on_device_of
 from . import numpy_stats as _host
-from . import on_device_of
 
 if cupy is not None:
     from . import cupy_backend as _cupy_backend
@@ -386,11 +386,6 @@ class WholeLauncher:
 _ZERO, _ONE = np.int64(0), np.int64(1)
 
 
-def host_states(states, stat, dtype, kept):
-    """The States copied to the host, as a structured array of the kept shape."""
-    return states.get().view(state_dtype(stat, dtype)).reshape(kept)
-
-
 # ------------------------------------------------------------------------------------------------
 # chunk partials for StatPlan (numpy_stats' partial formats, on the host)
 # ------------------------------------------------------------------------------------------------
@@ -402,9 +397,16 @@ def _kept(block, axes):
     return tuple(1 if d in axes else s for d, s in enumerate(block.shape))
 
 
-def _states(block, stat, axes, steps=None):
+def _states_then(block, stat, axes, steps, then):
+    """``then(States)`` (host, kept shape) of ``stat`` over ``axes`` of ``block``; a ``Later`` where the caller
+    asked for partials later (``backends.partials_later``): the States stay on the GPU until then."""
     states, _ = run(block, stat, axes, states=True, result=False, steps=steps)
-    return host_states(states, stat, block.dtype, _kept(block, axes))
+    sdt, kept = state_dtype(stat, block.dtype), _kept(block, axes)
+
+    def made(raw):
+        return then(raw.view(sdt).reshape(kept))
+
+    return Later(states, made) if later_wanted() else made(states.get())
 
 
 def _evaluated(block, steps):
@@ -437,16 +439,20 @@ def arg_chunk(block, axes, largest, skipnan, offsets, shape, steps=None):
         if not handles(block, "argmax"):
             return to_host(_host.arg_chunk(_evaluated(block, steps), axes, largest, skipnan, offsets, shape, xp=cupy))
         stat = ("nanarg" if skipnan else "arg") + ("max" if largest else "min")
-        return arg_partial(_states(block, stat, axes, steps), block.dtype, tuple(block.shape), axes, largest,
-                           skipnan, offsets, shape)
+        dtype, block_shape = block.dtype, tuple(block.shape)
+        return _states_then(block, stat, axes, steps, lambda st: arg_partial(
+            st, dtype, block_shape, axes, largest, skipnan, offsets, shape))
+
+
+def _moments(st):
+    return tuple(np.ascontiguousarray(st[f]) for f in ("n", "anchor", "offset", "m2"))
 
 
 def moments_chunk(block, axes, skipnan, steps=None):
     with on_device_of(block):
         if not handles(block, "var"):
             return to_host(_host.moments_chunk(_evaluated(block, steps), axes, skipnan, xp=cupy))
-        st = _states(block, "nanvar" if skipnan else "var", axes, steps)
-        return tuple(np.ascontiguousarray(st[f]) for f in ("n", "anchor", "offset", "m2"))
+        return _states_then(block, "nanvar" if skipnan else "var", axes, steps, _moments)
 
 
 def extreme_chunk(block, axes, largest, steps=None):
@@ -454,22 +460,26 @@ def extreme_chunk(block, axes, largest, steps=None):
         if not handles(block, "nanmax"):
             return to_host(_host.extreme_chunk(_evaluated(block, steps), axes, largest, xp=cupy))
         kept = _kept(block, axes)
-        st = _states(block, "nanmax" if largest else "nanmin", axes, steps)
-        value = st["value"].astype(block.dtype)
-        if block.dtype.kind == "f":
-            value = np.where(st["seen"] != 0, value, np.nan).astype(block.dtype)
-        return value, np.full(kept, math.prod(block.shape[a] for a in axes), dtype=np.int64)
+        dtype, count = block.dtype, math.prod(block.shape[a] for a in axes)
+
+        def extreme(st):
+            value = st["value"].astype(dtype)
+            if dtype.kind == "f":
+                value = np.where(st["seen"] != 0, value, np.nan).astype(dtype)
+            return value, np.full(kept, count, dtype=np.int64)
+
+        return _states_then(block, "nanmax" if largest else "nanmin", axes, steps, extreme)
 
 
 def truth_chunk(block, axes, every):
     with on_device_of(block):
         if not handles(block, "any"):
             return to_host(_host.truth_chunk(block, axes, every, xp=cupy))
-        return (_states(block, "all" if every else "any", axes)["value"] != 0,)
+        return _states_then(block, "all" if every else "any", axes, None, lambda st: (st["value"] != 0,))
 
 
 def count_chunk(block, axes):
     with on_device_of(block):
         if not handles(block, "count_nonzero"):
             return to_host(_host.count_chunk(block, axes, xp=cupy))
-        return (np.ascontiguousarray(_states(block, "count_nonzero", axes)["value"]),)
+        return _states_then(block, "count_nonzero", axes, None, lambda st: (np.ascontiguousarray(st["value"]),))
