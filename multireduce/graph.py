@@ -718,10 +718,15 @@ def fold_in_order(plan, split_every: int, partials):
     where its chunks were (``fold_first_level``) comes as its value at its first position and None at
     the others: the same combine of the same partials in the same order."""
     level = list(partials)
+    groups = getattr(plan, "combine_groups", None)  # a level's combines at once (``StatPlan``)
     if len(level) > split_every:
-        level = [_combined(plan, level[j : j + split_every]) for j in range(0, len(level), split_every)]
+        if groups is not None and None not in level:
+            level = groups(level, split_every)
+        else:
+            level = [_combined(plan, level[j : j + split_every]) for j in range(0, len(level), split_every)]
     while len(level) > split_every:
-        level = [plan.combine(*level[j : j + split_every]) for j in range(0, len(level), split_every)]
+        level = groups(level, split_every) if groups is not None else \
+            [plan.combine(*level[j : j + split_every]) for j in range(0, len(level), split_every)]
     return plan.aggregate(*level)
 
 

@@ -182,6 +182,13 @@ class StatPlan:
 
     def combine(self, *partials):
         # a balanced pairwise tree: each merge level adds one rounding to the moments
+        if len(partials) > 2:
+            stacked = _stacked(partials, self.stat in _ARG)
+            if stacked is not None:
+                return self._combine_stacked(stacked)
+        return self._combine_pairwise(partials)
+
+    def _combine_pairwise(self, partials):
         level = list(partials)
         while len(level) > 1:
             nxt = [self._merge(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
@@ -189,6 +196,40 @@ class StatPlan:
                 nxt.append(level[-1])
             level = nxt
         return level[0]
+
+    def _combine_stacked(self, stacked, axis: int = 0):
+        """``_combine_pairwise``'s tree over partials stacked along ``axis`` (0, or 1 for several groups
+        stacked along axis 0): each level's merges as one merge of the even-placed partials with the
+        odd-placed ones. The merges are elementwise, so each element sees the same operations; a level of
+        64 partials costs one merge, not 32. Returns the merged partial (its members lose ``axis``)."""
+        lead = (slice(None),) * axis
+        n = stacked[0].shape[axis]
+        while n > 1:
+            left = tuple(a[(*lead, slice(0, n - 1, 2))] for a in stacked)
+            right = tuple(a[(*lead, slice(1, n, 2))] for a in stacked)
+            if self.stat in ("nanmin", "nanmax"):
+                merged = _extreme_merge_rows(left, right, self._largest, axis + 1)
+            else:
+                merged = self._merge(left, right)
+            if n % 2:
+                merged = tuple(np.concatenate([m, a[(*lead, slice(n - 1, n))]], axis=axis)
+                               for m, a in zip(merged, stacked))
+            stacked, n = merged, (n + 1) // 2
+        return tuple(a[(*lead, 0)] for a in stacked)
+
+    def combine_groups(self, partials: list, size: int) -> list:
+        """``[self.combine(*partials[j : j + size]) for j in range(0, len(partials), size)]`` (a level of
+        ``graph.fold_in_order``'s tree), the full groups' trees merged together, level by level."""
+        full = len(partials) // size * size
+        stacked = _stacked(partials[:full], self.stat in _ARG) if full and size > 1 else None
+        if stacked is None:
+            return [self.combine(*partials[j : j + size]) for j in range(0, len(partials), size)]
+        groups = tuple(a.reshape(full // size, size, *a.shape[1:]) for a in stacked)
+        merged = self._combine_stacked(groups, axis=1)
+        out = [tuple(m[i] for m in merged) for i in range(full // size)]
+        if full < len(partials):
+            out.append(self.combine(*partials[full:]))
+        return out
 
     def finalize(self, partial):
         stat = self.stat
@@ -223,6 +264,43 @@ class StatPlan:
     def __dask_tokenize__(self):
         return ("multireduce.StatPlan", self.stat, self.axes, self.keepdims, str(self.out_dtype), self.ddof,
                 self.shape, self.gpu, self.skipnan, repr(self.steps))
+
+
+def _stacked(partials, arg: bool):
+    """``partials`` (tuples of NumPy arrays) as one tuple of arrays stacked along a new leading axis, or None
+    where they differ in form (length, dtypes, shapes) or hold anything else. An argmin/argmax GPU pair
+    (value, index) gains the ``seen`` its merge would give it (index >= 0)."""
+    if arg:
+        partials = [p if len(p) == 3 else (*p, p[1] >= 0) for p in partials]
+    first = partials[0]
+    if type(first) is not tuple or not builtins.all(type(a) is np.ndarray for a in first):
+        return None
+    form = [(a.dtype, a.shape) for a in first]
+    for p in partials:
+        if type(p) is not tuple or len(p) != len(form) or not builtins.all(
+                type(a) is np.ndarray and (a.dtype, a.shape) == f for a, f in zip(p, form)):
+            return None
+    return tuple(np.stack(members) for members in zip(*partials))
+
+
+def _extreme_merge_rows(left, right, largest: bool, lead: int = 1):
+    """``numpy_stats.extreme_merge`` of each partial of ``left`` (indexed by its ``lead`` leading axes) with
+    the same one of ``right``: a partial whose counts are all zero (an empty chunk's placeholder) gives
+    way to the other whole."""
+    (va, na), (vb, nb) = left, right
+
+    def empty(counts):
+        rows = counts.shape[:lead]
+        if math.prod(counts.shape[lead:]) == 0:
+            return np.zeros(rows + (1,) * (counts.ndim - lead), dtype=bool)
+        return ~counts.reshape(rows + (-1,)).any(axis=-1).reshape(rows + (1,) * (counts.ndim - lead))
+
+    if va.dtype.kind == "f":
+        value = np.fmax(va, vb) if largest else np.fmin(va, vb)
+    else:
+        value = np.maximum(va, vb) if largest else np.minimum(va, vb)
+    value = np.where(empty(na), vb, np.where(empty(nb), va, value))
+    return value, na + nb
 
 
 def _finish_arg(stat, partial):

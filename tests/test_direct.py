@@ -595,6 +595,25 @@ def test_partials_travel_as_columns_and_come_back_equal():
         assert list(again) == list(other) and all(type(again[k]) is type(v) for k, v in other.items())
 
 
+def test_statistic_partials_travel_as_columns_and_come_back_equal():
+    import pickle
+
+    rng = np.random.default_rng(13)
+    found = {("x", i): (rng.random((1, 3)).astype(np.float32), np.arange(3, dtype=np.int64)[None] + i,
+                        np.array(i % 2 == 0)) for i in range(41)}
+    columns = direct._TupleColumns.of(list(found), list(found.values()))
+    assert columns is not None and [m.shape for m in columns.members] == [(41, 1, 3), (41, 1, 3), (41,)]
+    back = pickle.loads(pickle.dumps(direct._Packed(columns))).unpack()
+    assert list(back) == list(found)
+    for k, p in found.items():
+        assert len(back[k]) == 3 and all(type(a) is np.ndarray for a in back[k])  # 0-d arrays, not scalars
+        assert all(a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) for a, b in zip(back[k], p))
+    # tuples of other forms travel as they are
+    for other in ({**found, ("x", 99): (np.ones((1, 3), np.float32),)}, {("x", 0): (np.ones(2), 3)},
+                  {("x", 0): (np.ones(2),), ("x", 1): (np.ones(2, np.float32),)}, {("x", 0): None}):
+        assert direct._TupleColumns.of(list(other), list(other.values())) is None
+
+
 def _large_reply(seed: int):
     from multireduce.core import Partial
 
