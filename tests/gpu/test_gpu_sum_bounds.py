@@ -39,3 +39,33 @@ def test_sum_bounds_merged_on_the_gpu_into_an_earlier_result():
     merged = cupy_backend.sum_bounds(cupy.asarray(b), first)
     assert merged is first
     assert tuple(int(v) for v in merged.get()) == numpy_backend.sum_bounds(np.concatenate([a, b]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_sum_bounds_at_every_start_and_length_around_the_packs(dtype):
+    """The kernel reads 16-byte packs from the first 16-byte boundary and the values before and after
+    them one by one: every start offset within a pack and lengths around one and two packs, each value's
+    bounds distinct so a value read twice or skipped changes them."""
+    rng = np.random.default_rng(7)
+    base = (2.0 ** rng.integers(-14, 14, 200) * rng.integers(1, 2047, 200)).astype(dtype)
+    on_gpu = cupy.asarray(base)
+    for start in range(9):
+        for length in (0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100):
+            a = base[start : start + length]
+            got = tuple(int(v) for v in cupy_backend.sum_bounds(on_gpu[start : start + length]).get())
+            assert got == numpy_backend.sum_bounds(a), (start, length)
+            for i in range(length):  # the one value with the widest bounds at each position in turn
+                b = a.copy()
+                b[i] = np.finfo(dtype).smallest_subnormal if i % 2 else np.finfo(dtype).max
+                g = cupy.asarray(base).copy()
+                g[start : start + length] = cupy.asarray(b)
+                got = tuple(int(v) for v in cupy_backend.sum_bounds(g[start : start + length]).get())
+                assert got == numpy_backend.sum_bounds(b), (start, length, i)
+
+
+def test_sum_bounds_of_a_large_array():
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((1 << 24) + 7).astype(np.float32)
+    a[(1 << 23) + 3] = np.float32(3e-42)  # one subnormal deep inside
+    got = tuple(int(v) for v in cupy_backend.sum_bounds(cupy.asarray(a)[1:]).get())
+    assert got == numpy_backend.sum_bounds(a[1:])
