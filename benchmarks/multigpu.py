@@ -145,7 +145,8 @@ def parse(argv=None):
     p.add_argument("--no-task-stream", dest="task_stream", action="store_false",
                    help="skip each row's extra repetition under the task stream")
     p.add_argument("--cprofile", action="store_true",
-                   help="with --profile held: cProfile of the eager sum on the client and on the busiest worker")
+                   help="with --profile held: cProfile of the eager sum on the client and on the busiest worker; "
+                        "with --profile expr or axes: of each call on the client")
     args = p.parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None}
     modes = [k for k in ("quick", "scaling") if getattr(args, k)] + ([f"profile-{args.profile}"] if args.profile else [])

@@ -533,10 +533,11 @@ def _worker_work_log(dask_worker=None) -> float:
     return sum(sum(getattr(direct, name).log) for name in _TIMED)
 
 
-def _split_calls(client, calls, repeats: int) -> list:
+def _split_calls(client, calls, repeats: int, cprofile: bool = False) -> list:
     """Each (label, make) of ``calls``: ``make().compute()`` timed whole and split into the direct calls to
     the workers (``direct._run``), the busiest worker's own work inside them and the client's own time;
-    median ms over ``repeats`` after a warm-up, each repetition after the previous result's keys left."""
+    median ms over ``repeats`` after a warm-up, each repetition after the previous result's keys left.
+    ``cprofile``: then three more calls under cProfile (the client's main thread, by own time)."""
     from multireduce import direct
 
     runs: list = []
@@ -571,6 +572,9 @@ def _split_calls(client, calls, repeats: int) -> list:
             rows.append((label, f"{med[0] * 1e3:.1f}", f"{med[1] * 1e3:.1f}", f"{med[2] * 1e3:.1f}",
                          f"{(med[0] - med[1]) * 1e3:.1f}", str(cells[-1][3]), direct.last_decline or "-"))
             print(h.md_table(HEADER_AXES, rows[-1:]).splitlines()[-1], flush=True)
+            if cprofile:
+                text = h.cprofiled(lambda: make().compute(), 3, "tottime", 25)
+                print(f"## client: cProfile of 3 x {label}.compute() (main thread)\n{text}", flush=True)
     finally:
         direct._run = real_run
     print(h.md_table(HEADER_AXES, rows), flush=True)
@@ -584,7 +588,8 @@ def axes(args, setting: h.Setting, client, n_workers: int) -> dict:
     f, steps, chunks = _field(args, setting, client, n_workers)
     rows = _split_calls(client, (
         ("mr.mean(f, axis=0)", lambda: mr.mean(f, axis=0)),
-        ("mr.mean(f, axis=0, dtype=float64)", lambda: mr.mean(f, axis=0, dtype=np.float64))), args.repeats)
+        ("mr.mean(f, axis=0, dtype=float64)", lambda: mr.mean(f, axis=0, dtype=np.float64))), args.repeats,
+        args.cprofile)
     # the same call with the workers' replies pickled whole (every buffer inside the pickle), side by side
     client.run(_replies_out_of_band_from, 1 << 62)
     try:
@@ -617,7 +622,7 @@ def expressions(args, setting: h.Setting, client, n_workers: int) -> dict:
     return {"rows": _split_calls(client, (
         ("mr.sum(x)", lambda: mr.sum(x)), ("mr.sum(x * 2)", lambda: mr.sum(x * 2)),
         ("mr.argmax(x)", lambda: mr.argmax(x)), ("mr.argmax(abs(x))", lambda: mr.argmax(abs(x))),
-        ("mr.var(x + 1)", lambda: mr.var(x + 1))), args.repeats)}
+        ("mr.var(x + 1)", lambda: mr.var(x + 1))), args.repeats, args.cprofile)}
 
 
 HEADER_AXES = ("call", "wall ms", "direct calls ms", "busiest worker's work ms", "client's own ms", "direct calls",

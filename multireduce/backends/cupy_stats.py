@@ -425,6 +425,8 @@ def arg_partial(st, dtype, block_shape, axes, largest, skipnan, offsets, shape):
         seen = ~np.isnan(value)
         value[~seen] = -np.inf if largest else np.inf
     local = st["index"].astype(np.int64)
+    if len(block_shape) == 1:  # the flat index is the chunk's own plus its start (the common held chunk)
+        return value, np.where(local >= 0, local + offsets[0], -1), seen
     if len(axes) == len(block_shape):  # one flat index: the chunk's position in the whole array
         if block_shape and local.ravel()[0] >= 0:
             at = np.unravel_index(int(local.ravel()[0]), block_shape)
