@@ -57,6 +57,7 @@ def _cached(fn):
             return fn(*key)
         return cached(typed, *key)
 
+    resolve.cache_clear = cached.cache_clear  # after a module setting the resolver reads changes
     return resolve
 
 
@@ -72,8 +73,11 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     fan_in = v.fan_in(split_every, axes, caller)
     algorithm = _check_loads(v.check_algorithm(algorithm, "reduce", kind, op, caller), op, caller)
     out_dtype = _dt.result_dtype(family, dtype, requested)
-    acc_dtype = _dt.accumulator_dtype(out_dtype, "auto" if op.builtin and op.name == "sum" else "input",
-                                      "gpu" if "cupy" in kind else "cpu")  # dtypes.WIDE_FLOAT32_ON_GPU
+    where = "cpu" if "cupy" not in kind else "gpus, some axes" if kind == "dask-cupy" and 0 < len(axes) < ndim \
+        else "gpu"
+    # a dtype asked for is the accumulator's, as in NumPy
+    auto = op.builtin and op.name == "sum" and (requested is None or where != "gpus, some axes")
+    acc_dtype = _dt.accumulator_dtype(out_dtype, "auto" if auto else "input", where)  # dtypes.WIDE_FLOAT32_*
     if "cupy" in kind:
         _check_gpu(caller, op, dtype, acc_dtype, out_dtype)
     label = label or op.name

@@ -68,6 +68,17 @@ def _promote_for_sum(dtype: np.dtype) -> np.dtype:
 #: both side by side; docs/numerics.md). ``accumulate="wide"`` on the scans asks for it per call.
 WIDE_FLOAT32_ON_GPU = False
 
+#: Accumulate float32 sums and means of a Dask array of CuPy chunks over some of its axes (not all: a mean
+#: over time of a time x lat x lon field) in float64, rounded once to float32 at the end, unless a dtype is
+#: asked for. Each chunk's partial then has as many elements as the result, where the wider accumulator
+#: costs nothing measurable (0.179 ms against 0.165 for a plain read of a 166 x 721 x 1440 chunk, H200),
+#: and float64 totals of float32 values are exact in any order wherever the chunks' sum bounds allow
+#: (``exact_in_any_order``): each worker then sums its own chunks, and one total per worker crosses
+#: instead of a float32 partial per chunk folded in chunk order (the field's mean over time on 4 x H200:
+#: 29 against 116 ms). More accurate than float32 accumulation, and other bits than it; CuPy arrays and
+#: whole reductions keep WIDE_FLOAT32_ON_GPU's choice.
+WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS = True
+
 #: ``accumulate=`` values of the scans: "auto" (float32 sums in float64 where that is free: on the CPU
 #: for cumsum, on the GPU when WIDE_FLOAT32_ON_GPU), "wide" (float32 results accumulated in float64),
 #: "input" (in the result dtype: ``np.cumsum``'s bits for NumPy input).
@@ -85,12 +96,15 @@ def accumulator_dtype(result: np.dtype, accumulate: str = "input", where: str = 
     ``accumulate`` (ACCUMULATE_CHOICES; callers pass "auto" for the sum operator only) may widen float32
     results to float64: "wide" always; "auto" for scans on the CPU (``where="cpu"``, ``scan=True``: the
     NumPy backend's blocked float64 scan costs about what ``np.cumsum`` does and is at least as accurate as
-    ``np.cumsum(x, dtype=float64).astype(float32)``, where float32 accumulation stops growing at 2^24) and
-    for everything on the GPU when WIDE_FLOAT32_ON_GPU."""
+    ``np.cumsum(x, dtype=float64).astype(float32)``, where float32 accumulation stops growing at 2^24), for
+    everything on the GPU when WIDE_FLOAT32_ON_GPU, and for reductions of a Dask array of CuPy chunks over
+    some of its axes (``where="gpus, some axes"``) when WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS."""
     result = np.dtype(result)
     wide = wide_accumulator(result)
+    on_gpu = where in ("gpu", "gpus, some axes")
     if wide is not None and (accumulate == "wide" or (accumulate == "auto" and (
-            (where == "cpu" and scan) or (where == "gpu" and WIDE_FLOAT32_ON_GPU)))):
+            (where == "cpu" and scan) or (on_gpu and WIDE_FLOAT32_ON_GPU)
+            or (where == "gpus, some axes" and not scan and WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS)))):
         return wide
     if result == np.float16:
         return np.dtype(np.float32)

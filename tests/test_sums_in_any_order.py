@@ -208,3 +208,35 @@ def test_mean_over_time_against_numpy(cpu_client):
     x = flat.reshape(a.shape)
     np.testing.assert_allclose(mr.mean(x, axis=0, dtype=F64).compute(), a.astype(np.float64).mean(axis=0), rtol=1e-12,
                                equal_nan=True)
+
+
+def test_float32_sums_over_some_axes_of_gpu_chunks_accumulate_in_float64():
+    """dtypes.WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS: a Dask array of CuPy chunks reduced over some of
+    its axes (sum, mean) accumulates float32 in float64 and returns float32; a whole reduction, a CuPy or
+    NumPy array, a dtype asked for and the other operators keep their accumulator."""
+    from multireduce import api, dtypes
+    from multireduce.operators import get_operator
+
+    def plan(kind, axis, requested=None, op="sum", mean=False, dtype=np.float32, ndim=3):
+        plans, _, _, _ = api._resolve_reduction(kind, get_operator(op), np.dtype(dtype), ndim, axis, requested,
+                                                False, None, "auto", mean, None, "test")
+        return plans[-1].acc_dtype, plans[-1].out_dtype
+
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    assert plan("dask-cupy", 0) == (f64, f32) and plan("dask-cupy", (1, 2), mean=True) == (f64, f32)
+    assert plan("dask-cupy", 0, ndim=1) == (f32, f32)  # every axis of a 1-d array: a whole reduction
+    assert plan("dask-cupy", None) == (f32, f32) and plan("dask-cupy", (0, 1, 2), mean=True) == (f32, f32)
+    assert plan("cupy", 0) == (f32, f32) and plan("dask-numpy", 0) == (f32, f32) and plan("numpy", 0) == (f32, f32)
+    assert plan("dask-cupy", 0, requested=np.float32) == (f32, f32)  # a dtype asked for is the accumulator
+    assert plan("dask-cupy", 0, requested=np.float64) == (f64, f64)
+    assert plan("dask-cupy", 0, op="max") == (f32, f32) and plan("dask-cupy", 0, op="prod") == (f32, f32)
+    assert plan("dask-cupy", 0, dtype=np.float16) == (f32, np.dtype(np.float16))
+    assert plan("dask-cupy", 0, dtype=np.float64) == (f64, f64)
+    saved = dtypes.WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS
+    try:
+        dtypes.WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS = False
+        api._resolve_reduction.cache_clear()
+        assert plan("dask-cupy", 0) == (f32, f32)
+    finally:
+        dtypes.WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS = saved
+        api._resolve_reduction.cache_clear()

@@ -103,6 +103,32 @@ def test_float64_means_over_time_sum_each_workers_chunks_together(client, placem
         assert _same(value, ref)
 
 
+def test_float32_means_over_time_accumulate_in_float64_and_sum_each_workers_chunks_together(client):
+    """The default float32 mean over some axes of CuPy chunks accumulates in float64
+    (dtypes.WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS): the float64 mean's bits rounded once to float32,
+    on every path, and one total per worker crosses (past the per-chunk partials' limit too)."""
+    from multireduce import direct
+
+    x = client.persist(_gpu_array((6_000, 7, 9), (250, 7, 9), seed=9))
+    distributed.wait(x)
+    want = cupy.asnumpy(mr.mean(x, axis=0, dtype=np.float64).compute()).astype(np.float32)
+    fn = lambda v: mr.mean(v, axis=0)  # noqa: E731
+    direct.last_decline = None
+    value, tasks = _tasks(client, lambda: fn(x).compute())
+    assert tasks == 0 and direct.last_decline is None and value.dtype == np.float32
+    assert _same(value, want) and _same(_graph(fn, x), want)
+    assert _same(client.compute(fn(x)).result(), want)
+    saved = direct.DIRECT_PARTIAL_BYTES
+    direct.DIRECT_PARTIAL_BYTES = 24 * 7 * 9 * 8 // 2  # every chunk's partial is too much, a total per worker is not
+    try:
+        value, tasks = _tasks(client, lambda: fn(x).compute())
+    finally:
+        direct.DIRECT_PARTIAL_BYTES = saved
+    assert tasks == 0 and _same(value, want)
+    host = cupy.asnumpy(x.compute()).astype(np.float64)
+    np.testing.assert_allclose(cupy.asnumpy(value), host.mean(axis=0), rtol=2e-7, atol=1e-8)  # float64's, rounded
+
+
 def test_axis_mean_against_numpy(client):
     x = client.persist(_gpu_array((4_000, 7, 9), (250, 7, 9), seed=3))
     distributed.wait(x)
