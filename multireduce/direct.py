@@ -1411,9 +1411,15 @@ def _totals_here(plan, keys: list, blocks, lane_of: dict) -> _Packed:
 
     def add(block, k):
         where = block.data.device_id if is_cupy_array(block) else None
+        backend = backend_for(block)
         with on_device_of(block):
-            part = plan.partial(block)
-            bounds[where] = backend_for(block).sum_bounds(block, bounds.get(where))
+            # one read for both where the backend can (its partial is used only where every bound allows)
+            both = getattr(backend, "sum_with_bounds", lambda *a: None)(block, plan, bounds.get(where))
+            if both is not None:
+                part, bounds[where] = both
+            else:
+                part = plan.partial(block)
+                bounds[where] = backend.sum_bounds(block, bounds.get(where))
             lane = lane_of[k]
             totals[lane] = part if lane not in totals else plan.combine(totals[lane], part)
 

@@ -624,6 +624,46 @@ extern "C" __global__ void mr_sum_bounds_f16(const uint4* packs, long long n_pac
                                              int n_head, const unsigned short* tail, int n_tail, int* out) {
   mr_sum_bounds<unsigned short, 10, 5>(packs, n_packs, head, n_head, tail, n_tail, out);
 }
+// a float32 value as a double from its bits: NVRTC's -ftz=true would flush a subnormal in the conversion
+__device__ __forceinline__ double mr_f32_bits_as_f64(unsigned b) {
+  if ((b & 0x7f800000u) != 0u) return (double)__uint_as_float(b);  // normal, inf, NaN: exact either way
+  const double m = (double)(b & 0x7fffffu) * __longlong_as_double(0x36a0000000000000LL);  // 2^-149
+  return (b >> 31) ? -m : m;
+}
+// The float64 sums over the leading ``rows`` of a C-contiguous float32 (rows, 4 * packs) array and the
+// values' sum bounds, in one read (``sum_with_bounds``): a thread per pack of 4 columns, the rows in order
+// from +0.0 (the column kernel's identity; the result is used only where the bounds make every float64
+// sum exact, so the order cannot change it), four rows' packs in flight.
+extern "C" __global__ void mr_column_sums_with_bounds_f32(const uint4* x, long long rows, long long packs,
+                                                          double* out, int* bounds) {
+  int top = MR_NO_TOP, grid = MR_NO_GRID;
+  for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < packs;
+       c += (long long)gridDim.x * blockDim.x) {
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    const uint4* p = x + c;
+    long long r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      uint4 v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = p[(r + k) * packs];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        mr_bounds_of_pack<32, 23, 8>(v[k], top, grid);
+        s0 += mr_f32_bits_as_f64(v[k].x); s1 += mr_f32_bits_as_f64(v[k].y);
+        s2 += mr_f32_bits_as_f64(v[k].z); s3 += mr_f32_bits_as_f64(v[k].w);
+      }
+    }
+    for (; r < rows; ++r) {
+      const uint4 v = p[r * packs];
+      mr_bounds_of_pack<32, 23, 8>(v, top, grid);
+      s0 += mr_f32_bits_as_f64(v.x); s1 += mr_f32_bits_as_f64(v.y);
+      s2 += mr_f32_bits_as_f64(v.z); s3 += mr_f32_bits_as_f64(v.w);
+    }
+    double* o = out + 4 * c;
+    o[0] = s0; o[1] = s1; o[2] = s2; o[3] = s3;
+  }
+  mr_publish(top, grid, bounds);
+}
 """
 _bounds_modules: dict[int, object] = {}
 #: whether the held paths sum chunks in any order where ``sum_bounds`` allows it (numpy_backend's says why
@@ -639,7 +679,37 @@ def _bounds_kernel(dtype: np.dtype):
     if module is None:
         module = _bounds_modules[device] = cupy.RawModule(
             code=_BOUNDS_SOURCE % {"no_top": NO_TOP, "no_grid": NO_GRID})
+    if dtype is None:
+        return module.get_function("mr_column_sums_with_bounds_f32")
     return module.get_function("mr_sum_bounds_f32" if dtype == np.float32 else "mr_sum_bounds_f16")
+
+
+def sum_with_bounds(x, plan, into=None):
+    """(``plan``'s partial of ``x``, ``sum_bounds(x, into)``) in one read, or None where ``plan`` is not a
+    float64 sum or mean of a C-contiguous float32 ``x`` over a leading run of its axes whose rest is a whole
+    number of 16-byte packs (then the caller makes the two apart). The partial is for use only where the
+    bounds of every chunk make its float64 sums exact in any order (``direct._totals_here``): its sums run
+    in another order than the column kernel's."""
+    from ..core import Partial
+    from ..dtypes import NO_GRID, NO_TOP
+
+    op, axes = plan.op, tuple(plan.axes)
+    if not (op.builtin and op.name == "sum" and getattr(op, "steps", None) is None and x.dtype == np.float32
+            and np.dtype(plan.acc_dtype) == np.float64 and x.flags.c_contiguous and x.ndim > len(axes) > 0
+            and axes == tuple(range(len(axes))) and x.data.ptr % 16 == 0):
+        return None
+    rows = math.prod(x.shape[: len(axes)])
+    columns = math.prod(x.shape[len(axes):])
+    if columns % 4 or rows == 0:
+        return None
+    out = into if into is not None else cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
+    sums = cupy.empty(columns, np.float64)
+    sms, _ = _facts()
+    packs = columns // 4
+    grid = int(max(1, min(-(-packs // 256), sms * 8)))
+    _bounds_kernel(None)((grid,), (256,), (x, np.int64(rows), np.int64(packs), sums, out))
+    keep = (1,) * len(axes) + tuple(x.shape[len(axes):])
+    return Partial(sums.reshape(keep), rows), out
 
 
 def sum_bounds(x, into=None):

@@ -69,3 +69,53 @@ def test_sum_bounds_of_a_large_array():
     a[(1 << 23) + 3] = np.float32(3e-42)  # one subnormal deep inside
     got = tuple(int(v) for v in cupy_backend.sum_bounds(cupy.asarray(a)[1:]).get())
     assert got == numpy_backend.sum_bounds(a[1:])
+
+
+def _mean_plan(axes, acc=np.float64, op="sum"):
+    from multireduce.core import ReductionPlan
+    from multireduce.operators import get_operator
+
+    return ReductionPlan(get_operator(op), axes, np.dtype(acc), np.dtype(np.float32), True, True)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 166])
+def test_column_sums_with_bounds_in_one_read_are_the_two_passes(rows):
+    """cupy_backend.sum_with_bounds: the bounds are sum_bounds', and where they make every float64 sum exact
+    the sums are the column kernel's bit for bit (signed zeros, subnormals, NaN and inf columns included)."""
+    from multireduce.dtypes import exact_in_any_order
+
+    rng = np.random.default_rng(rows)
+    a = (rng.integers(-2**20, 2**20, (rows, 6, 8)) * 2.0 ** -25).astype(np.float32)
+    a[:, 0, 0] = -0.0  # an all-negative-zero column: +0.0 from the identity in both
+    a[0, 0, 1] = np.float32(3e-42)  # a subnormal
+    special = a.copy()
+    special[rows // 2, 1, 2], special[0, 1, 3], special[-1, 1, 3] = np.nan, np.inf, -np.inf
+    plan = _mean_plan((0,))
+    for data in (a, special):
+        x = cupy.asarray(data)
+        got = cupy_backend.sum_with_bounds(x, plan)
+        assert got is not None
+        part, bounds = got
+        want = plan.partial(x)
+        want_bounds = tuple(int(v) for v in cupy_backend.sum_bounds(x).get())
+        assert tuple(int(v) for v in bounds.get()) == want_bounds == numpy_backend.sum_bounds(data)
+        assert part.count == want.count == rows and part.value.shape == want.value.shape
+        assert part.value.dtype == want.value.dtype == np.float64
+        assert exact_in_any_order(rows, *want_bounds)
+        assert cupy.asnumpy(part.value).tobytes() == cupy.asnumpy(want.value).tobytes()
+    merged = cupy_backend.sum_with_bounds(cupy.asarray(a * np.float32(2.0 ** 30)), plan, bounds)[1]
+    assert merged is bounds  # merged into an earlier result, as sum_bounds does
+    assert tuple(int(v) for v in bounds.get()) == numpy_backend.sum_bounds(
+        np.concatenate([special.ravel(), (a * np.float32(2.0 ** 30)).ravel()]))
+
+
+def test_column_sums_with_bounds_take_only_what_they_read_right():
+    x = cupy.asarray(np.random.default_rng(1).random((10, 4, 8), dtype=np.float32))
+    assert cupy_backend.sum_with_bounds(x, _mean_plan((0, 1))) is not None  # a leading run of axes
+    two = cupy_backend.sum_with_bounds(x, _mean_plan((0, 1)))[0]
+    assert two.value.shape == (1, 1, 8) and two.count == 40
+    for refused in [(x, _mean_plan((1,))), (x, _mean_plan((0,), np.float32)), (x, _mean_plan((0,), op="max")),
+                    (x[:, :, :6], _mean_plan((0,))), (x[:, :, 1:5], _mean_plan((0,))),
+                    (x.astype(np.float16), _mean_plan((0,))), (x.ravel()[1:321].reshape(10, 32), _mean_plan((0,))),
+                    (x, _mean_plan((0, 1, 2)))]:
+        assert cupy_backend.sum_with_bounds(*refused) is None
