@@ -87,11 +87,12 @@ def test_column_sums_with_bounds_in_one_read_are_the_two_passes(rows):
     rng = np.random.default_rng(rows)
     a = (rng.integers(-2**20, 2**20, (rows, 6, 8)) * 2.0 ** -25).astype(np.float32)
     a[:, 0, 0] = -0.0  # an all-negative-zero column: +0.0 from the identity in both
-    a[0, 0, 1] = np.float32(3e-42)  # a subnormal
     special = a.copy()
     special[rows // 2, 1, 2], special[0, 1, 3], special[-1, 1, 3] = np.nan, np.inf, -np.inf
+    tiny = (rng.integers(-2**20, 2**20, (rows, 6, 8)) * 2.0 ** -149).astype(np.float32)  # subnormals
+    tiny[:, 0, 0] = -0.0
     plan = _mean_plan((0,))
-    for data in (a, special):
+    for data in (a, special, tiny):
         x = cupy.asarray(data)
         got = cupy_backend.sum_with_bounds(x, plan)
         assert got is not None
