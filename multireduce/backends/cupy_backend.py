@@ -624,9 +624,15 @@ extern "C" __global__ void mr_sum_bounds_f16(const uint4* packs, long long n_pac
                                              int n_head, const unsigned short* tail, int n_tail, int* out) {
   mr_sum_bounds<unsigned short, 10, 5>(packs, n_packs, head, n_head, tail, n_tail, out);
 }
-// a float32 value as a double from its bits: NVRTC's -ftz=true would flush a subnormal in the conversion
+// a float32 value as a double from its bits, as the shipped kernels' conversion makes it: NVRTC's -ftz=true
+// would flush a subnormal, and its conversion gave a NaN another payload (the canonical one)
 __device__ __forceinline__ double mr_f32_bits_as_f64(unsigned b) {
-  if ((b & 0x7f800000u) != 0u) return (double)__uint_as_float(b);  // normal, inf, NaN: exact either way
+  if ((b & 0x7f800000u) == 0x7f800000u) {  // inf, NaN: the payload moved up, a NaN quieted
+    const unsigned long long m = b & 0x7fffffu;
+    return __longlong_as_double(((unsigned long long)(b >> 31) << 63) | (0x7ffull << 52) | (m << 29) |
+                                (m ? (1ull << 51) : 0ull));
+  }
+  if ((b & 0x7f800000u) != 0u) return (double)__uint_as_float(b);  // normal: exact
   const double m = (double)(b & 0x7fffffu) * __longlong_as_double(0x36a0000000000000LL);  // 2^-149
   return (b >> 31) ? -m : m;
 }
