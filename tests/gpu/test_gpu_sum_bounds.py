@@ -107,7 +107,7 @@ def test_column_sums_with_bounds_in_one_read_are_the_two_passes(rows):
     merged = cupy_backend.sum_with_bounds(cupy.asarray(a * np.float32(2.0 ** 30)), plan, bounds)[1]
     assert merged is bounds  # merged into an earlier result, as sum_bounds does
     assert tuple(int(v) for v in bounds.get()) == numpy_backend.sum_bounds(
-        np.concatenate([special.ravel(), (a * np.float32(2.0 ** 30)).ravel()]))
+        np.concatenate([data.ravel(), (a * np.float32(2.0 ** 30)).ravel()]))  # the last data's bounds and these
 
 
 def test_column_sums_with_bounds_take_only_what_they_read_right():
