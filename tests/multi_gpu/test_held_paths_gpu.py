@@ -70,6 +70,19 @@ def test_expressions_and_axes_of_held_chunks_run_where_they_are(client, name):
     assert _same(client.compute(fn(x)).result(), value)  # the graph over held chunks: same bits
 
 
+def _past_the_partials_limit(client, fn, x):
+    """(``fn(x).compute()``, its task count) with ``direct.DIRECT_PARTIAL_BYTES`` below what the 24 chunks'
+    partials of a 7 x 9 float64 result need and above one total per worker."""
+    from multireduce import direct
+
+    saved = direct.DIRECT_PARTIAL_BYTES
+    direct.DIRECT_PARTIAL_BYTES = 24 * 7 * 9 * 8 // 2
+    try:
+        return _tasks(client, lambda: fn(x).compute())
+    finally:
+        direct.DIRECT_PARTIAL_BYTES = saved
+
+
 @pytest.mark.parametrize("placement", ["dask", "interleaved"])
 def test_float64_means_over_time_sum_each_workers_chunks_together(client, placement):
     """A float64 mean of float32 chunks whose sums are exact in any order: each worker sums its chunks of a
@@ -93,12 +106,7 @@ def test_float64_means_over_time_sum_each_workers_chunks_together(client, placem
         value, tasks = _tasks(client, lambda: fn(x).compute())
         assert tasks == 0 and direct.last_decline is None
         assert _same(value, ref)
-        saved = direct.DIRECT_PARTIAL_BYTES
-        direct.DIRECT_PARTIAL_BYTES = 24 * 7 * 9 * 8 // 2  # every chunk's partial is too much, a total per worker is not
-        try:
-            value, tasks = _tasks(client, lambda: fn(x).compute())
-        finally:
-            direct.DIRECT_PARTIAL_BYTES = saved
+        value, tasks = _past_the_partials_limit(client, fn, x)
         assert (tasks == 0) == (scale == 1.0)  # exact sums go direct; rounding ones take the graph
         assert _same(value, ref)
 
@@ -118,12 +126,7 @@ def test_float32_means_over_time_accumulate_in_float64_and_sum_each_workers_chun
     assert tasks == 0 and direct.last_decline is None and value.dtype == np.float32
     assert _same(value, want) and _same(_graph(fn, x), want)
     assert _same(client.compute(fn(x)).result(), want)
-    saved = direct.DIRECT_PARTIAL_BYTES
-    direct.DIRECT_PARTIAL_BYTES = 24 * 7 * 9 * 8 // 2  # every chunk's partial is too much, a total per worker is not
-    try:
-        value, tasks = _tasks(client, lambda: fn(x).compute())
-    finally:
-        direct.DIRECT_PARTIAL_BYTES = saved
+    value, tasks = _past_the_partials_limit(client, fn, x)
     assert tasks == 0 and _same(value, want)
     host = cupy.asnumpy(x.compute()).astype(np.float64)
     np.testing.assert_allclose(cupy.asnumpy(value), host.mean(axis=0), rtol=2e-7, atol=1e-8)  # float64's, rounded
