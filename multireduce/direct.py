@@ -106,7 +106,7 @@ from dask.array.utils import meta_from_array
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import placement
-from .backends import finish_later, on_device_of, partials_later
+from .backends import Later, finish_later, on_device_of, partials_later
 from .core import ScanPlan
 from .dtypes import NO_GRID, NO_TOP, exact_in_any_order, merge_bounds
 from .graph import (PerPlan, _device, _lanes, _OfHeld, _OneBlockOfHeld, _scan_seeded, first_level, first_level_folds,
@@ -193,16 +193,21 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
     from .recipes import one_at_a_time
 
     extra = extra or {}
+    kept = _KeptOnGpu()
+
+    def one(block, k):
+        if k in only_where:
+            return kept.add(None)
+        with partials_later():  # this chunk's own partial only: not what making the next chunk computes
+            kept.add(_call_where_held(block, per_chunk, *extra.get(k, ())))
+
     # chunks made one by one (a recipe): none kept alive while the next is made; a statistic's partials
-    # stay on the GPU until every chunk's is launched, then come to the host in one copy
-    with partials_later():
-        computed = one_at_a_time(blocks, lambda block, k: None if k in only_where else _call_where_held(
-            block, per_chunk, *extra.get(k, ())), keys)
+    # stay on the GPU until every chunk's is launched (or LATER_BYTES of them wait), then come to the host
+    # in one copy
+    one_at_a_time(blocks, one, keys)
+    computed = kept.finished()
     if computed and all(type(v) is PerPlan for v in computed):  # several plans' partials (a FusedPlan)
-        by_plan = [finish_later(list(column)) for column in zip(*computed)]
-        computed = _on_host_by_plan(keys, [PerPlan(values) for values in zip(*by_plan)])
-    else:
-        computed = finish_later(computed)
+        computed = _on_host_by_plan(keys, computed)
     if folds and folds[1] and computed and all(stays_on_device(v) for v in computed):
         # partials of a reduction over some axes are combined on the GPU, as on every path: only the
         # groups' results come to the host
@@ -214,6 +219,48 @@ def values_here(per_chunk, keys: list, blocks: list, only_where=frozenset(), ext
         return _Packed(columns if columns is not None else dict(zip(keys, to_host_together(computed))))
     return _Packed(_folded(columns.expand() if columns is not None else dict(zip(keys, to_host_together(computed))),
                            folds))
+
+
+#: the most bytes of statistics' States a worker keeps on a GPU before bringing them to the host
+#: (``values_here``): a variance over some axes keeps 32 bytes per output and chunk, and the copy doubles
+#: them for a moment
+LATER_BYTES = 64 << 20
+
+
+class _KeptOnGpu:
+    """The chunk partials ``values_here`` computed, with the ``backends.Later`` among them (also inside a
+    FusedPlan's ``PerPlan``) brought to the host together once LATER_BYTES of them wait, and at the end."""
+
+    def __init__(self):
+        self.values: list = []
+        self.waiting = 0
+
+    def add(self, value) -> None:
+        self.values.append(value)
+        inner = value if type(value) is PerPlan else (value,)
+        self.waiting += sum(v.raw.nbytes for v in inner if type(v) is Later)
+        if self.waiting >= LATER_BYTES:
+            self.values = self._finish(self.values)
+            self.waiting = 0
+
+    @staticmethod
+    def _finish(values: list) -> list:
+        if not any(type(v) is PerPlan for v in values):
+            return finish_later(values)
+        flat = [(i, j, v) for i, value in enumerate(values) for j, v in enumerate(value)] \
+            if all(type(v) is PerPlan for v in values) else None
+        if flat is None:
+            return [PerPlan(finish_later(list(v))) if type(v) is PerPlan else finish_later([v])[0] for v in values]
+        done = finish_later([v for _, _, v in flat])
+        out = [list(value) for value in values]
+        for (i, j, _), v in zip(flat, done):
+            out[i][j] = v
+        return [PerPlan(value) for value in out]
+
+    def finished(self) -> list:
+        """Every value added, in order, on the host."""
+        self.values, self.waiting = self._finish(self.values), 0
+        return self.values
 
 
 def _on_host_by_plan(keys: list, computed: list) -> list:
@@ -238,7 +285,7 @@ class _Packed:
     """A worker's reply pickled as one buffer. ``client.run`` serializes each NumPy array in a reply
     apart (its own header and frames): a dict of 99 host partials cost ~14 ms per call that way on a
     4-worker CPU cluster (2026-11-26), where one pickle costs well under 1 ms. Buffers of at least
-    ``OUT_OF_BAND_BYTES`` (a total per worker: 8.3 MB for a 721 x 1440 float64 mean) stay out of the
+    ``OUT_OF_BAND_BYTES`` each (such as a worker's total of a 721 x 1440 float64 mean, 8.3 MB) stay out of the
     pickle, so distributed sends them as frames of their own, uncopied: inside the pickle each was
     copied three more times between the worker's array and the client's (four 8.3 MB replies took 106
     ms per call that way, 38 ms out of band, on a 4-worker cluster of this project's 2-core VM,
@@ -259,8 +306,12 @@ class _Packed:
         self.buffers = buffers
 
     def __reduce_ex__(self, protocol):
-        # PickleBuffers pickle only under protocol 5; an older protocol gets copies in the stream
-        buffers = self.buffers if protocol >= 5 else [memoryview(b).tobytes() for b in self.buffers]
+        # out of band again under protocol 5 (what arrived may be memoryviews, which pickle refuses); an
+        # older protocol gets writable copies in the stream (a fold may add into what arrived)
+        if protocol >= 5:
+            buffers = [b if type(b) is pickle.PickleBuffer else pickle.PickleBuffer(b) for b in self.buffers]
+        else:
+            buffers = [bytearray(b) for b in self.buffers]
         return _packed_from, (self.data, buffers)
 
     def unpack(self):

@@ -52,7 +52,7 @@ from . import api
 from . import exact as _exact
 from . import dtypes as _dt
 from .operators import get_operator
-from .backends import is_cupy_array, numpy_stats, on_device_of
+from .backends import Later, finish_later, is_cupy_array, numpy_stats, on_device_of
 
 # float64 partials: the relative error of var against an exact reference on 1e8 + N(0, 1) data is a
 # few hundred ulps at most (mean rounding in each chunk, one rounding per Chan merge level)
@@ -178,10 +178,16 @@ class StatPlan:
 
     # -- the graph contract -------------------------------------------------------------------------
     def partial(self, *blocks):
-        return self.combine(*(self._chunk(b) for b in blocks))
+        """One chunk's partial may be a ``backends.Later`` (asked for with ``backends.partials_later``: the
+        caller finishes it); several chunks' are merged here, so they are finished first."""
+        parts = [self._chunk(b) for b in blocks]
+        return parts[0] if len(parts) == 1 else self.combine(*parts)
 
     def combine(self, *partials):
         # a balanced pairwise tree: each merge level adds one rounding to the moments
+        partials = finish_later(list(partials))
+        if len(partials) == 1:
+            return partials[0]
         if len(partials) > 2:
             stacked = _stacked(partials, self.stat in _ARG)
             if stacked is not None:
@@ -232,6 +238,8 @@ class StatPlan:
         return out
 
     def finalize(self, partial):
+        if type(partial) is Later:
+            partial = finish_later([partial])[0]
         stat = self.stat
         if stat in _ARG:
             value = _finish_arg(stat, partial)
@@ -295,10 +303,7 @@ def _extreme_merge_rows(left, right, largest: bool, lead: int = 1):
             return np.zeros(rows + (1,) * (counts.ndim - lead), dtype=bool)
         return ~counts.reshape(rows + (-1,)).any(axis=-1).reshape(rows + (1,) * (counts.ndim - lead))
 
-    if va.dtype.kind == "f":
-        value = np.fmax(va, vb) if largest else np.fmin(va, vb)
-    else:
-        value = np.maximum(va, vb) if largest else np.minimum(va, vb)
+    value = numpy_stats.extreme_of(va, vb, largest)
     value = np.where(empty(na), vb, np.where(empty(nb), va, value))
     return value, na + nb
 

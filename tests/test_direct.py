@@ -628,9 +628,15 @@ def test_large_partials_travel_outside_the_pickle_and_arrive_equal_and_writable(
     packed = _large_reply(3)
     assert len(packed.buffers) == 1 and len(packed.data) < 1 << 12  # the 8.3 MB array is not in the pickle
     want = _large_reply(3).unpack()
-    for protocol in (4, 5):  # stdlib pickle under either protocol gives the same values
+    for protocol in (4, 5):  # stdlib pickle under either protocol gives the same values, writable
         back = pickle.loads(pickle.dumps(packed, protocol=protocol)).unpack()
         assert np.array_equal(back[0][0].value, want[0][0].value) and back[1] == (5, -60)
+        assert back[0][0].value.flags.writeable
+        again = pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(packed, protocol=5)), protocol=protocol))
+        assert np.array_equal(again.unpack()[0][0].value, want[0][0].value)  # what arrived travels on
+    columns = np.asfortranarray(want[0][0].value)
+    back = pickle.loads(pickle.dumps(direct._Packed({"f": columns}), protocol=4)).unpack()["f"]
+    assert np.array_equal(back, columns) and back.flags.writeable
     workers = sorted(client.scheduler_info()["workers"])
     with dask.config.set({"multireduce.direct-to-workers": to_workers}):
         replies = direct._run(client, workers, _large_reply, 3)

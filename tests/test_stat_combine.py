@@ -109,3 +109,27 @@ def test_a_levels_groups_merged_together_give_each_groups_pairwise_bits(stat, co
         assert _bits(g) == _bits(w)
     if folded_pairwise is not None:
         assert _bits((folded,)) == _bits((folded_pairwise,))
+
+
+@pytest.mark.parametrize("stat", ["nanmin", "nanmax"])
+def test_signed_zero_ties_do_not_depend_on_the_grouping(stat):
+    """NumPy's fmin/fmax pick a zero's sign by where an element falls in their vector loops; the merge
+    gives -0.0 for a minimum and +0.0 for a maximum of a tie, whichever side and however grouped."""
+    plan = StatPlan(stat, (0,), True, np.dtype(np.float64))
+    for k in (1, 3, 4, 9):
+        for pattern in ([-0.0, 0.0, -0.0, -0.0, -0.0, -0.0], [0.0, -0.0, 0.0], [-0.0, -0.0, 0.0, -0.0, 0.0]):
+            parts = [numpy_stats.extreme_chunk(np.full((1, k), v), (0,), stat == "nanmax") for v in pattern]
+            got, want = plan.combine(*parts)[0], plan._combine_pairwise(parts)[0]
+            assert got.tobytes() == want.tobytes()
+            assert np.signbit(got).all() == (stat == "nanmin")
+
+
+def test_complex_moments_whose_means_are_far_apart_keep_a_real_m2():
+    """The moments' merge of finite means whose difference overflows uses |difference|^2: a real M2 for
+    complex data too, in the groups that took that branch and in those merged beside them."""
+    chunks = [np.array([[1e308 + 0j, 1.0 + 1j]]), np.array([[-1e308 + 0j, 2.0 + 0j]]), np.array([[0j, 3.0 + 0j]])]
+    plan = StatPlan("var", (0,), True, np.dtype(np.float64))
+    parts = [numpy_stats.moments_chunk(c, (0,), False) for c in chunks]
+    with np.errstate(all="ignore"):
+        assert plan.combine(*parts)[3].dtype == plan._combine_pairwise(parts)[3].dtype == np.float64
+        assert all(p[3].dtype == np.float64 for p in plan.combine_groups(parts + parts[1:], 2))

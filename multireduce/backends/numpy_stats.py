@@ -221,7 +221,7 @@ def moments_merge(left, right):
             close = np.isfinite(plain)  # else the means are more than DBL_MAX apart: M2 is inf
             anchor = np.where(wide, np.where(close, ma, ma * (na / np.where(n > 0, n, 1.0)) + mb * share), anchor)
             offset = np.where(wide, np.where(close, plain * share, 0.0), offset)
-            m2 = np.where(wide, np.where(close, qa + qb + plain * plain * na * share, np.inf), m2)
+            m2 = np.where(wide, np.where(close, qa + qb + _square(plain, np) * na * share, np.inf), m2)
         if not finite.all():
             anchor = np.where(finite, anchor, 0.0)
             offset = np.where(finite, offset, ma + mb)
@@ -264,11 +264,22 @@ def extreme_merge(left, right, largest: bool):
         return vb, na + nb
     if nb.size and not nb.any():
         return va, na + nb
-    if va.dtype.kind == "f":
-        value = np.fmax(va, vb) if largest else np.fmin(va, vb)  # fmax/fmin skip NaN
-    else:
-        value = np.maximum(va, vb) if largest else np.minimum(va, vb)
-    return value, na + nb
+    return extreme_of(va, vb, largest), na + nb
+
+
+def extreme_of(a, b, largest: bool):
+    """The larger (smaller) of ``a`` and ``b`` elementwise, NaN skipped as ``np.fmax``/``np.fmin`` skip it,
+    and a tie of -0.0 and +0.0 giving +0.0 (-0.0) whichever side it is on: NumPy's ``fmin``/``fmax`` pick
+    a zero's sign by where the element falls in their vector loops (the same pair gave -0.0 alone and
+    +0.0 inside a longer array), so merges of the same partials grouped otherwise would differ."""
+    if a.dtype.kind != "f":
+        return np.maximum(a, b) if largest else np.minimum(a, b)
+    with np.errstate(invalid="ignore"):
+        if largest:
+            keep = np.isnan(b) | (a > b) | ((a == b) & ~np.signbit(a))
+        else:
+            keep = np.isnan(b) | (a < b) | ((a == b) & np.signbit(a))
+    return np.where(keep, a, b)
 
 
 def _nonzero_pieces(block, axes, xp):
