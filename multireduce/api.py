@@ -73,8 +73,9 @@ def _resolve_reduction(kind, op, dtype, ndim, axis, requested, keepdims, split_e
     fan_in = v.fan_in(split_every, axes, caller)
     algorithm = _check_loads(v.check_algorithm(algorithm, "reduce", kind, op, caller), op, caller)
     out_dtype = _dt.result_dtype(family, dtype, requested)
-    where = "cpu" if "cupy" not in kind else "gpus, some axes" if kind == "dask-cupy" and 0 < len(axes) < ndim \
-        else "gpu"
+    # a leading run of axes, not all: each chunk's partial is as large as the result (dtypes.WIDE_FLOAT32_*)
+    leading = 0 < len(axes) < ndim and tuple(axes) == tuple(range(len(axes)))
+    where = "cpu" if "cupy" not in kind else "gpus, some axes" if kind == "dask-cupy" and leading else "gpu"
     # a dtype asked for is the accumulator's, as in NumPy
     auto = op.builtin and op.name == "sum" and (requested is None or where != "gpus, some axes")
     acc_dtype = _dt.accumulator_dtype(out_dtype, "auto" if auto else "input", where)  # dtypes.WIDE_FLOAT32_*

@@ -211,9 +211,9 @@ def test_mean_over_time_against_numpy(cpu_client):
 
 
 def test_float32_sums_over_some_axes_of_gpu_chunks_accumulate_in_float64():
-    """dtypes.WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS: a Dask array of CuPy chunks reduced over some of
-    its axes (sum, mean) accumulates float32 in float64 and returns float32; a whole reduction, a CuPy or
-    NumPy array, a dtype asked for and the other operators keep their accumulator."""
+    """dtypes.WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS: a Dask array of CuPy chunks reduced over a leading
+    run of its axes (sum, mean) accumulates float32 in float64 and returns float32; trailing axes, a whole
+    reduction, a CuPy or NumPy array, a dtype asked for and the other operators keep their accumulator."""
     from multireduce import api, dtypes
     from multireduce.operators import get_operator
 
@@ -223,7 +223,8 @@ def test_float32_sums_over_some_axes_of_gpu_chunks_accumulate_in_float64():
         return plans[-1].acc_dtype, plans[-1].out_dtype
 
     f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
-    assert plan("dask-cupy", 0) == (f64, f32) and plan("dask-cupy", (1, 2), mean=True) == (f64, f32)
+    assert plan("dask-cupy", 0) == (f64, f32) and plan("dask-cupy", (0, 1), mean=True) == (f64, f32)
+    assert plan("dask-cupy", (1, 2), mean=True) == (f32, f32) and plan("dask-cupy", 1, ndim=2) == (f32, f32)
     assert plan("dask-cupy", 0, ndim=1) == (f32, f32)  # every axis of a 1-d array: a whole reduction
     assert plan("dask-cupy", None) == (f32, f32) and plan("dask-cupy", (0, 1, 2), mean=True) == (f32, f32)
     assert plan("cupy", 0) == (f32, f32) and plan("dask-numpy", 0) == (f32, f32) and plan("numpy", 0) == (f32, f32)
