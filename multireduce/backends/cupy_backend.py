@@ -690,10 +690,16 @@ def _bounds_kernel(dtype: np.dtype):
     return module.get_function("mr_sum_bounds_f32" if dtype == np.float32 else "mr_sum_bounds_f16")
 
 
+#: ``sum_with_bounds`` runs a thread per 4 columns down every row: with fewer packs of columns per SM than
+#: this the GPU would be mostly idle (a column sum of a tall 32-column matrix: 8 threads), and the two
+#: passes (the column kernel splits long columns into segments) are taken instead
+SUM_WITH_BOUNDS_MIN_PACKS_PER_SM = 128
+
+
 def sum_with_bounds(x, plan, into=None):
     """(``plan``'s partial of ``x``, ``sum_bounds(x, into)``) in one read, or None where ``plan`` is not a
     float64 sum or mean of a C-contiguous float32 ``x`` over a leading run of its axes whose rest is a whole
-    number of 16-byte packs (then the caller makes the two apart). The partial is for use only where the
+    number of 16-byte packs, enough of them for the GPU (then the caller makes the two apart). The partial is for use only where the
     bounds of every chunk make its float64 sums exact in any order (``direct._totals_here``): its sums run
     in another order than the column kernel's."""
     from ..core import Partial
@@ -706,12 +712,12 @@ def sum_with_bounds(x, plan, into=None):
         return None
     rows = math.prod(x.shape[: len(axes)])
     columns = math.prod(x.shape[len(axes):])
-    if columns % 4 or rows == 0:
+    sms, _ = _facts()
+    packs = columns // 4
+    if columns % 4 or rows == 0 or packs < sms * SUM_WITH_BOUNDS_MIN_PACKS_PER_SM:
         return None
     out = into if into is not None else cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
     sums = cupy.empty(columns, np.float64)
-    sms, _ = _facts()
-    packs = columns // 4
     grid = int(max(1, min(-(-packs // 256), sms * 8)))
     _bounds_kernel(None)((grid,), (256,), (x, np.int64(rows), np.int64(packs), sums, out))
     keep = (1,) * len(axes) + tuple(x.shape[len(axes):])

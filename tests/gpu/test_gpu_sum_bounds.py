@@ -78,8 +78,14 @@ def _mean_plan(axes, acc=np.float64, op="sum"):
     return ReductionPlan(get_operator(op), axes, np.dtype(acc), np.dtype(np.float32), True, True)
 
 
+@pytest.fixture
+def any_width(monkeypatch):
+    """sum_with_bounds for narrow arrays too (it leaves those to the two passes by default)."""
+    monkeypatch.setattr(cupy_backend, "SUM_WITH_BOUNDS_MIN_PACKS_PER_SM", 0)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 166])
-def test_column_sums_with_bounds_in_one_read_are_the_two_passes(rows):
+def test_column_sums_with_bounds_in_one_read_are_the_two_passes(rows, any_width):
     """cupy_backend.sum_with_bounds: the bounds are sum_bounds', and where they make every float64 sum exact
     the sums are the column kernel's bit for bit (signed zeros, subnormals, NaN and inf columns included)."""
     from multireduce.dtypes import exact_in_any_order
@@ -110,7 +116,15 @@ def test_column_sums_with_bounds_in_one_read_are_the_two_passes(rows):
         np.concatenate([data.ravel(), (a * np.float32(2.0 ** 30)).ravel()]))  # the last data's bounds and these
 
 
-def test_column_sums_with_bounds_take_only_what_they_read_right():
+def test_column_sums_with_bounds_leave_narrow_arrays_to_the_two_passes():
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    narrow = cupy.ones((4096, 32), np.float32)  # a tall matrix's column sum: 8 threads would do it all
+    wide = cupy.ones((3, 4 * sms * cupy_backend.SUM_WITH_BOUNDS_MIN_PACKS_PER_SM), np.float32)
+    assert cupy_backend.sum_with_bounds(narrow, _mean_plan((0,))) is None
+    assert cupy_backend.sum_with_bounds(wide, _mean_plan((0,))) is not None
+
+
+def test_column_sums_with_bounds_take_only_what_they_read_right(any_width):
     x = cupy.asarray(np.random.default_rng(1).random((10, 4, 8), dtype=np.float32))
     assert cupy_backend.sum_with_bounds(x, _mean_plan((0, 1))) is not None  # a leading run of axes
     two = cupy_backend.sum_with_bounds(x, _mean_plan((0, 1)))[0]
