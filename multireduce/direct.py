@@ -1729,8 +1729,19 @@ def _sums_in_any_order(x, plan) -> bool:
     live where a bounds pass costs less than the transfers it saves (the backend's ``SUMS_IN_ANY_ORDER``)."""
     from .backends import backend_for
 
+    out = math.prod(x.shape[d] for d in range(x.ndim) if d not in plan.axes)
+    largest_chunk = math.prod(max(c, default=0) for c in x.chunks)
     return bool(getattr(plan, "sums_narrow_floats_in_float64", lambda dtype: False)(x.dtype)
-                and getattr(backend_for(x._meta), "SUMS_IN_ANY_ORDER", False))
+                and getattr(backend_for(x._meta), "SUMS_IN_ANY_ORDER", False)
+                and out * ANY_ORDER_CHUNK_PER_OUTPUT >= largest_chunk)
+
+
+#: The sums in any order cost one more read of every chunk (its bounds) to spare moving a partial per chunk:
+#: worth it where a chunk holds at most this many elements per output element (a read at ~4 TB/s against
+#: a transfer at ~1 GB/s over TCP, docs/performance.md). The time mean of a 721 x 1440 field has 166 per
+#: output; a column sum of a tall 32-column matrix in chunks of 2^21 rows has 2^21, and keeps the ordered
+#: fold of its small partials.
+ANY_ORDER_CHUNK_PER_OUTPUT = 4096
 
 
 def _totals_fit(x, plan) -> bool:

@@ -202,6 +202,22 @@ def test_partials_too_large_for_the_client_go_direct_only_where_the_sums_are_exa
         assert np.array_equal(value, ref, equal_nan=True)
 
 
+def test_narrow_results_keep_the_ordered_fold_of_their_small_partials(cpu_client, summed_together, monkeypatch):
+    """A column sum of a tall matrix: every chunk holds more elements per output than
+    direct.ANY_ORDER_CHUNK_PER_OUTPUT, so a bounds read of it would cost more than moving its partial; the
+    ordered fold runs (one call, no task), with the same bits either way."""
+    m = np.random.default_rng(10).integers(-1000, 1000, (12 * 5000, 2)).astype(np.float32)
+    flat, _ = persist_spread(cpu_client, m.reshape(-1), 5000 * 2, [0, 1, 2] * 4)
+    x = flat.reshape(m.shape)
+    fn = lambda v: mr.sum(v, axis=0, dtype=F64)  # noqa: E731
+    ref = _graph(fn, x)
+    with distributed.get_task_stream(cpu_client) as stream:
+        value = fn(x).compute()
+    assert stream.data == [] and summed_together == [] and np.array_equal(value, ref)
+    monkeypatch.setattr(direct, "ANY_ORDER_CHUNK_PER_OUTPUT", 5000)
+    assert np.array_equal(fn(x).compute(), ref) and len(set(summed_together)) == 12
+
+
 def test_mean_over_time_against_numpy(cpu_client):
     a = _field(9, scale=40.0) + np.float32(280)  # a temperature-like field: exact sums in any order
     flat, _ = persist_spread(cpu_client, a.reshape(-1), 5 * 4 * 5, [1, 2, 0, 0] * 3)
