@@ -245,17 +245,18 @@ class _KeptOnGpu:
 
     @staticmethod
     def _finish(values: list) -> list:
-        if not any(type(v) is PerPlan for v in values):
-            return finish_later(values)
-        flat = [(i, j, v) for i, value in enumerate(values) for j, v in enumerate(value)] \
-            if all(type(v) is PerPlan for v in values) else None
-        if flat is None:
-            return [PerPlan(finish_later(list(v))) if type(v) is PerPlan else finish_later([v])[0] for v in values]
-        done = finish_later([v for _, _, v in flat])
-        out = [list(value) for value in values]
-        for (i, j, _), v in zip(flat, done):
-            out[i][j] = v
-        return [PerPlan(value) for value in out]
+        at = [(i, j) for i, value in enumerate(values)
+              for j, v in enumerate(value if type(value) is PerPlan else (value,)) if type(v) is Later]
+        if not at:
+            return values
+        done = finish_later([values[i][j] if type(values[i]) is PerPlan else values[i] for i, j in at])
+        out = [list(v) if type(v) is PerPlan else v for v in values]
+        for (i, j), v in zip(at, done):
+            if type(values[i]) is PerPlan:
+                out[i][j] = v
+            else:
+                out[i] = v
+        return [PerPlan(v) if type(values[i]) is PerPlan else v for i, v in enumerate(out)]
 
     def finished(self) -> list:
         """Every value added, in order, on the host."""
@@ -380,15 +381,10 @@ class _TupleColumns:
 
     @classmethod
     def of(cls, keys: list, parts: list):
-        import numpy as np
+        from .backends.numpy_stats import stack_partials
 
-        if not parts or type(parts[0]) is not tuple or not all(type(a) is np.ndarray for a in parts[0]):
-            return None
-        form = [(a.dtype, a.shape) for a in parts[0]]
-        if not all(type(p) is tuple and len(p) == len(form) and all(
-                type(a) is np.ndarray and (a.dtype, a.shape) == f for a, f in zip(p, form)) for p in parts):
-            return None
-        return cls(list(keys), tuple(np.stack(member) for member in zip(*parts)))
+        members = stack_partials(parts)
+        return None if members is None else cls(list(keys), members)
 
     def expand(self) -> dict:
         return {k: tuple(m[i, ...] for m in self.members) for i, k in enumerate(self.keys)}

@@ -76,8 +76,8 @@ WIDE_FLOAT32_ON_GPU = False
 #: and float64 totals of float32 values are exact in any order wherever the chunks' sum bounds allow
 #: (``exact_in_any_order``): each worker then sums its own chunks, and one total per worker crosses
 #: instead of a float32 partial per chunk folded in chunk order (the field's mean over time on 4 x H200:
-#: 29 against 116 ms). More accurate than float32 accumulation, and other bits than it; CuPy arrays and
-#: whole reductions keep WIDE_FLOAT32_ON_GPU's choice.
+#: 29 against 116 ms). More accurate than float32 accumulation, and other bits than it; CuPy arrays, whole
+#: reductions and trailing axes keep WIDE_FLOAT32_ON_GPU's choice.
 WIDE_FLOAT32_OVER_SOME_AXES_OF_DASK_ON_GPUS = True
 
 #: ``accumulate=`` values of the scans: "auto" (float32 sums in float64 where that is free: on the CPU

@@ -165,13 +165,15 @@ class StatPlan:
             return be.truth_chunk(block, self.axes, self.stat == "all")
         return be.count_chunk(block, self.axes)
 
-    def _merge(self, left, right):
+    def _merge(self, left, right, lead: int = 0):
+        """``left`` and ``right`` merged; ``lead``: leading axes that index stacked partials (only the
+        extremes' merge looks at a partial as a whole, the others are elementwise)."""
         if self.stat in _ARG:
             return numpy_stats.arg_merge(left, right, self._largest)
         if self.stat in _MOMENTS:
             return numpy_stats.moments_merge(left, right)
         if self.stat in ("nanmin", "nanmax"):
-            return numpy_stats.extreme_merge(left, right, self._largest)
+            return numpy_stats.extreme_merge(left, right, self._largest, lead)
         if self.stat in ("any", "all"):
             return numpy_stats.truth_merge(left, right, self.stat == "all")
         return numpy_stats.count_merge(left, right)
@@ -213,10 +215,7 @@ class StatPlan:
         while n > 1:
             left = tuple(a[(*lead, slice(0, n - 1, 2))] for a in stacked)
             right = tuple(a[(*lead, slice(1, n, 2))] for a in stacked)
-            if self.stat in ("nanmin", "nanmax"):
-                merged = _extreme_merge_rows(left, right, self._largest, axis + 1)
-            else:
-                merged = self._merge(left, right)
+            merged = self._merge(left, right, axis + 1)
             if n % 2:
                 merged = tuple(np.concatenate([m, a[(*lead, slice(n - 1, n))]], axis=axis)
                                for m, a in zip(merged, stacked))
@@ -275,37 +274,11 @@ class StatPlan:
 
 
 def _stacked(partials, arg: bool):
-    """``partials`` (tuples of NumPy arrays) as one tuple of arrays stacked along a new leading axis, or None
-    where they differ in form (length, dtypes, shapes) or hold anything else. An argmin/argmax GPU pair
-    (value, index) gains the ``seen`` its merge would give it (index >= 0)."""
+    """``numpy_stats.stack_partials`` of ``partials``, an argmin/argmax GPU pair (value, index) given the
+    ``seen`` its merge would give it (index >= 0) first."""
     if arg:
         partials = [p if len(p) == 3 else (*p, p[1] >= 0) for p in partials]
-    first = partials[0]
-    if type(first) is not tuple or not builtins.all(type(a) is np.ndarray for a in first):
-        return None
-    form = [(a.dtype, a.shape) for a in first]
-    for p in partials:
-        if type(p) is not tuple or len(p) != len(form) or not builtins.all(
-                type(a) is np.ndarray and (a.dtype, a.shape) == f for a, f in zip(p, form)):
-            return None
-    return tuple(np.stack(members) for members in zip(*partials))
-
-
-def _extreme_merge_rows(left, right, largest: bool, lead: int = 1):
-    """``numpy_stats.extreme_merge`` of each partial of ``left`` (indexed by its ``lead`` leading axes) with
-    the same one of ``right``: a partial whose counts are all zero (an empty chunk's placeholder) gives
-    way to the other whole."""
-    (va, na), (vb, nb) = left, right
-
-    def empty(counts):
-        rows = counts.shape[:lead]
-        if math.prod(counts.shape[lead:]) == 0:
-            return np.zeros(rows + (1,) * (counts.ndim - lead), dtype=bool)
-        return ~counts.reshape(rows + (-1,)).any(axis=-1).reshape(rows + (1,) * (counts.ndim - lead))
-
-    value = numpy_stats.extreme_of(va, vb, largest)
-    value = np.where(empty(na), vb, np.where(empty(nb), va, value))
-    return value, na + nb
+    return numpy_stats.stack_partials(partials)
 
 
 def _finish_arg(stat, partial):

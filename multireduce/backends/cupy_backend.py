@@ -677,7 +677,8 @@ _bounds_modules: dict[int, object] = {}
 SUMS_IN_ANY_ORDER = True
 
 
-def _bounds_kernel(dtype: np.dtype):
+def _bounds_function(name: str):
+    """The kernel ``name`` of _BOUNDS_SOURCE on the current GPU (the module compiled once per GPU)."""
     from ..dtypes import NO_GRID, NO_TOP
 
     device = cupy.cuda.runtime.getDevice()
@@ -685,9 +686,14 @@ def _bounds_kernel(dtype: np.dtype):
     if module is None:
         module = _bounds_modules[device] = cupy.RawModule(
             code=_BOUNDS_SOURCE % {"no_top": NO_TOP, "no_grid": NO_GRID})
-    if dtype is None:
-        return module.get_function("mr_column_sums_with_bounds_f32")
-    return module.get_function("mr_sum_bounds_f32" if dtype == np.float32 else "mr_sum_bounds_f16")
+    return module.get_function(name)
+
+
+def _bounds_into(into):
+    """``into``, or fresh (NO_TOP, NO_GRID) bounds on the current GPU for the kernels' atomics to merge into."""
+    from ..dtypes import NO_GRID, NO_TOP
+
+    return into if into is not None else cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
 
 
 #: ``sum_with_bounds`` runs a thread per 4 columns down every row: with fewer packs of columns per SM than
@@ -699,11 +705,10 @@ SUM_WITH_BOUNDS_MIN_PACKS_PER_SM = 128
 def sum_with_bounds(x, plan, into=None):
     """(``plan``'s partial of ``x``, ``sum_bounds(x, into)``) in one read, or None where ``plan`` is not a
     float64 sum or mean of a C-contiguous float32 ``x`` over a leading run of its axes whose rest is a whole
-    number of 16-byte packs, enough of them for the GPU (then the caller makes the two apart). The partial is for use only where the
-    bounds of every chunk make its float64 sums exact in any order (``direct._totals_here``): its sums run
-    in another order than the column kernel's."""
+    number of 16-byte packs, enough of them for the GPU (then the caller makes the two apart). The partial
+    is for use only where the bounds of every chunk make its float64 sums exact in any order
+    (``direct._totals_here``): its sums run in another order than the column kernel's."""
     from ..core import Partial
-    from ..dtypes import NO_GRID, NO_TOP
 
     op, axes = plan.op, tuple(plan.axes)
     if not (op.builtin and op.name == "sum" and getattr(op, "steps", None) is None and x.dtype == np.float32
@@ -716,10 +721,10 @@ def sum_with_bounds(x, plan, into=None):
     packs = columns // 4
     if columns % 4 or rows == 0 or packs < sms * SUM_WITH_BOUNDS_MIN_PACKS_PER_SM:
         return None
-    out = into if into is not None else cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
+    out = _bounds_into(into)
     sums = cupy.empty(columns, np.float64)
     grid = int(max(1, min(-(-packs // 256), sms * 8)))
-    _bounds_kernel(None)((grid,), (256,), (x, np.int64(rows), np.int64(packs), sums, out))
+    _bounds_function("mr_column_sums_with_bounds_f32")((grid,), (256,), (x, np.int64(rows), np.int64(packs), sums, out))
     keep = (1,) * len(axes) + tuple(x.shape[len(axes):])
     return Partial(sums.reshape(keep), rows), out
 
@@ -728,11 +733,9 @@ def sum_bounds(x, into=None):
     """(top, grid) of a float16 or float32 ``x`` (numpy_backend.sum_bounds) as a (2,) int32 array on its GPU,
     without waiting for it. ``into``: an earlier result on the same GPU, merged into in place (the kernel's
     atomics), so the bounds of many chunks come to the host in one copy."""
-    from ..dtypes import NO_GRID, NO_TOP
-
     if not (x.flags.c_contiguous or x.flags.f_contiguous):  # the order of the elements does not matter
         x = cupy.ascontiguousarray(x)
-    out = into if into is not None else cupy.asarray(np.array([NO_TOP, NO_GRID], dtype=np.int32))
+    out = _bounds_into(into)
     if x.size:
         sms, _ = _facts()
         flat = x.reshape(-1, order="A")
@@ -742,7 +745,8 @@ def sum_bounds(x, into=None):
         head, body = flat[:n_head], flat[n_head:]
         tail = body[n_packs * per_pack:]
         grid = int(max(1, min(-(-n_packs // 512), sms * 8)))
-        _bounds_kernel(x.dtype)((grid,), (256,), (body, np.int64(n_packs), head if head.size else flat, np.int32(head.size),
-                                                   tail if tail.size else flat, np.int32(tail.size), out))
+        kernel = _bounds_function("mr_sum_bounds_f32" if x.dtype == np.float32 else "mr_sum_bounds_f16")
+        kernel((grid,), (256,), (body, np.int64(n_packs), head if head.size else flat, np.int32(head.size),
+                                 tail if tail.size else flat, np.int32(tail.size), out))
     return out
 

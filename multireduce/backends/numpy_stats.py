@@ -258,13 +258,20 @@ def extreme_chunk(block, axes, largest: bool, xp=np):
     return fn(block, axis=axes, keepdims=True), count
 
 
-def extreme_merge(left, right, largest: bool):
+def extreme_merge(left, right, largest: bool, lead: int = 0):
+    """The (value, count) partial of ``left`` and ``right`` merged: a partial whose counts are all zero (an
+    empty chunk's placeholder: ints have no NaN to mark it) gives way to the other whole. ``lead``: the
+    leading axes index several partials stacked (``StatPlan``'s stacked merges), each merged with its own."""
     (va, na), (vb, nb) = left, right
-    if na.size and not na.any():  # an empty chunk's placeholder (ints have no NaN to mark it)
-        return vb, na + nb
-    if nb.size and not nb.any():
-        return va, na + nb
-    return extreme_of(va, vb, largest), na + nb
+
+    def empty(counts):
+        rows, ones = counts.shape[:lead], (1,) * (counts.ndim - lead)
+        if math.prod(counts.shape[lead:]) == 0:
+            return np.zeros(rows + ones, dtype=bool)
+        return ~counts.reshape(rows + (-1,)).any(axis=-1).reshape(rows + ones)
+
+    value = np.where(empty(na), vb, np.where(empty(nb), va, extreme_of(va, vb, largest)))
+    return value, na + nb
 
 
 def extreme_of(a, b, largest: bool):
@@ -280,6 +287,19 @@ def extreme_of(a, b, largest: bool):
         else:
             keep = np.isnan(b) | (a < b) | ((a == b) & np.signbit(a))
     return np.where(keep, a, b)
+
+
+def stack_partials(partials):
+    """``partials`` (tuples of NumPy arrays of one form: length, and each member's dtype and shape) as one
+    tuple of arrays stacked along a new leading axis; None where they differ in form or hold anything else."""
+    first = partials[0] if partials else None
+    if type(first) is not tuple or not all(type(a) is np.ndarray for a in first):
+        return None
+    form = [(a.dtype, a.shape) for a in first]
+    if not all(type(p) is tuple and len(p) == len(form) and all(
+            type(a) is np.ndarray and (a.dtype, a.shape) == f for a, f in zip(p, form)) for p in partials):
+        return None
+    return tuple(np.stack(members) for members in zip(*partials))
 
 
 def _nonzero_pieces(block, axes, xp):
