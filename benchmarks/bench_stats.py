@@ -26,8 +26,9 @@ the same data in 4 chunks under the synchronous scheduler. The last column is Nu
 (>= 1: not slower). Under a minute on a loaded 2-core machine.
 
 ``--profile kernels``: where a whole-array statistic's GPU time goes at 2^26 and 2^28 elements: the rows
-kernel alone (at several grid sizes), rows + fold (what a call launches), the whole call, and our sum
-beside them, each timed as a pipeline of launches with CUDA events, with the copy roof.
+kernel alone (at several grid sizes), rows + fold (two launches), the one launch whose last block folds
+(what a call launches), the whole call, nanmax with and without its finite probe, and our sum beside
+them, each timed as a pipeline of launches with CUDA events, with the copy roof.
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def profile_kernels() -> list:
     """``--profile kernels``: the statistics kernels' GPU time, piece by piece, against the copy roof."""
     import cupy
 
+    from multireduce import kernels, statistics
     from multireduce.backends import cupy_stats as cs
 
     device = cupy.cuda.runtime.getDevice()
@@ -202,7 +204,21 @@ def profile_kernels() -> list:
                                              out, np.float64(0), np.int32(cs._MOMENTS.get(stat, 0))))
 
                 row(stat, dtype, log2n, "rows + fold", h.time_gpu(both, xs), roof)
+                arrivals = cupy.zeros(1, dtype=np.uint32)
+                whole_kernel = kernels.get_standalone_kernels(cs.WHOLE_ENTRY, {"w": cs.whole_name(stat, dtype)})["w"]
+
+                def whole(x):
+                    whole_kernel(splits, cs.BLOCK, (x, np.int64(n), parts, arrivals, out, np.float64(0),
+                                                   np.int32(cs._MOMENTS.get(stat, 0))))
+
+                row(stat, dtype, log2n, "whole (one launch: the last block folds)", h.time_gpu(whole, xs), roof)
                 row(stat, dtype, log2n, "call", h.time_gpu(getattr(mr, stat), xs), roof)
+            row("nanmax", dtype, log2n, "call (finite probe, then the reduction)", h.time_gpu(mr.nanmax, xs), roof)
+            probe_from, statistics.PROBE_MIN_SIZE = statistics.PROBE_MIN_SIZE, 1 << 62
+            try:
+                row("nanmax", dtype, log2n, "call, waiting for the result (no probe)", h.time_gpu(mr.nanmax, xs), roof)
+            finally:
+                statistics.PROBE_MIN_SIZE = probe_from
             del xs
     return rows
 

@@ -2,13 +2,16 @@
 // (count, mean, M2) behind var/std/nanvar/nanstd/nanmean, nanmin/nanmax, any/all and count_nonzero.
 //
 // Every statistic is a small policy ("Stat": a State, how an element enters it, how two States merge,
-// and the final value), and three kernels serve them all:
+// and the final value), and these kernels serve them all:
 //   stats_rows     rows of contiguous elements (every axis, or trailing axes; rows may be strided):
 //                  16-byte vector loads, UNROLL packs in flight per thread, warp shuffles, one State per
 //                  (row, split) block;
 //   stats_columns  one reduced run of axes in the middle or in front (outer, len, inner): a thread per
 //                  (column, piece of the run), loads coalesced across columns;
-//   stats_fold     one warp per output merges its States and writes the State and/or the final value.
+//   stats_fold     one warp per output merges its States and writes the State and/or the final value;
+//   stats_whole    a whole contiguous array to its final value in one launch: stats_rows' shares, and the
+//                  last block to finish merges them as stats_fold would (the same bits, one launch less);
+//                  prebuilt as a module of its own (stats_whole.cuh).
 // The host launches them (backends/cupy_stats.py); the States it copies back merge with the rules of
 // backends/numpy_stats.py, so one merge rule serves blocks, chunks and GPUs.
 #pragma once
@@ -362,21 +365,16 @@ struct alignas(16) Pack {
   T v[kCount];
 };
 
-// Block b = row * splits + split reduces its share of row ``row`` (``len`` contiguous elements starting
-// at x + row * row_stride): elements before the first 16-byte boundary, then 16-byte packs (UNROLL in
-// flight per thread, grid-stride over the row's blocks), then the tail, each thread in increasing index
-// order. Element j of the row has index row * row_index_step + j. out[b] = the block's State.
+// The State of one block's share of a row (``len`` contiguous elements at xr, element j with index base +
+// j), the row cut among ``splits`` blocks of which this is ``split``: elements before the first 16-byte
+// boundary, then 16-byte packs (UNROLL in flight per thread, grid-stride over the row's blocks), then the
+// tail, each thread in increasing index order; merged over the block (thread 0's). Every thread calls it.
 template <class Stat, int Block, int Unroll>
-__global__ void __launch_bounds__(Block) stats_rows(const typename Stat::Elem* __restrict__ x, index_t len,
-                                                    index_t row_stride, index_t row_index_step, int splits,
-                                                    typename Stat::State* __restrict__ out) {
+__device__ __forceinline__ typename Stat::State row_share(const typename Stat::Elem* __restrict__ xr, index_t len,
+                                                          index_t base, int split, int splits) {
   typedef typename Stat::Elem T;
   typedef typename Stat::State State;
   constexpr int P = Pack<T>::kCount;
-  const index_t row = blockIdx.x / splits;
-  const int split = blockIdx.x % splits;
-  const T* __restrict__ xr = x + row * row_stride;
-  const index_t base = row * row_index_step;
   State s = Stat::start();
   const index_t thread = static_cast<index_t>(split) * Block + threadIdx.x;
   const index_t threads = static_cast<index_t>(splits) * Block;
@@ -415,8 +413,19 @@ __global__ void __launch_bounds__(Block) stats_rows(const typename Stat::Elem* _
     Stat::template visit_run<P>(s, v, at);
   }
   for (index_t i = head + packs * P + thread; i < len; i += threads) Stat::visit(s, xr[i], base + i);
+  return block_merge<Stat, Block>(s);
+}
 
-  s = block_merge<Stat, Block>(s);
+// Block b = row * splits + split reduces its share of row ``row`` (``len`` contiguous elements starting
+// at x + row * row_stride; element j of the row has index row * row_index_step + j). out[b] = the
+// block's State.
+template <class Stat, int Block, int Unroll>
+__global__ void __launch_bounds__(Block) stats_rows(const typename Stat::Elem* __restrict__ x, index_t len,
+                                                    index_t row_stride, index_t row_index_step, int splits,
+                                                    typename Stat::State* __restrict__ out) {
+  const index_t row = blockIdx.x / splits;
+  const typename Stat::State s =
+      row_share<Stat, Block, Unroll>(x + row * row_stride, len, row * row_index_step, blockIdx.x % splits, splits);
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
@@ -455,6 +464,44 @@ __global__ void __launch_bounds__(Block) stats_columns(const typename Stat::Elem
   }
 }
 
+// A State written by another block of the running grid, loaded from L2 (ld.global.cg): L1 is not kept
+// coherent between SMs within a launch.
+template <class S>
+__device__ __forceinline__ S load_from_l2(const S* p) {
+  static_assert(sizeof(S) % 4 == 0, "States are whole 32-bit words");
+  union {
+    S state;
+    unsigned words[sizeof(S) / 4];
+  } u;
+  const unsigned* w = reinterpret_cast<const unsigned*>(p);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(S) / 4); ++k) u.words[k] = __ldcg(w + k);
+  return u.state;
+}
+
+// p[k * stride] for k < splits merged by one block in a fixed order: thread t merges k = t, t + Block, ...
+// in turn, then the threads merge as block_merge does (thread 0's result); every thread calls it.
+// ``FromThisGrid`` (stats_whole's last block): the States were written by other blocks of the running
+// grid, so they are loaded one at a time from L2, which also leaves the registers to the loads of its
+// streaming part; otherwise (stats_fold) four loads at a time. The order is the same either way.
+template <class Stat, int Block, bool FromThisGrid>
+__device__ __forceinline__ typename Stat::State merge_in_block(const typename Stat::State* p, index_t splits,
+                                                               index_t stride) {
+  typename Stat::State s = Stat::start();
+  index_t k = threadIdx.x;
+  if constexpr (FromThisGrid) {
+    for (; k < splits; k += Block) s = Stat::merge(s, load_from_l2(p + k * stride));
+  } else {
+    for (; k + 3 * Block < splits; k += 4 * Block) {
+      const typename Stat::State a = p[k * stride], b = p[(k + Block) * stride];
+      const typename Stat::State c = p[(k + 2 * Block) * stride], d = p[(k + 3 * Block) * stride];
+      s = Stat::merge(Stat::merge(Stat::merge(Stat::merge(s, a), b), c), d);
+    }
+    for (; k < splits; k += Block) s = Stat::merge(s, p[k * stride]);
+  }
+  return block_merge<Stat, Block>(s);
+}
+
 // Output o merges parts[o * output_stride + k * split_stride] for k < splits (splits >= 1) and writes
 // states[o] and/or result[o] (either may be null). A grid of at least ``outputs`` blocks gives each
 // output a block: a whole row's hundreds of States then load a few per thread, all in flight, where one
@@ -469,16 +516,7 @@ __global__ void __launch_bounds__(Block) stats_fold(const typename Stat::State* 
   if (gridDim.x >= outputs) {
     const index_t o = blockIdx.x;  // the grid's spare blocks return together: the barrier is per block
     if (o >= outputs) return;
-    const State* p = parts + o * output_stride;
-    State s = Stat::start();
-    index_t k = threadIdx.x;
-    for (; k + 3 * Block < splits; k += 4 * Block) {
-      const State a = p[k * split_stride], b = p[(k + Block) * split_stride];
-      const State c = p[(k + 2 * Block) * split_stride], d = p[(k + 3 * Block) * split_stride];
-      s = Stat::merge(Stat::merge(Stat::merge(Stat::merge(s, a), b), c), d);
-    }
-    for (; k < splits; k += Block) s = Stat::merge(s, p[k * split_stride]);
-    s = block_merge<Stat, Block>(s);
+    const State s = merge_in_block<Stat, Block, false>(parts + o * output_stride, splits, split_stride);
     if (threadIdx.x == 0) {
       if (states) states[o] = s;
       if (result) result[o] = Stat::result(s, ddof, mode);
@@ -498,6 +536,44 @@ __global__ void __launch_bounds__(Block) stats_fold(const typename Stat::State* 
       if (result) result[o] = Stat::result(s, ddof, mode);
     }
   }
+}
+
+// stats_whole's last block: every block's State merged as stats_fold's block per output merges them,
+// the final value written, the arrivals counter put back to 0. Not inlined: the merge (a division per
+// moments merge) would otherwise take registers from the streaming loop of every block (a float32
+// variance at 2^26 elements fell from 0.87 to 0.77 x copy so, with its spills in that loop).
+template <class Stat, int Block>
+__device__ __noinline__ void whole_last_block(const typename Stat::State* parts, int count, unsigned* arrivals,
+                                              typename Stat::Out* result, double ddof, int mode) {
+  const typename Stat::State all = merge_in_block<Stat, Block, true>(parts, count, 1);
+  if (threadIdx.x == 0) {
+    result[0] = Stat::result(all, ddof, mode);
+    *arrivals = 0u;
+  }
+}
+
+// A whole contiguous array of ``len`` elements to its final value in one launch (the last-block guard of
+// the reduction ladder): block b writes its share's State to parts[b] and takes a ticket; the block that
+// takes the last one merges parts[0 .. gridDim.x) as stats_fold would (the same bits as stats_rows then
+// stats_fold) and puts ``arrivals`` back to 0 for the next launch on the stream (launches on one stream
+// run in order, so one counter serves them all). MinBlocks: the blocks per SM the host's grid assumes
+// resident.
+template <class Stat, int Block, int Unroll, int MinBlocks>
+__global__ void __launch_bounds__(Block, MinBlocks) stats_whole(const typename Stat::Elem* __restrict__ x, index_t len,
+                                                                typename Stat::State* parts, unsigned* arrivals,
+                                                                typename Stat::Out* __restrict__ result, double ddof,
+                                                                int mode) {
+  __shared__ bool last;
+  const typename Stat::State s = row_share<Stat, Block, Unroll>(x, len, 0, blockIdx.x, gridDim.x);
+  if (threadIdx.x == 0) {
+    parts[blockIdx.x] = s;
+    __threadfence();  // this block's State is visible to every block before its ticket is taken
+    last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  whole_last_block<Stat, Block>(parts, gridDim.x, arrivals, result, ddof, mode);
 }
 
 }  // namespace mr

@@ -277,6 +277,7 @@ def _compiled(text: str, names: dict[str, str], what: str) -> dict[str, "Kernel"
 # and CI's nvcc check; the backend modules that launch them need no CuPy to list their names.
 STANDALONE = {
     "stats.cuh": "multireduce.backends.cupy_stats:all_stats_instantiations",
+    "stats_whole.cuh": "multireduce.backends.cupy_stats:all_whole_instantiations",
     "exact.cuh": "multireduce.backends.cupy_exact:all_exact_instantiations",
     "finish.cuh": "multireduce.kernels:all_finish_instantiations",
 }
@@ -289,11 +290,19 @@ def finish_names(acc, out) -> dict[str, str]:
     return {"finish": f"mr::reduce_finish<{ctype(acc)}, {ctype(_dt.division_dtype(acc))}, {ctype(out)}>"}
 
 
+PROBE_BLOCK = 256  # finite_probe reads the first PROBE_BLOCK elements and PROBE_BLOCK spread over the array
+#: finite_probe (kernels/finish.cuh) by element size: the float's bits and its exponent field
+PROBE_NAMES = {2: f"mr::finite_probe<unsigned short, 0x7c00ull, {PROBE_BLOCK}>",
+               4: f"mr::finite_probe<unsigned int, 0x7f800000ull, {PROBE_BLOCK}>",
+               8: f"mr::finite_probe<unsigned long long, 0x7ff0000000000000ull, {PROBE_BLOCK}>"}
+
+
 def all_finish_instantiations() -> list[str]:
     """Every finishing kernel a built-in reduction can ask for: each GPU result dtype (any ``dtype=``) with
-    each accumulator ``dtypes.accumulator_dtype`` may give it on the GPU, whatever WIDE_FLOAT32_ON_GPU is."""
+    each accumulator ``dtypes.accumulator_dtype`` may give it on the GPU, whatever WIDE_FLOAT32_ON_GPU is;
+    and the finite probes."""
     return sorted({finish_names(_dt.accumulator_dtype(out, accumulate, "gpu"), out)["finish"]
-                   for out in _dt.GPU_DTYPES for accumulate in ("input", "wide")})
+                   for out in _dt.GPU_DTYPES for accumulate in ("input", "wide")} | set(PROBE_NAMES.values()))
 
 
 def standalone_instantiations(entry: str) -> list[str]:

@@ -649,6 +649,7 @@ def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
 
 
 _HOST_CHECK_MAX = 1 << 16  # results up to this size are checked for all-NaN or empty slices on the host
+PROBE_MIN_SIZE = 1 << 16  # a whole CuPy nanmin/nanmax of this many elements or more probes for a finite one first
 
 
 def _small_on_host(values):
@@ -670,7 +671,21 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
         return _fold(stat, x, axis, keepdims, split_every, "biuf")
     if x.dtype.kind != "f":
         return api._reduction(x, stat[3:], axis, None, keepdims, split_every, "auto", caller=caller)
-    result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
+    probe = None
+    if kind == "cupy" and x.size >= PROBE_MIN_SIZE:
+        axes = v.normalize_axes(axis, x.ndim, caller)  # the arguments checked before any launch
+        v.check_flag(keepdims, "keepdims", caller)
+        v.fan_in(split_every, axes, caller)
+        if len(axes) == x.ndim:
+            from .backends import cupy_backend
+
+            probe = cupy_backend.finite_probe(x)  # queued before the reduction, so the host waits for it alone
+    try:
+        result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
+    finally:
+        proved = probe is not None and probe[0].found(probe[1])  # the slot goes back even on an error
+    if proved:
+        return result  # a finite element: the extreme is no identity, and no slice is all-NaN
     identity = np.inf if stat == "nanmin" else -np.inf
     if bool((_small_on_host(result) == identity).any()):
         xp = np

@@ -440,10 +440,20 @@ def test_kernel_names_come_from_the_dtype_table():
     from multireduce.backends import cupy_stats
 
     names = cupy_stats.all_stats_instantiations()
+    whole = cupy_stats.all_whole_instantiations()
     for dt in dtypes.GPU_DTYPES:
         T = dtypes.CUDA_TYPE_NAMES[dt]
         assert f"mr::stats_rows<mr::ArgStat<{T}, true, false>, 256, 4>" in names
         assert (f"mr::stats_fold<mr::MomentsStat<{T}, true>, 256>" in names) == (dt.kind == "f")
+        assert f"mr::stats_whole<mr::MomentsStat<{T}, false>, 256, 4, {cupy_stats.BLOCKS_PER_SM}>" in whole
+        assert f"mr::stats_whole<mr::ArgStat<{T}, true, false>, 256, 4, {cupy_stats.BLOCKS_PER_SM}>" in whole
+    assert not [n for n in names if n.startswith("mr::stats_whole")]  # a module of their own
+    assert not [n for n in whole if n.startswith("mr::stats_whole<mr::ExtremeStat")]  # what WholeLauncher serves
+    from multireduce import kernels
+
+    finish = kernels.all_finish_instantiations()
+    for size, bits in ((2, "unsigned short"), (4, "unsigned int"), (8, "unsigned long long")):
+        assert kernels.PROBE_NAMES[size] in finish and bits in kernels.PROBE_NAMES[size]
     for stat in cupy_stats.STATS:  # the State images the host reads are the C layouts' sizes
         assert cupy_stats.state_dtype(stat, np.float16).itemsize in (4, 8, 16, 32)
 

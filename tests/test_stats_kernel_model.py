@@ -658,3 +658,15 @@ def test_moments_axes_with_inf_slices(shape, axis):
     x = hostile_slices(shape, axis)
     for name in MOMENTS:
         assert_same(gpu_result(name, x, axis, sms=8), numpy_moment(name, x, axis), 1e-11, f"{name} axis={axis}")
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_one_launch_grid_is_the_rows_kernels(itemsize):
+    """WholeLauncher's stats_whole takes the grid stats_rows takes for the same array (row_splits of its
+    layout), so its last block merges the States stats_fold would, in the same order: the same bits."""
+    for sms in (1, 8, 132):
+        for n in (1, 31, 1025, 4096 * 33, (1 << 24) + 7, (1 << 31) + 5):
+            layout = cupy_stats.plan_layout((n,), (1,), (0,))
+            assert layout.whole and layout.rows == 1
+            assert cupy_stats.whole_splits(n, itemsize, sms * cupy_stats.BLOCKS_PER_SM) == \
+                cupy_stats.row_splits(layout, itemsize, sms), (n, sms)

@@ -40,6 +40,7 @@ if cupy is not None:
     from . import cupy_backend as _cupy_backend
 
 ENTRY = "stats.cuh"
+WHOLE_ENTRY = "stats_whole.cuh"  # stats_whole alone: what WholeLauncher loads
 READS_STEPS = True  # the chunk functions take ``steps`` (fusion.Steps) and read each element through them
 
 # The launch constants are tuning.Policy's (what each one is, and what it measured, is said there). The
@@ -90,11 +91,23 @@ def stat_names(stat: str, dtype, S: str | None = None) -> dict:
             "fold": f"mr::stats_fold<{S}, {BLOCK}>"}
 
 
+def whole_name(stat: str, dtype) -> str:
+    """The one-launch kernel of ``stat`` over a whole contiguous array (WholeLauncher's)."""
+    return f"mr::stats_whole<{stat_type(stat, dtype)}, {BLOCK}, {ROW_UNROLL}, {BLOCKS_PER_SM}>"
+
+
 STATS = _ARG + tuple(_MOMENTS) + ("nanmin", "nanmax", "any", "all", "count_nonzero")
+#: the statistics WholeLauncher serves (statistics' fast paths for the default arguments)
+WHOLE = ("argmax", "argmin", "var", "std", "any", "all", "count_nonzero")
 
 
 def all_stats_instantiations() -> list[str]:
     return sorted({e for dt in _dt.GPU_DTYPES for stat in STATS for e in stat_names(stat, dt).values()})
+
+
+def all_whole_instantiations() -> list[str]:
+    """WHOLE_ENTRY's module: stats_whole of each statistic WholeLauncher serves, on each dtype."""
+    return sorted({whole_name(stat, dt) for dt in _dt.GPU_DTYPES for stat in WHOLE})
 
 
 def module_text() -> str:
@@ -234,6 +247,12 @@ def row_splits(layout: Layout, itemsize: int, sms: int) -> int:
     return int(min(most, want, (2**31 - 1) // max(layout.rows, 1)))
 
 
+def whole_splits(n: int, itemsize: int, most: int) -> int:
+    """stats_whole's grid for a C-contiguous array of ``n`` elements: row_splits of its one row, with
+    ``most`` = sms * BLOCKS_PER_SM (the State of each block is what the last one merges)."""
+    return min(most, -(-n // (BLOCK * (16 // itemsize) * ROW_UNROLL)))
+
+
 def column_pieces(layout: Layout, sms: int) -> tuple[int, int]:
     """(piece, splits): the reduced run cut into pieces of at least MIN_PIECE elements, enough of them
     for the GPU's threads."""
@@ -343,11 +362,13 @@ def run(block, stat: str, axes, *, states: bool, result: bool, ddof: float = 0.0
 
 class WholeLauncher:
     """``run`` of one (statistic, dtype) over every axis of a C-contiguous array, to its final value,
-    bound to each device once: the two kernels, the grid rule and a parts workspace per stream, since
-    a statistic at 2^26 elements is otherwise host-bound (the general path's layout, allocations and
-    argument building cost more host time than the kernels' GPU time: python -m benchmarks stats --profile call). Returns
-    None where the general path is needed (empty or non-contiguous input, data on another device than
-    the current one)."""
+    bound to each device once: one launch of ``stats_whole`` (stats_rows' blocks, the last of them
+    merging their States as stats_fold does: the same bits; the fold's own launch cost ~5 % at 2^26
+    elements), the grid rule and a workspace per stream (the blocks' States and the arrivals counter the
+    kernel leaves at 0), since a statistic at 2^26 elements is otherwise host-bound (the general path's
+    layout, allocations and argument building cost more host time than the kernels' GPU time: python -m
+    benchmarks stats --profile call). Returns None where the general path is needed (empty or
+    non-contiguous input, data on another device than the current one)."""
 
     __slots__ = ("mode", "per_device", "result", "stat", "state", "type")
 
@@ -358,9 +379,10 @@ class WholeLauncher:
         self.per_device: dict[int, tuple] = {}
 
     def _bind(self, device: int) -> tuple:
-        ks = _kernels_for(self.stat, self.type, device)
+        with cupy.cuda.Device(device):
+            whole = _kernels.get_standalone_kernels(WHOLE_ENTRY, {"whole": whole_name(self.stat, self.type)})["whole"]
         most = _sm_count(device) * BLOCKS_PER_SM  # row_splits' bound for one row
-        found = self.per_device[device] = (ks["rows"], ks["fold"], most, {})
+        found = self.per_device[device] = (whole, most, {})
         return found
 
     def __call__(self, x, ddof: float = 0.0):
@@ -370,20 +392,18 @@ class WholeLauncher:
         device = cupy.cuda.runtime.getDevice()
         if x.data.device_id != device:
             return None
-        rows, fold, most, spaces = self.per_device.get(device) or self._bind(device)
+        whole, most, spaces = self.per_device.get(device) or self._bind(device)
         stream = _cupy_backend.stream_key()
-        parts = spaces.get(stream)
-        if parts is None:  # kernels on one stream run in order: the next call's rows wait for this fold
-            parts = spaces[stream] = cupy.empty(most * self.state.itemsize, dtype=np.uint8)
-        splits = min(most, -(-n // (BLOCK * (16 // x.itemsize) * ROW_UNROLL)))
+        space = spaces.get(stream)
+        if space is None:  # kernels on one stream run in order: the next call's blocks wait for this one's last
+            states = cupy.empty(most * self.state.itemsize, dtype=np.uint8)
+            space = spaces[stream] = (states, cupy.zeros(1, dtype=np.uint32))
+        splits = whole_splits(n, x.itemsize, most)
         out = cupy.empty((), self.result)
-        # the layout plan_layout gives a C-contiguous array over every axis: one row of n, stride 0
-        rows(splits, BLOCK, (x, np.int64(n), _ZERO, np.int64(n), np.int32(splits), parts))
-        fold(1, BLOCK, (parts, _ONE, np.int64(splits), _ONE, _ZERO, _NULL, out, np.float64(ddof), self.mode))
+        whole(splits, BLOCK, (x, np.int64(n), space[0], space[1], out, np.float64(ddof), self.mode))
         return out
 
 
-_ZERO, _ONE = np.int64(0), np.int64(1)
 
 
 # ------------------------------------------------------------------------------------------------

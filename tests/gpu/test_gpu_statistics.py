@@ -18,7 +18,8 @@ from multireduce.statistics import VAR_BOUND
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("synchronous_scheduler")]
 cupy = pytest.importorskip("cupy")
 
-from multireduce.backends import cupy_stats  # noqa: E402
+from multireduce import kernels  # noqa: E402
+from multireduce.backends import cupy_backend, cupy_stats  # noqa: E402
 
 SIZES = [1, 31, 33, 1025, 4097, (1 << 20) + 3]
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
@@ -522,8 +523,6 @@ def test_per_thread_default_stream_keeps_scratch_apart():
     share a workspace (results right under concurrency)."""
     import threading
 
-    from multireduce.backends import cupy_backend
-
     rng = np.random.default_rng(9)
     hosts = [rng.standard_normal(1 << 22).astype(np.float32) for _ in range(4)]
     want = [(int(np.argmax(h)), np.var(h.astype(np.float64)), np.sum(h.astype(np.float64))) for h in hosts]
@@ -549,3 +548,151 @@ def test_per_thread_default_stream_keeps_scratch_apart():
     for i, (index, var, total) in enumerate(want):
         assert got[i][0] == index
         assert abs(got[i][1] - var) <= 1e-4 * var and abs(got[i][2] - total) <= 1e-3 * (abs(total) + 1e3)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.uint8])
+def test_one_launch_whole_statistic_repeats_its_bits(dtype):
+    """stats_whole (the last block merges every block's State) at a size with the most blocks: the bits of
+    rows + fold (the general path, keepdims=True), the same over repeated calls that alternate the
+    statistics on one stream and on a second one (the arrivals counter left at 0 every time)."""
+    rng = np.random.default_rng(24)
+    n = (1 << 24) + 7
+    host = (rng.standard_normal(n) * 3 + 1).astype(dtype) if np.dtype(dtype).kind == "f" \
+        else rng.integers(0, 100, n).astype(dtype)
+    x = cupy.asarray(host)
+    general = {name: cupy.asnumpy(getattr(mr, name)(x, keepdims=True).reshape(())) for name in FAST}
+    side = cupy.cuda.Stream(non_blocking=True)
+    for _ in range(3):
+        for stream in (cupy.cuda.Stream.null, side):
+            with stream:
+                for name in FAST:
+                    np.testing.assert_array_equal(cupy.asnumpy(getattr(mr, name)(x)), general[name], err_msg=name)
+    assert int(general["argmax"]) == int(np.argmax(host))
+
+
+PROBED = 1 << 17  # at least statistics.PROBE_MIN_SIZE
+
+
+def _no_warning(fn, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return fn(*args)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_nanmin_nanmax_probe_then_numpys_warnings(dtype):
+    """The finite probe queued before a whole nanmin/nanmax: found where a sampled element is finite (no
+    wait for the reduction), not found where none is (all NaN, only infinities, the one finite element
+    where the probe does not look), and in every case NumPy's value and warning."""
+    from multireduce import statistics
+
+    assert PROBED >= statistics.PROBE_MIN_SIZE
+    rng = np.random.default_rng(3)
+    stride = PROBED // kernels.PROBE_BLOCK
+    unsampled = 5 * stride + 7  # past the first PROBE_BLOCK elements, off the spread ones
+    cases = {}
+    mixed = rng.standard_normal(PROBED).astype(dtype)
+    mixed[rng.random(PROBED) < 0.3] = np.nan
+    cases["mixed"] = (mixed, True)
+    cases["all NaN"] = (np.full(PROBED, np.nan, dtype), False)
+    hidden = np.full(PROBED, np.nan, dtype)
+    hidden[unsampled] = -2.5
+    cases["one finite, unsampled"] = (hidden, False)
+    infs = np.full(PROBED, np.nan, dtype)
+    infs[0], infs[stride] = -np.inf, np.inf
+    cases["infinities only"] = (infs, False)
+    late = np.full(PROBED, np.nan, dtype)
+    late[stride * 3] = 4.0  # a spread sample
+    cases["one finite, sampled"] = (late, True)
+    for label, (host, proved) in cases.items():
+        x = cupy.asarray(host)
+        probe = cupy_backend.finite_probe(x)
+        assert probe is not None and probe[0].found(probe[1]) == proved, label
+        for name in ("nanmin", "nanmax"):
+            want_warning = bool(np.isnan(host).all())
+            if want_warning:
+                with pytest.warns(RuntimeWarning, match="All-NaN"):
+                    got = getattr(mr, name)(x)
+                with pytest.warns(RuntimeWarning, match="All-NaN"):
+                    want = getattr(np, name)(host)
+            else:
+                got = _no_warning(getattr(mr, name), x)
+                want = _no_warning(getattr(np, name), host)
+            assert got.dtype == host.dtype and got.shape == (), (label, name)
+            np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"{label} {name}")
+    fortran = cupy.asfortranarray(cupy.asarray(mixed.reshape(512, -1)))
+    probe = cupy_backend.finite_probe(fortran)  # F-contiguous: the same elements, read in memory order
+    assert probe is not None and probe[0].found(probe[1])
+    np.testing.assert_array_equal(cupy.asnumpy(_no_warning(mr.nanmax, fortran)), np.nanmax(mixed))
+    view = cupy.asarray(mixed)[::2]
+    assert cupy_backend.finite_probe(view) is None  # strided: the reduction's result is looked at instead
+    np.testing.assert_array_equal(cupy.asnumpy(_no_warning(mr.nanmax, view)), np.nanmax(mixed[::2]))
+
+
+def test_nanmax_probe_slots_run_out_and_come_back(monkeypatch):
+    """With every probe slot taken (threads in the middle of a call), nanmax waits for its result as
+    before; the slots come back after use, also when the reduction raises; bad arguments raise before
+    any probe is launched."""
+    from multireduce import api
+    rng = np.random.default_rng(8)
+    host = rng.standard_normal(PROBED).astype(np.float32)
+    x = cupy.asarray(host)
+    first = cupy_backend.finite_probe(x)
+    probe = first[0]
+    taken = [first[1]] + [probe.launch(x) for _ in range(probe.SLOTS - 1)]
+    assert None not in taken and probe.launch(x) is None and cupy_backend.finite_probe(x) is None
+    assert float(_no_warning(mr.nanmax, x)) == np.nanmax(host)
+    with pytest.warns(RuntimeWarning, match="All-NaN"):
+        assert math.isnan(float(mr.nanmin(cupy.full(PROBED, cupy.nan, cupy.float32))))
+    for slot in taken:
+        assert probe.found(slot)
+    assert len(probe.free) == probe.SLOTS
+    launched = []
+    monkeypatch.setattr(cupy_backend.FiniteProbe, "launch", lambda self, a: launched.append(a))
+    with pytest.raises(TypeError, match="keepdims"):
+        mr.nanmax(x, keepdims="no")
+    with pytest.raises(ValueError, match="split_every"):
+        mr.nanmax(x, split_every=1)
+    assert not launched
+    monkeypatch.undo()
+
+    def broken(*args, **kwargs):
+        raise MemoryError("out of device memory")
+
+    monkeypatch.setattr(api, "_reduction", broken)
+    with pytest.raises(MemoryError):
+        mr.nanmax(x)
+    assert len(probe.free) == probe.SLOTS
+
+
+def test_nanmax_probes_from_threads():
+    """Threads calling whole nanmax/nanmin at once, each on its own stream: every value and warning right."""
+    import threading
+
+    rng = np.random.default_rng(12)
+    hosts = [rng.standard_normal(1 << 20).astype(np.float32) for _ in range(4)]
+    hosts[2][:] = np.nan
+    errors, got = [], {}
+
+    def work(i):
+        try:
+            with cupy.cuda.Stream(non_blocking=True):
+                x = cupy.asarray(hosts[i])
+                for _ in range(50):
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        got[i] = (float(mr.nanmax(x)), float(mr.nanmin(x)), len(caught))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, host in enumerate(hosts):
+        if i == 2:
+            assert math.isnan(got[i][0]) and math.isnan(got[i][1]) and got[i][2] == 2
+        else:
+            assert got[i] == (float(np.nanmax(host)), float(np.nanmin(host)), 0)
