@@ -433,12 +433,38 @@ def _scans_here(plan: ScanPlan, mine, inputs: list, recipe=None) -> dict:
     return dict(recipe.apply(dict(zip(recipe.inputs, inputs)), scanned, recipe.chunks))
 
 
-def _scan_one(plan: ScanPlan, carry, block):
+def _scan_one(plan, carry, block):
     """One chunk of a held scan, ``block`` scanned from ``carry`` (None: a lane's first chunk) on the GPU
-    holding it: what ``scan_and_keep`` keeps, and the task that makes the chunk again where a worker
-    holding it is lost (``_register_with_lineage``), so both give the same bits."""
+    holding it, or a ``ChunkReduced``'s block of ``block`` alone: what ``scan_and_keep`` keeps, and the
+    task that makes the chunk again where a worker holding it is lost (``_register_with_lineage``), so
+    both give the same bits."""
     with on_device_of(block):
+        if type(plan) is ChunkReduced:
+            return plan.block_of(block)
         return _scan_seeded(plan, block, carry, 0 if carry is None else 1)
+
+
+class ChunkReduced:
+    """A reduction over axes that every chunk holds whole (one chunk along each reduced axis: the row sums
+    of a matrix in row chunks), kept where each chunk is: each output block is ``fold_in_order`` of that
+    chunk's one partial, the graph's aggregate of a lane of one chunk (the same bits). Taken by
+    ``scan_and_keep`` and ``_register_with_lineage`` where a scan's plan goes, with no carry."""
+
+    __slots__ = ("plan", "split_every", "on_device")
+
+    def __init__(self, plan, split_every: int, on_device: bool):
+        self.plan, self.split_every, self.on_device = plan, split_every, on_device
+
+    @property
+    def label(self) -> str:
+        return self.plan.label
+
+    @property
+    def out_dtype(self):
+        return self.plan.out_dtype
+
+    def block_of(self, block):
+        return _device(self.on_device, fold_in_order(self.plan, self.split_every, [self.plan.partial(block)]))
 
 
 def _scan_one_made(plan: ScanPlan, carry, recipe, *inputs):
@@ -1056,40 +1082,78 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
         for i, idx in enumerate(index):
             carry = carries[edge + (slice(i - 1, i),)] if i else None
             work.setdefault(holder[(x.name, *idx)], []).append(((x.name, *idx), (name, *idx), carry))
-    out_keys = [(name, *idx) for _, index in lanes for idx in index]
+    return _keep_where_held(client, x, plan, name, work, recipes, need, sources)
+
+
+def _keep_where_held(client, x, plan, name: str, work: dict, recipes, need, sources=None, chunks=None):
+    """``scan_and_keep`` of ``work`` ({worker: [(input key, output key, carry)]}) on its workers, then the
+    outputs registered with the scheduler with their lineage: the persisted array ``name`` of ``chunks``
+    (default ``x.chunks``), or None where the graph must run instead (nothing of it left behind)."""
+    out_keys = [out_key for per_worker in work.values() for _, out_key, _ in per_worker]
     try:
         kept = _run(client, sorted(work), scan_and_keep, plan, work, recipes, need)
-    except _Unanswered as error:  # nothing of this scan may stay behind, on these workers either
+    except _Unanswered as error:  # nothing of this result may stay behind, on these workers either
         _drop_kept_on_live(client, list(work), out_keys, unanswered=error.workers)
-        raise _stalled({w: len(work[w]) for w in error.workers}, len(keys), x.name,
+        raise _stalled({w: len(work[w]) for w in error.workers}, x.npartitions, x.name,
                        placement.setting("multireduce.direct-connect-timeout")) from None
-    except BaseException:  # a worker's own error: nothing of this scan may stay behind
+    except BaseException:  # a worker's own error: nothing of this result may stay behind
         _drop_kept_on_live(client, list(work), out_keys)
         raise
     # every worker answered with its outputs: else the graph runs instead
     if (kept is None or any(isinstance(r, _Moved) for r in kept.values())
             or sum(len(k) for k in kept.values()) != len(out_keys)):
         _drop_kept_on_live(client, list(work), out_keys)
-        return _declined(f"the held scan of {x.name} kept {sum(len(k) for k in (kept or {}).values() if isinstance(k, dict))}"
+        return _declined(f"the held {plan.label} of {x.name} kept "
+                         f"{sum(len(k) for k in (kept or {}).values() if isinstance(k, dict))}"
                          f" of {len(out_keys)} output chunks (a chunk moved, or a worker left)")
     nbytes = {k: n for per_worker in kept.values() for k, n in per_worker.items()}
     try:
         client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
                     nbytes=nbytes, client=client.id)
-        out = _register_with_lineage(client, x, plan, name, work, sources)
+        out = _register_with_lineage(client, x, plan, name, work, sources, chunks)
     except Exception as error:  # noqa: BLE001 - whatever failed, nothing registered in part may stay
         client.run_on_scheduler(_release_registered, out_keys, client.id)
         _drop_kept_on_live(client, list(work), out_keys)
         if isinstance(error, (KeyError, *_placement_errors())):
             # a worker that left after its reply (the scheduler's KeyError for its address): the graph
-            return _declined(f"a worker left after keeping outputs of the held scan of {x.name} ({error!r})")
+            return _declined(f"a worker left after keeping outputs of the held {plan.label} of {x.name} ({error!r})")
         raise  # anything else is a defect to see, not a placement to recompute around
     for k in out_keys:
         client.futures[k].finish(type=type(x._meta))
     return out
 
 
-def _register_with_lineage(client, x, plan: ScanPlan, name: str, work: dict, sources=None):
+def reduced_chunks_persisted(x, plan, split_every: int, name: str):
+    """``plan``'s reduction of a persisted ``x`` whose reduced axes each lie in one chunk, now, as a
+    persisted array named ``name``: each worker reduces the chunks it holds and keeps the output blocks
+    (``ChunkReduced``; one ``client.run``, no task), registered with their lineage as a held scan's
+    are. None where the graph must run instead."""
+    _attempting()
+    client = placement.default_client()
+    if client is None:
+        return _declined("no distributed client")
+    chunks = (tuple((1,) if d in plan.axes else x.chunks[d] for d in range(x.ndim)) if plan.keepdims
+              else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
+    need = _on_gpus(x, "the held reduction's outputs", np.dtype(plan.out_dtype).itemsize, plan.axes)
+    one = ChunkReduced(plan, split_every, type(x._meta).__module__.startswith("cupy"))
+    seen = placement.recently_seen(x, client)
+    # the placement seen last (an array of the same name persisted again may sit elsewhere), then looked up
+    for holder in ([seen] if seen is not None else []) + [None]:
+        holder = holder or placement.holders(x, client)
+        if holder is None:
+            return _declined(f"a chunk of {x.name} is in no worker's memory")
+        work: dict[str, list] = {}
+        for key in placement.chunk_keys(x):
+            index = key[1:] if plan.keepdims else tuple(i for d, i in enumerate(key[1:]) if d not in plan.axes)
+            work.setdefault(holder[key], []).append((key, (name, *index), None))
+        out = _keep_where_held(client, x, one, name, work, None, need, chunks=chunks)
+        if out is not None:
+            placement.remember(x, holder, client)
+            return out
+    return None
+
+
+def _register_with_lineage(client, x, plan, name: str, work: dict, sources=None, chunks=None):
     """The held scan's outputs (registered with the scheduler as data, ``update_data``) as a persisted
     array whose chunks keep their recipe: each output key gets a task, ``_scan_one`` of its input chunk
     (a dependency: the held chunk, or with ``sources`` the held chunks its recipe reads) from its carry
@@ -1113,8 +1177,9 @@ def _register_with_lineage(client, x, plan: ScanPlan, name: str, work: dict, sou
                 recipe = made_by[in_key]
                 tasks[out_key] = Task(out_key, functools.partial(_scan_one_made, plan, carry, recipe),
                                       *map(TaskRef, recipe.inputs))
-    meta = meta_from_array(x._meta, ndim=x.ndim, dtype=plan.out_dtype)
-    lineage = da.Array(HighLevelGraph.from_collections(name, tasks, dependencies=[]), name, x.chunks, meta=meta)
+    chunks = x.chunks if chunks is None else chunks
+    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
+    lineage = da.Array(HighLevelGraph.from_collections(name, tasks, dependencies=[]), name, chunks, meta=meta)
     return client.persist(lineage, optimize_graph=False)
 
 
@@ -1681,29 +1746,47 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
     """A reduction over some axes of held chunks (or of an expression over them) whose ``.compute()`` takes
     ``reduce_held`` (one call to the workers, no task) and the graph when that path cannot. ``dask.compute``,
     ``client.compute`` and ``.persist`` make the same call and hand the value over in a task per output
-    block, up to ``VALUE_GRAPH_BYTES`` of output; beyond that, and for anything else, the task graph."""
+    block, up to ``VALUE_GRAPH_BYTES`` of output; beyond that, and for anything else, the task graph.
+    Over a persisted array whose reduced axes each lie in one chunk, ``.persist()`` keeps each chunk's
+    output block where the chunk is (``reduced_chunks_persisted``), whatever the output's size; where the
+    per-chunk partials would not fit the client (``fits`` False), ``.compute()`` takes the graph."""
 
     __slots__ = ("_direct", "_graph", "_handed", "_task_name")
 
     def _build_graph(self):
-        x, plan, split_every, token, groups, _ = self._direct
+        x, plan, split_every, token, groups, _, _ = self._direct
         return reduction(x, plan, split_every, groups, token=token).dask
 
     def compute(self, **kwargs):
-        if not _not_direct_here(kwargs):
-            x, plan, split_every, _, _, sources = self._direct
+        x, plan, split_every, _, _, sources, fits = self._direct
+        if fits and not _not_direct_here(kwargs):
             value = reduce_held(x, plan, split_every, sources=sources)
             if value is not None:
                 return value
         self._task_graph()
         return super().compute(**kwargs)
 
+    def persist(self, **kwargs):
+        x, plan, split_every, _, _, _, _ = self._direct
+        if _chunks_hold_reduced_axes(x, plan) and not _not_direct_here(kwargs):
+            # a fresh name for every call, as a held scan's (ScanOfHeld.persist says why)
+            out = reduced_chunks_persisted(x, plan, split_every, f"{plan.label}-chunks-{uuid.uuid4().hex}")
+            if out is not None:
+                return out
+        return super().persist(**kwargs)
+
     def _value_graph(self, together: list):
-        x, plan, split_every, _, _, sources = self._direct
-        if math.prod(self.shape) * np.dtype(self.dtype).itemsize > VALUE_GRAPH_BYTES:
+        x, plan, split_every, _, _, sources, fits = self._direct
+        if not fits or math.prod(self.shape) * np.dtype(self.dtype).itemsize > VALUE_GRAPH_BYTES:
             return None
         value = reduce_held(x, plan, split_every, sources=sources)
         return None if value is None else self._hand_over(value)
+
+
+def _chunks_hold_reduced_axes(x, plan) -> bool:
+    """Whether ``x`` is persisted (not an expression over persisted arrays) and each of its chunks holds
+    every reduced axis whole: its output blocks are then each chunk's own (``reduced_chunks_persisted``)."""
+    return is_held(x) and all(x.numblocks[d] == 1 for d in plan.axes)
 
 
 # Above this many bytes of per-chunk partials, a reduction over some axes of held chunks takes the graph:
@@ -1765,7 +1848,8 @@ def held_result(x, plan, split_every: int, build=None, located=None):
     token = stage_token(x, plan, split_every, groups)
     if whole:
         return whole_of_held(x, plan, split_every, build, located, sources=sources, groups=groups)
-    if build is not None or located is not None or not (_partials_fit(x, plan) or _totals_fit(x, plan)):
+    fits = _partials_fit(x, plan) or _totals_fit(x, plan)
+    if build is not None or located is not None or not (fits or _chunks_hold_reduced_axes(x, plan)):
         _attempting()
         return _declined("a reduction over some axes whose partials would exceed DIRECT_PARTIAL_BYTES (or that "
                          "reads located chunks): the graph")
@@ -1773,4 +1857,4 @@ def held_result(x, plan, split_every: int, build=None, located=None):
               else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
     name = f"{plan.label}-aggregate-{token}"
-    return _graph_on_demand(PartOfHeld, name, chunks, meta, (x, plan, split_every, token, groups, sources))
+    return _graph_on_demand(PartOfHeld, name, chunks, meta, (x, plan, split_every, token, groups, sources, fits))

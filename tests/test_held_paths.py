@@ -281,3 +281,56 @@ def test_expressions_planned_again_where_a_chunk_moved_after_the_lookup(cpu_clie
     out, stream = _no_tasks(cpu_client, lambda: mr.cumsum(x * 2 - 1, axis=0).persist())
     assert stream == [] and len(calls) == 2 and direct.last_decline is None
     assert np.array_equal(out.compute(), _graph(lambda v: mr.cumsum(v, axis=0), x * 2 - 1), equal_nan=True)
+
+
+CHUNK_WHOLE = {
+    "sum1": lambda v: mr.sum(v, axis=1), "mean1k": lambda v: mr.mean(v, axis=1, keepdims=True),
+    "var1": lambda v: mr.var(v, axis=1),
+    "nanmax1": lambda v: mr.nanmax(v, axis=1), "exact1": lambda v: mr.sum(v, axis=1, exact=True),
+    "sum_expr1": lambda v: mr.sum(v * 2, axis=1),  # an expression: the graph, same bits
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHUNK_WHOLE))
+def test_reductions_each_chunk_holds_keep_their_blocks_where_the_chunks_are(cpu_client, name):
+    """A tall matrix in row chunks, reduced along its rows: ``.persist()`` keeps each chunk's output block on
+    the worker holding the chunk (one call, no task, whatever the output's size), with the graph's chunks
+    and bits; an expression over it keeps the graph."""
+    a = np.random.default_rng(sorted(CHUNK_WHOLE).index(name)).standard_normal((700, 9)).astype(np.float32)
+    a[13, 4] = np.nan
+    x = cpu_client.persist(da.from_array(a, chunks=(100, 9)))
+    distributed.wait(x)
+    fn = CHUNK_WHOLE[name]
+    direct.last_decline = None
+    out, stream = _no_tasks(cpu_client, lambda: fn(x).persist())
+    ref = _graph(fn, x)
+    if name == "sum_expr1":  # the held call's value handed over in tasks (``.persist`` returns before they run)
+        assert out.name.endswith("-value") and not out.name.startswith("sum-chunks")
+    else:
+        assert stream == [] and direct.last_decline is None
+        held = cpu_client.who_has(distributed.futures_of(x))
+        kept = cpu_client.who_has(distributed.futures_of(out))
+        for key, where in kept.items():  # output block i lies where input chunk i does
+            assert where == held[(x.name, key[1], 0)], key
+    assert out.chunks == fn(x).chunks and out.dtype == ref.dtype
+    got = out.compute()
+    assert got.shape == ref.shape and np.array_equal(got, ref, equal_nan=True)
+
+
+def test_reductions_each_chunk_holds_over_a_field_and_large_outputs(cpu_client, field, monkeypatch):
+    """Over a 3-d field whose middle axis each chunk holds whole, with DIRECT_PARTIAL_BYTES below the
+    output's size: ``.persist()`` still keeps the blocks where the chunks are, ``.compute()`` takes the
+    graph, both with the graph's bits."""
+    a, x = field
+    monkeypatch.setattr(direct, "DIRECT_PARTIAL_BYTES", 64)
+    for fn in (lambda v: mr.mean(v, axis=1), lambda v: mr.max(v, axis=1, keepdims=True)):
+        ref = _graph(fn, x)
+        out, stream = _no_tasks(cpu_client, lambda: fn(x).persist())
+        assert stream == []
+        assert np.array_equal(out.compute(), ref, equal_nan=True)
+        value, stream = _no_tasks(cpu_client, lambda: fn(x).compute())
+        assert stream and np.array_equal(value, ref, equal_nan=True)
+    # a reduced axis over several chunks keeps the graph's persist
+    out = mr.mean(x, axis=0).persist()
+    assert "-chunks-" not in out.name
+    assert np.array_equal(out.compute(), _graph(lambda v: mr.mean(v, axis=0), x), equal_nan=True)

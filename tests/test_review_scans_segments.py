@@ -567,3 +567,32 @@ def test_held_scans_of_every_kind_come_back_after_their_worker_is_killed(process
         running += fractions.Fraction(float(v))
         want.append(float(running))
     assert np.isnan(exact[17:]).all() and np.array_equal(exact[:17], want)
+
+
+@pytest.mark.slow
+def test_held_reductions_each_chunk_holds_come_back_after_their_worker_is_killed(process_client):
+    """Row sums of a tall matrix kept where each row chunk is (``mr.sum(m, axis=1).persist()``, no task):
+    a worker holding outputs is killed and the scheduler makes them again from their lineage, the same bits."""
+    client = process_client
+    rng = np.random.default_rng(23)
+    a = rng.standard_normal((61 * 7, 5))
+    a[100, 2] = np.nan
+    m = client.persist(da.from_array(a, chunks=(61, 5)))
+    distributed.wait(m)
+    workers = sorted(client.scheduler_info()["workers"])
+    outs = {"sum": mr.sum(m, axis=1).persist(), "var": mr.var(m * 1.0, axis=1).persist(),
+            "max keepdims": mr.max(m, axis=1, keepdims=True).persist()}
+    assert "-chunks-" in outs["sum"].name and "-chunks-" in outs["max keepdims"].name
+    before = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
+    victim = workers[1]
+    held = distributed.futures_of(m)
+    who = client.who_has(held)
+    client.replicate([h for h in held if victim in who[h.key]], n=1, workers=[w for w in workers if w != victim])
+    assert any(victim in w for w in client.who_has(distributed.futures_of(outs["sum"])).values())
+    kill_worker(client, victim)
+    after = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
+    for k in outs:
+        assert all(_same_bits(b, c) for b, c in zip(before[k], after[k])), k
+    np.testing.assert_allclose(np.concatenate(after["sum"]), a.sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate(after["var"]), a.var(axis=1), rtol=1e-12)
+    assert np.array_equal(np.concatenate(after["max keepdims"]), a.max(axis=1, keepdims=True), equal_nan=True)
