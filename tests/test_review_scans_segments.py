@@ -528,6 +528,22 @@ def process_client():
         yield client
 
 
+def _outputs_after_killing_a_holder(client, outs: dict, held: list, workers: list, watched):
+    """Every output of ``outs`` gathered, the second worker killed (the inputs it holds copied elsewhere
+    first, so only the outputs are lost; it must hold some of ``watched``), gathered again: the second
+    gathering, whose bits must be the first's."""
+    before = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
+    victim = workers[1]
+    who = client.who_has(held)
+    client.replicate([h for h in held if victim in who[h.key]], n=1, workers=[w for w in workers if w != victim])
+    assert any(victim in w for w in client.who_has(distributed.futures_of(watched)).values())
+    kill_worker(client, victim)
+    after = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
+    for k in outs:
+        assert all(_same_bits(b, c) for b, c in zip(before[k], after[k])), k
+    return after
+
+
 @pytest.mark.slow
 def test_held_scans_of_every_kind_come_back_after_their_worker_is_killed(process_client):
     client = process_client
@@ -546,16 +562,8 @@ def test_held_scans_of_every_kind_come_back_after_their_worker_is_killed(process
             "exact cumsum": mr.cumsum(df * 2.0, exact=True).persist(),
             "exclusive int sum": mr.scan((dm >> np.uint64(40)).astype(np.int64) - (1 << 23), "sum",
                                          inclusive=False).persist()}
-    before = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
-    victim = workers[1]
-    held = distributed.futures_of(dm) + distributed.futures_of(df)
-    who = client.who_has(held)
-    client.replicate([h for h in held if victim in who[h.key]], n=1, workers=[w for w in workers if w != victim])
-    assert any(victim in w for w in client.who_has(distributed.futures_of(outs["nancumsum"])).values())
-    kill_worker(client, victim)
-    after = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
-    for k in outs:
-        assert all(_same_bits(b, c) for b, c in zip(before[k], after[k])), k
+    after = _outputs_after_killing_a_holder(client, outs, distributed.futures_of(dm) + distributed.futures_of(df),
+                                            workers, outs["nancumsum"])
     inclusive, exclusive = _matmul_references(m)
     assert np.array_equal(np.concatenate(after["exclusive matmul"]), exclusive)
     assert np.array_equal(np.concatenate(after["matmul of an expression"]), inclusive)
@@ -583,16 +591,7 @@ def test_held_reductions_each_chunk_holds_come_back_after_their_worker_is_killed
     outs = {"sum": mr.sum(m, axis=1).persist(), "var": mr.var(m * 1.0, axis=1).persist(),
             "max keepdims": mr.max(m, axis=1, keepdims=True).persist()}
     assert "-chunks-" in outs["sum"].name and "-chunks-" in outs["max keepdims"].name
-    before = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
-    victim = workers[1]
-    held = distributed.futures_of(m)
-    who = client.who_has(held)
-    client.replicate([h for h in held if victim in who[h.key]], n=1, workers=[w for w in workers if w != victim])
-    assert any(victim in w for w in client.who_has(distributed.futures_of(outs["sum"])).values())
-    kill_worker(client, victim)
-    after = {k: client.gather(distributed.futures_of(v)) for k, v in outs.items()}
-    for k in outs:
-        assert all(_same_bits(b, c) for b, c in zip(before[k], after[k])), k
+    after = _outputs_after_killing_a_holder(client, outs, distributed.futures_of(m), workers, outs["sum"])
     np.testing.assert_allclose(np.concatenate(after["sum"]), a.sum(axis=1), rtol=1e-12)
     np.testing.assert_allclose(np.concatenate(after["var"]), a.var(axis=1), rtol=1e-12)
     assert np.array_equal(np.concatenate(after["max keepdims"]), a.max(axis=1, keepdims=True), equal_nan=True)

@@ -517,12 +517,21 @@ def test_fast_path_declines_what_it_does_not_take():
             np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(getattr(mr, name)(x)), err_msg=name)
 
 
+def _in_threads(work, count: int) -> None:
+    """work(0) ... work(count - 1), each in a thread of its own, all started before any is joined."""
+    import threading
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_per_thread_default_stream_keeps_scratch_apart():
     """The per-thread default stream has one handle in every thread but is a different stream in each:
     the bound launchers' scratch is keyed by thread there too, so threads reducing at once on it never
     share a workspace (results right under concurrency)."""
-    import threading
-
     rng = np.random.default_rng(9)
     hosts = [rng.standard_normal(1 << 22).astype(np.float32) for _ in range(4)]
     want = [(int(np.argmax(h)), np.var(h.astype(np.float64)), np.sum(h.astype(np.float64))) for h in hosts]
@@ -538,11 +547,7 @@ def test_per_thread_default_stream_keeps_scratch_apart():
         except Exception as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(work, 4)
     assert not errors, errors
     assert len(set(keys.values())) == 4, keys
     for i, (index, var, total) in enumerate(want):
@@ -670,8 +675,6 @@ def test_nanmax_probes_from_threads():
     (its probe finds nothing, and it waits for its result): every value right, every slot back. The
     warnings are not counted here: warnings.catch_warnings is not thread-safe (the single-thread tests
     above check them)."""
-    import threading
-
     rng = np.random.default_rng(12)
     hosts = [rng.standard_normal(1 << 20).astype(np.float32) for _ in range(4)]
     hosts[2][:] = np.nan
@@ -689,11 +692,7 @@ def test_nanmax_probes_from_threads():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_threads(work, 4)
     assert not errors, errors
     for i, host in enumerate(hosts):
         assert len(got[i]) == 50
