@@ -27,7 +27,7 @@ the same data in 4 chunks under the synchronous scheduler. The last column is Nu
 
 ``--profile kernels``: where a whole-array statistic's GPU time goes at 2^26 and 2^28 elements: the rows
 kernel alone (at several grid sizes), rows + fold (two launches), the one launch whose last block folds
-(what a call launches), the whole call, nanmax with and without its finite probe, and our sum beside
+(what a call launches), the whole call, nanmax and nanvar with and without their probe, and our sum beside
 them, each timed as a pipeline of launches with CUDA events, with the copy roof.
 """
 
@@ -213,12 +213,14 @@ def profile_kernels() -> list:
 
                 row(stat, dtype, log2n, "whole (one launch: the last block folds)", h.time_gpu(whole, xs), roof)
                 row(stat, dtype, log2n, "call", h.time_gpu(getattr(mr, stat), xs), roof)
-            row("nanmax", dtype, log2n, "call (finite probe, then the reduction)", h.time_gpu(mr.nanmax, xs), roof)
-            probe_from, statistics.PROBE_MIN_SIZE = statistics.PROBE_MIN_SIZE, 1 << 62
-            try:
-                row("nanmax", dtype, log2n, "call, waiting for the result (no probe)", h.time_gpu(mr.nanmax, xs), roof)
-            finally:
-                statistics.PROBE_MIN_SIZE = probe_from
+            for stat in ("nanmax", "nanvar"):
+                row(stat, dtype, log2n, "call (probe, then the reduction)", h.time_gpu(getattr(mr, stat), xs), roof)
+                probe_from, statistics.PROBE_MIN_SIZE = statistics.PROBE_MIN_SIZE, 1 << 62
+                try:
+                    row(stat, dtype, log2n, "call, waiting for the result (no probe)", h.time_gpu(getattr(mr, stat), xs),
+                        roof)
+                finally:
+                    statistics.PROBE_MIN_SIZE = probe_from
             del xs
     return rows
 

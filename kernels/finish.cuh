@@ -3,8 +3,8 @@
 // reduce_finish: a float16 result is accumulated in float32, and a mean divides the sum by the element count. CuPy's
 // astype and true_divide would do the same, but each compiles an elementwise kernel with NVRTC at its
 // first use (about 50 ms on a fresh node); this kernel ships precompiled with the rest.
-// finite_probe: what nanmin/nanmax need to know before they can return without a warning, early. Both are
-// small, so loading this module costs little on a first call.
+// finite_probe: what nanmin/nanmax/nanmean/nanvar need to know to return without a warning, early. Both
+// are small, so loading this module costs little on a first call.
 #pragma once
 #include "common.cuh"
 
@@ -20,20 +20,28 @@ __global__ void reduce_finish(const Acc* in, index_t n, Div divisor, int divide,
   }
 }
 
-// found[0] = 1 when one of the first Block elements of x, or of Block elements spread over it ``stride``
-// apart, is finite (its exponent field not all ones). U is the element's bits (unsigned short, unsigned int,
-// unsigned long long for float16/32/64) and kExponent that field's mask. ``found`` is pinned host memory
-// the host reads once the launch has finished (nanmin/nanmax: a finite element proves there is no
-// all-NaN slice to warn about, without waiting for the reduction launched after this).
+// Samples of x for the host to rule out a data-dependent NumPy warning without waiting for the reduction
+// launched after this: the first Block elements and Block - 1 more spread ``stride`` apart (stride >=
+// Block, so no element is sampled twice). counts[0] = how many samples are finite (nanmin/nanmax: one
+// proves no slice is all-NaN), counts[1] = how many are not NaN (nanmean, nanvar: more than ddof prove
+// the count is). U is the element's bits (unsigned short, unsigned int, unsigned long long for
+// float16/32/64) and kExponent its exponent field's mask; ``counts`` is pinned host memory the host reads
+// once this launch has finished.
 template <class U, unsigned long long kExponent, int Block>
 __global__ void __launch_bounds__(Block) finite_probe(const U* __restrict__ x, index_t len, index_t stride,
-                                                      volatile int* found) {
+                                                      volatile int* counts) {
   const U e = static_cast<U>(kExponent);
-  const index_t i = threadIdx.x;
-  bool finite = i < len && (x[i] & e) != e;
-  const index_t j = i * stride;
-  if (j < len) finite = finite || (x[j] & e) != e;
-  if (__syncthreads_or(finite) && threadIdx.x == 0) *found = 1;
+  const U fraction = static_cast<U>(~(e | (U(1) << (8 * sizeof(U) - 1))));
+  const index_t i = threadIdx.x, j = (i + 1) * stride;
+  const bool a = i < len, b = threadIdx.x < Block - 1 && j < len;
+  const U va = a ? x[i] : U(0), vb = b ? x[j] : U(0);
+  const int finite = __syncthreads_count(a && (va & e) != e) + __syncthreads_count(b && (vb & e) != e);
+  const int numbers = __syncthreads_count(a && !((va & e) == e && (va & fraction) != 0)) +
+                      __syncthreads_count(b && !((vb & e) == e && (vb & fraction) != 0));
+  if (threadIdx.x == 0) {
+    counts[0] = finite;
+    counts[1] = numbers;
+  }
 }
 
 }  // namespace mr

@@ -390,19 +390,32 @@ def _run(x, kind, plan, split_every, caller):
 
 def _gpu_whole(plan, x, cupy_stats):
     """A CuPy array: the kernels' final values stay on the GPU; the host waits for them only where a
-    NumPy warning or error depends on the data (an all-NaN slice, a NaN-skipping count)."""
+    NumPy warning or error depends on the data (an all-NaN slice, a NaN-skipping count), and for a whole
+    nanmean/nanvar/nanstd not even there when a probe of a few elements finds enough numbers first."""
     stat, axes = plan.stat, plan.axes
     floating = x.dtype.kind == "f"
     if np.dtype(plan.out_dtype) != cupy_stats.result_dtype(stat, x.dtype) and stat in _MOMENTS:
         return plan.whole(x)  # var(x, dtype=...): the float64 moments (kernel States) finished on the host
     counted = stat in _MOMENTS and stat.startswith("nan") and floating
-    states, result = cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
+    probe = None
+    if counted and len(axes) == x.ndim and x.size >= PROBE_MIN_SIZE:
+        from .backends import cupy_backend
+
+        probe = cupy_backend.finite_probe(x)  # numbers among a few samples, known before the kernels finish
+    try:
+        states, result = cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
+    finally:
+        numbers = probe[0].counts(probe[1])[1] if probe is not None else 0
+    if counted and numbers > (0 if stat == "nanmean" else plan.ddof):
+        counted = False  # enough numbers sampled: no slice is short of them, no need to wait for the count
     if stat in _ARG and stat.startswith("nan") and floating and bool((_small_on_host(result) < 0).any()):
         raise ValueError("All-NaN slice encountered")
     if stat in _MOMENTS:
         if counted:
             count = _small_on_host(states.view(np.float64).reshape(-1, 4)[:, 0])
             short = bool((count == 0).any() if stat == "nanmean" else (count - plan.ddof <= 0).any())
+        elif numbers:
+            short = False
         else:
             count = math.prod(x.shape[a] for a in axes)
             short = stat != "nanmean" and count - plan.ddof <= 0
@@ -649,7 +662,7 @@ def _fold(stat, x, axis, keepdims, split_every, kinds, out_dtype=None):
 
 
 _HOST_CHECK_MAX = 1 << 16  # results up to this size are checked for all-NaN or empty slices on the host
-PROBE_MIN_SIZE = 1 << 16  # a whole CuPy nanmin/nanmax of this many elements or more probes for a finite one first
+PROBE_MIN_SIZE = 1 << 16  # a whole CuPy nanmin/nanmax/nanmean/nanvar of this many elements or more samples it first
 
 
 def _small_on_host(values):
@@ -683,7 +696,7 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
     try:
         result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
     finally:
-        proved = probe is not None and probe[0].found(probe[1])  # the slot goes back even on an error
+        proved = probe is not None and probe[0].counts(probe[1])[0] > 0  # the slot goes back even on an error
     if proved:
         return result  # a finite element: the extreme is no identity, and no slice is all-NaN
     identity = np.inf if stat == "nanmin" else -np.inf

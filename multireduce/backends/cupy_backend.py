@@ -350,28 +350,30 @@ def _finish_kernel(device: int, acc: np.dtype, out: np.dtype):
 
 
 class FiniteProbe:
-    """Whether a CuPy float array holds a finite element, known before a reduction launched after it has
-    finished: nanmin/nanmax of a whole array warn, as NumPy does, about an all-NaN slice, which needs the
-    result on the host, and waiting for it left the GPU idle between calls (0.60 x the copy roof at 2^26
-    float32 on an H200). ``launch`` queues ``finite_probe`` (kernels/finish.cuh) over a few elements (the
-    first kernels.PROBE_BLOCK and as many spread over the array) on the current stream, writing into a
-    slot of pinned, mapped host memory; ``found`` waits for that launch alone. True proves a finite
-    element (the reduction then equals no identity); False says only that the probe saw none, and the
-    caller checks the result. Slots are taken from a free list, so threads never share one; with none
-    free, ``launch`` returns None."""
+    """What a few elements of a CuPy float array say, known before a reduction launched after the probe
+    has finished: nanmin/nanmax of a whole array warn, as NumPy does, about an all-NaN slice, and
+    nanmean/nanvar about a slice with too few numbers, which needs the result on the host, and waiting for
+    it left the GPU idle between calls (nanmax 0.60-0.70 x the copy roof at 2^26 float32 on an H200).
+    ``launch`` queues ``finite_probe`` (kernels/finish.cuh) over the first kernels.PROBE_BLOCK elements
+    and as many less one spread over the array, on the current stream, writing into a slot of pinned,
+    mapped host memory; ``counts`` waits for that launch alone and gives (finite samples, samples that are
+    not NaN): lower bounds of the array's own counts, which prove the warning away when large enough (the
+    caller checks the result otherwise). Slots are taken from a free list, so threads never share one;
+    with none free, ``launch`` returns None."""
 
     SLOTS = 64
     __slots__ = ("events", "free", "flags", "kernels", "pointer")
 
     def __init__(self, device: int):
         with cupy.cuda.Device(device):
-            self.pointer = cupy.cuda.runtime.hostAlloc(4 * self.SLOTS, 3)  # portable | mapped: UVA, one address
+            self.pointer = cupy.cuda.runtime.hostAlloc(8 * self.SLOTS, 3)  # portable | mapped: UVA, one address
             self.events = [cupy.cuda.Event(block=False, disable_timing=True) for _ in range(self.SLOTS)]
             self.kernels = {size: _k.get_standalone_kernels(_k.FINISH_ENTRY, {"probe": name})["probe"]
                             for size, name in _k.PROBE_NAMES.items()}
         import ctypes
 
-        self.flags = np.ctypeslib.as_array((ctypes.c_int32 * self.SLOTS).from_address(self.pointer))
+        self.flags = np.ctypeslib.as_array((ctypes.c_int32 * (2 * self.SLOTS)).from_address(self.pointer))
+        self.flags = self.flags.reshape(self.SLOTS, 2)
         self.free = list(range(self.SLOTS))
 
     def launch(self, x):
@@ -379,17 +381,17 @@ class FiniteProbe:
             slot = self.free.pop()
         except IndexError:
             return None
-        self.flags[slot] = 0
         n = x.size
-        self.kernels[x.itemsize](1, _k.PROBE_BLOCK, (x, np.int64(n), np.int64(max(1, n // _k.PROBE_BLOCK)),
-                                                 np.uint64(self.pointer + 4 * slot)))
+        stride = max(_k.PROBE_BLOCK, n // _k.PROBE_BLOCK)  # no element sampled twice
+        self.kernels[x.itemsize](1, _k.PROBE_BLOCK, (x, np.int64(n), np.int64(stride),
+                                                     np.uint64(self.pointer + 8 * slot)))
         self.events[slot].record()
         return slot
 
-    def found(self, slot) -> bool:
+    def counts(self, slot) -> tuple[int, int]:
         try:
             self.events[slot].synchronize()
-            return bool(self.flags[slot])
+            return int(self.flags[slot, 0]), int(self.flags[slot, 1])
         finally:
             self.free.append(slot)
 

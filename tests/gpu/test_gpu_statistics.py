@@ -612,7 +612,7 @@ def test_nanmin_nanmax_probe_then_numpys_warnings(dtype):
     for label, (host, proved) in cases.items():
         x = cupy.asarray(host)
         probe = cupy_backend.finite_probe(x)
-        assert probe is not None and probe[0].found(probe[1]) == proved, label
+        assert probe is not None and (probe[0].counts(probe[1])[0] > 0) == proved, label
         for name in ("nanmin", "nanmax"):
             want_warning = bool(np.isnan(host).all())
             if want_warning:
@@ -627,7 +627,7 @@ def test_nanmin_nanmax_probe_then_numpys_warnings(dtype):
             np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"{label} {name}")
     fortran = cupy.asfortranarray(cupy.asarray(mixed.reshape(512, -1)))
     probe = cupy_backend.finite_probe(fortran)  # F-contiguous: the same elements, read in memory order
-    assert probe is not None and probe[0].found(probe[1])
+    assert probe is not None and probe[0].counts(probe[1])[0] > 0
     np.testing.assert_array_equal(cupy.asnumpy(_no_warning(mr.nanmax, fortran)), np.nanmax(mixed))
     view = cupy.asarray(mixed)[::2]
     assert cupy_backend.finite_probe(view) is None  # strided: the reduction's result is looked at instead
@@ -650,7 +650,7 @@ def test_nanmax_probe_slots_run_out_and_come_back(monkeypatch):
     with pytest.warns(RuntimeWarning, match="All-NaN"):
         assert math.isnan(float(mr.nanmin(cupy.full(PROBED, cupy.nan, cupy.float32))))
     for slot in taken:
-        assert probe.found(slot)
+        assert probe.counts(slot) == (2 * kernels.PROBE_BLOCK - 1,) * 2
     assert len(probe.free) == probe.SLOTS
     launched = []
     monkeypatch.setattr(cupy_backend.FiniteProbe, "launch", lambda self, a: launched.append(a))
@@ -702,3 +702,53 @@ def test_nanmax_probes_from_threads():
             assert set(got[i]) == {(float(np.nanmax(host)), float(np.nanmin(host)))}, i
     probe = cupy_backend._probes[cupy.cuda.runtime.getDevice()]
     assert len(probe.free) == probe.SLOTS
+
+
+def _sampled(n):
+    """The positions finite_probe samples in an array of n elements (FiniteProbe.launch's stride)."""
+    block = kernels.PROBE_BLOCK
+    stride = max(block, n // block)
+    return sorted(set(range(min(block, n))) | {(i + 1) * stride for i in range(block - 1) if (i + 1) * stride < n})
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_probe_counts_and_nan_moments_warn_as_numpy(dtype):
+    """The probe's counts are those of its samples (finite; not NaN, infinities included), and whole
+    nanmean/nanvar/nanstd give NumPy's values and warnings whether the sampled numbers prove the count
+    (no wait) or not (the count read back)."""
+    rng = np.random.default_rng(17)
+    n = PROBED + 5
+    where = _sampled(n)
+    assert len(where) == 2 * kernels.PROBE_BLOCK - 1 and len(set(where)) == len(where)
+    mixed = rng.standard_normal(n).astype(dtype)
+    mixed[rng.random(n) < 0.4] = np.nan
+    mixed[where[3]], mixed[where[300]] = np.inf, -np.inf
+    probe = cupy_backend.finite_probe(cupy.asarray(mixed))
+    sample = mixed[where]
+    assert probe[0].counts(probe[1]) == (int(np.isfinite(sample).sum()), int((~np.isnan(sample)).sum()))
+    unsampled = [i for i in range(n) if i not in set(where)]
+    one = np.full(n, np.nan, dtype)
+    one[unsampled[1000]] = 2.5
+    two = one.copy()
+    two[where[7]] = -1.0  # one sampled number, one not: the probe proves count > 0 only
+    cases = {"mixed": mixed, "all NaN": np.full(n, np.nan, dtype), "one number, unsampled": one,
+             "two numbers, one sampled": two}
+    for label, host in cases.items():
+        x = cupy.asarray(host)
+        for name, ddof in (("nanmean", None), ("nanvar", 0), ("nanvar", 1), ("nanstd", 1)):
+            args = () if ddof is None else (None,)
+            kwargs = {} if ddof is None else {"ddof": ddof}
+            with warnings.catch_warnings(record=True) as theirs:
+                warnings.simplefilter("always")
+                want = getattr(np, name)(host.astype(np.float64), *args, **kwargs)
+            with warnings.catch_warnings(record=True) as ours:
+                warnings.simplefilter("always")
+                got = getattr(mr, name)(x, **kwargs)
+            numpys = [str(w.message) for w in theirs]  # NumPy's own, not its arithmetic's "invalid value"
+            assert [str(w.message) for w in ours] == [m for m in numpys if "slice" in m], (label, name, ddof)
+            assert got.dtype == host.dtype, (label, name)
+            if np.isnan(want):
+                assert math.isnan(float(got)), (label, name, ddof)
+            else:
+                rtol = 2e-2 if dtype == np.float16 else 1e-5
+                assert abs(float(got) - want) <= rtol * abs(want) + rtol, (label, name, ddof, float(got), want)
