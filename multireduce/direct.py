@@ -1123,11 +1123,12 @@ def _keep_where_held(client, x, plan, name: str, work: dict, recipes, need, sour
     return out
 
 
-def reduced_chunks_persisted(x, plan, split_every: int, name: str):
-    """``plan``'s reduction of a persisted ``x`` whose reduced axes each lie in one chunk, now, as a
-    persisted array named ``name``: each worker reduces the chunks it holds and keeps the output blocks
-    (``ChunkReduced``; one ``client.run``, no task), registered with their lineage as a held scan's
-    are. None where the graph must run instead."""
+def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None):
+    """``plan``'s reduction of ``x`` whose reduced axes each lie in one chunk, now, as a persisted array
+    named ``name``: each worker reduces the chunks it holds and keeps the output blocks (``ChunkReduced``;
+    one ``client.run``, no task), registered with their lineage as a held scan's are. ``x`` persisted, or
+    with ``sources`` (``held_sources``) an expression over persisted arrays whose chunks each worker makes
+    from what it holds, one at a time. None where the graph must run instead."""
     _attempting()
     client = placement.default_client()
     if client is None:
@@ -1136,17 +1137,31 @@ def reduced_chunks_persisted(x, plan, split_every: int, name: str):
               else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
     need = _on_gpus(x, "the held reduction's outputs", np.dtype(plan.out_dtype).itemsize, plan.axes)
     one = ChunkReduced(plan, split_every, type(x._meta).__module__.startswith("cupy"))
+
+    def work_of(holder: dict) -> dict:
+        work: dict[str, list] = {}
+        for key in placement.chunk_keys(x):
+            index = key[1:] if plan.keepdims else tuple(i for d, i in enumerate(key[1:]) if d not in plan.axes)
+            work.setdefault(holder[key], []).append((key, (name, *index), None))
+        return work
+
+    if sources is not None:  # the chunks made where what they read is: the recipes, planned again once if moved
+        for _ in range(2):
+            planned = _recipes_by_worker(sources, client)
+            if planned is None:
+                return _declined(f"some chunk of {x.name} reads chunks no one worker holds all of")
+            recipes, where = planned
+            out = _keep_where_held(client, x, one, name, work_of(where), recipes, need, sources, chunks)
+            if out is not None:
+                return out
+        return None
     seen = placement.recently_seen(x, client)
     # the placement seen last (an array of the same name persisted again may sit elsewhere), then looked up
     for holder in ([seen] if seen is not None else []) + [None]:
         holder = holder or placement.holders(x, client)
         if holder is None:
             return _declined(f"a chunk of {x.name} is in no worker's memory")
-        work: dict[str, list] = {}
-        for key in placement.chunk_keys(x):
-            index = key[1:] if plan.keepdims else tuple(i for d, i in enumerate(key[1:]) if d not in plan.axes)
-            work.setdefault(holder[key], []).append((key, (name, *index), None))
-        out = _keep_where_held(client, x, one, name, work, None, need, chunks=chunks)
+        out = _keep_where_held(client, x, one, name, work_of(holder), None, need, chunks=chunks)
         if out is not None:
             placement.remember(x, holder, client)
             return out
@@ -1767,10 +1782,11 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
         return super().compute(**kwargs)
 
     def persist(self, **kwargs):
-        x, plan, split_every, _, _, _, _ = self._direct
+        x, plan, split_every, _, _, sources, _ = self._direct
         if _chunks_hold_reduced_axes(x, plan) and not _not_direct_here(kwargs):
             # a fresh name for every call, as a held scan's (ScanOfHeld.persist says why)
-            out = reduced_chunks_persisted(x, plan, split_every, f"{plan.label}-chunks-{uuid.uuid4().hex}")
+            out = reduced_chunks_persisted(x, plan, split_every, f"{plan.label}-chunks-{uuid.uuid4().hex}",
+                                           None if is_held(x) else sources)
             if out is not None:
                 return out
         return super().persist(**kwargs)
@@ -1784,9 +1800,10 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
 
 
 def _chunks_hold_reduced_axes(x, plan) -> bool:
-    """Whether ``x`` is persisted (not an expression over persisted arrays) and each of its chunks holds
-    every reduced axis whole: its output blocks are then each chunk's own (``reduced_chunks_persisted``)."""
-    return is_held(x) and all(x.numblocks[d] == 1 for d in plan.axes)
+    """Whether each chunk of ``x`` (persisted, or an expression over persisted arrays: ``held_result``
+    asked) holds every reduced axis whole: its output blocks are then each chunk's own
+    (``reduced_chunks_persisted``)."""
+    return all(x.numblocks[d] == 1 for d in plan.axes)
 
 
 # Above this many bytes of per-chunk partials, a reduction over some axes of held chunks takes the graph:

@@ -287,15 +287,16 @@ CHUNK_WHOLE = {
     "sum1": lambda v: mr.sum(v, axis=1), "mean1k": lambda v: mr.mean(v, axis=1, keepdims=True),
     "var1": lambda v: mr.var(v, axis=1),
     "nanmax1": lambda v: mr.nanmax(v, axis=1), "exact1": lambda v: mr.sum(v, axis=1, exact=True),
-    "sum_expr1": lambda v: mr.sum(v * 2, axis=1),  # an expression: the graph, same bits
+    "sum_expr1": lambda v: mr.sum(v * 2 - 1, axis=1),  # an expression: each chunk made where it is read
+    "mean_where1": lambda v: mr.mean(da.where(v > 0, v, 0), axis=1),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CHUNK_WHOLE))
 def test_reductions_each_chunk_holds_keep_their_blocks_where_the_chunks_are(cpu_client, name):
-    """A tall matrix in row chunks, reduced along its rows: ``.persist()`` keeps each chunk's output block on
-    the worker holding the chunk (one call, no task, whatever the output's size), with the graph's chunks
-    and bits; an expression over it keeps the graph."""
+    """A tall matrix in row chunks, reduced along its rows, or an expression over it: ``.persist()`` keeps
+    each chunk's output block on the worker holding the chunk (one call, no task, whatever the output's
+    size), with the graph's chunks and bits."""
     a = np.random.default_rng(sorted(CHUNK_WHOLE).index(name)).standard_normal((700, 9)).astype(np.float32)
     a[13, 4] = np.nan
     x = cpu_client.persist(da.from_array(a, chunks=(100, 9)))
@@ -304,14 +305,11 @@ def test_reductions_each_chunk_holds_keep_their_blocks_where_the_chunks_are(cpu_
     direct.last_decline = None
     out, stream = _no_tasks(cpu_client, lambda: fn(x).persist())
     ref = _graph(fn, x)
-    if name == "sum_expr1":  # the held call's value handed over in tasks (``.persist`` returns before they run)
-        assert out.name.endswith("-value") and not out.name.startswith("sum-chunks")
-    else:
-        assert stream == [] and direct.last_decline is None
-        held = cpu_client.who_has(distributed.futures_of(x))
-        kept = cpu_client.who_has(distributed.futures_of(out))
-        for key, where in kept.items():  # output block i lies where input chunk i does
-            assert where == held[(x.name, key[1], 0)], key
+    assert stream == [] and direct.last_decline is None and "-chunks-" in out.name
+    held = cpu_client.who_has(distributed.futures_of(x))
+    kept = cpu_client.who_has(distributed.futures_of(out))
+    for key, where in kept.items():  # output block i lies where input chunk i does
+        assert where == held[(x.name, key[1], 0)], key
     assert out.chunks == fn(x).chunks and out.dtype == ref.dtype
     got = out.compute()
     assert got.shape == ref.shape and np.array_equal(got, ref, equal_nan=True)
