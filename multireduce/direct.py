@@ -440,7 +440,7 @@ def _scan_one(plan, carry, block):
     both give the same bits."""
     with on_device_of(block):
         if type(plan) is ChunkReduced:
-            return plan.block_of(block)
+            return plan.block_of(block, carry)
         return _scan_seeded(plan, block, carry, 0 if carry is None else 1)
 
 
@@ -448,12 +448,13 @@ class ChunkReduced:
     """A reduction over axes that every chunk holds whole (one chunk along each reduced axis: the row sums
     of a matrix in row chunks), kept where each chunk is: each output block is ``fold_in_order`` of that
     chunk's one partial, the graph's aggregate of a lane of one chunk (the same bits). Taken by
-    ``scan_and_keep`` and ``_register_with_lineage`` where a scan's plan goes, with no carry."""
+    ``scan_and_keep`` and ``_register_with_lineage`` where a scan's plan goes; the carry is the chunk's
+    offsets where the partial reads ``located`` chunks (argmin/argmax), else None."""
 
-    __slots__ = ("plan", "split_every", "on_device")
+    __slots__ = ("plan", "split_every", "on_device", "located")
 
-    def __init__(self, plan, split_every: int, on_device: bool):
-        self.plan, self.split_every, self.on_device = plan, split_every, on_device
+    def __init__(self, plan, split_every: int, on_device: bool, located=None):
+        self.plan, self.split_every, self.on_device, self.located = plan, split_every, on_device, located
 
     @property
     def label(self) -> str:
@@ -463,8 +464,9 @@ class ChunkReduced:
     def out_dtype(self):
         return self.plan.out_dtype
 
-    def block_of(self, block):
-        return _device(self.on_device, fold_in_order(self.plan, self.split_every, [self.plan.partial(block)]))
+    def block_of(self, block, offsets=None):
+        chunk = block if self.located is None else self.located(block, offsets)
+        return _device(self.on_device, fold_in_order(self.plan, self.split_every, [self.plan.partial(chunk)]))
 
 
 def _scan_one_made(plan: ScanPlan, carry, recipe, *inputs):
@@ -1123,12 +1125,14 @@ def _keep_where_held(client, x, plan, name: str, work: dict, recipes, need, sour
     return out
 
 
-def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None):
+def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None, located=None):
     """``plan``'s reduction of ``x`` whose reduced axes each lie in one chunk, now, as a persisted array
     named ``name``: each worker reduces the chunks it holds and keeps the output blocks (``ChunkReduced``;
     one ``client.run``, no task), registered with their lineage as a held scan's are. ``x`` persisted, or
     with ``sources`` (``held_sources``) an expression over persisted arrays whose chunks each worker makes
-    from what it holds, one at a time. None where the graph must run instead."""
+    from what it holds, one at a time. ``located`` (argmin/argmax): each chunk reduced as
+    ``located(chunk, its offsets)``, the offsets travelling in the scan's place of a carry. None where the
+    graph must run instead."""
     _attempting()
     client = placement.default_client()
     if client is None:
@@ -1136,13 +1140,14 @@ def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None)
     chunks = (tuple((1,) if d in plan.axes else x.chunks[d] for d in range(x.ndim)) if plan.keepdims
               else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
     need = _on_gpus(x, "the held reduction's outputs", np.dtype(plan.out_dtype).itemsize, plan.axes)
-    one = ChunkReduced(plan, split_every, type(x._meta).__module__.startswith("cupy"))
+    one = ChunkReduced(plan, split_every, type(x._meta).__module__.startswith("cupy"), located)
+    offsets = chunk_offsets(x) if located is not None else {}
 
     def work_of(holder: dict) -> dict:
         work: dict[str, list] = {}
         for key in placement.chunk_keys(x):
             index = key[1:] if plan.keepdims else tuple(i for d, i in enumerate(key[1:]) if d not in plan.axes)
-            work.setdefault(holder[key], []).append((key, (name, *index), None))
+            work.setdefault(holder[key], []).append((key, (name, *index), offsets.get(key)))
         return work
 
     if sources is not None:  # the chunks made where what they read is: the recipes, planned again once if moved
@@ -1769,11 +1774,13 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
     __slots__ = ("_direct", "_graph", "_handed", "_task_name")
 
     def _build_graph(self):
-        x, plan, split_every, token, groups, _, _ = self._direct
+        x, plan, split_every, token, groups, _, _, build, _ = self._direct
+        if build is not None:
+            return build(token, groups).dask
         return reduction(x, plan, split_every, groups, token=token).dask
 
     def compute(self, **kwargs):
-        x, plan, split_every, _, _, sources, fits = self._direct
+        x, plan, split_every, _, _, sources, fits, _, _ = self._direct
         if fits and not _not_direct_here(kwargs):
             value = reduce_held(x, plan, split_every, sources=sources)
             if value is not None:
@@ -1782,17 +1789,17 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
         return super().compute(**kwargs)
 
     def persist(self, **kwargs):
-        x, plan, split_every, _, _, sources, _ = self._direct
+        x, plan, split_every, _, _, sources, _, _, located = self._direct
         if _chunks_hold_reduced_axes(x, plan) and not _not_direct_here(kwargs):
             # a fresh name for every call, as a held scan's (ScanOfHeld.persist says why)
             out = reduced_chunks_persisted(x, plan, split_every, f"{plan.label}-chunks-{uuid.uuid4().hex}",
-                                           None if is_held(x) else sources)
+                                           None if is_held(x) else sources, located)
             if out is not None:
                 return out
         return super().persist(**kwargs)
 
     def _value_graph(self, together: list):
-        x, plan, split_every, _, _, sources, fits = self._direct
+        x, plan, split_every, _, _, sources, fits, _, _ = self._direct
         if not fits or math.prod(self.shape) * np.dtype(self.dtype).itemsize > VALUE_GRAPH_BYTES:
             return None
         value = reduce_held(x, plan, split_every, sources=sources)
@@ -1865,8 +1872,9 @@ def held_result(x, plan, split_every: int, build=None, located=None):
     token = stage_token(x, plan, split_every, groups)
     if whole:
         return whole_of_held(x, plan, split_every, build, located, sources=sources, groups=groups)
-    fits = _partials_fit(x, plan) or _totals_fit(x, plan)
-    if build is not None or located is not None or not (fits or _chunks_hold_reduced_axes(x, plan)):
+    # located chunks (argmin/argmax): only a persist whose chunks each hold the reduced axes is direct
+    fits = located is None and build is None and (_partials_fit(x, plan) or _totals_fit(x, plan))
+    if (build is None) != (located is None) or not (fits or _chunks_hold_reduced_axes(x, plan)):
         _attempting()
         return _declined("a reduction over some axes whose partials would exceed DIRECT_PARTIAL_BYTES (or that "
                          "reads located chunks): the graph")
@@ -1874,4 +1882,5 @@ def held_result(x, plan, split_every: int, build=None, located=None):
               else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
     name = f"{plan.label}-aggregate-{token}"
-    return _graph_on_demand(PartOfHeld, name, chunks, meta, (x, plan, split_every, token, groups, sources, fits))
+    return _graph_on_demand(PartOfHeld, name, chunks, meta,
+                            (x, plan, split_every, token, groups, sources, fits, build, located))

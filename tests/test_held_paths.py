@@ -285,10 +285,12 @@ def test_expressions_planned_again_where_a_chunk_moved_after_the_lookup(cpu_clie
 
 CHUNK_WHOLE = {
     "sum1": lambda v: mr.sum(v, axis=1), "mean1k": lambda v: mr.mean(v, axis=1, keepdims=True),
-    "var1": lambda v: mr.var(v, axis=1),
+    "var1": lambda v: mr.var(v, axis=1), "argmax1": lambda v: mr.argmax(v, axis=1),
+    "nanargmin1k": lambda v: mr.nanargmin(v, axis=1, keepdims=True),
     "nanmax1": lambda v: mr.nanmax(v, axis=1), "exact1": lambda v: mr.sum(v, axis=1, exact=True),
     "sum_expr1": lambda v: mr.sum(v * 2 - 1, axis=1),  # an expression: each chunk made where it is read
     "mean_where1": lambda v: mr.mean(da.where(v > 0, v, 0), axis=1),
+    "argmax_expr1": lambda v: mr.argmax(v * 2 - 1, axis=1),
 }
 
 
@@ -313,6 +315,7 @@ def test_reductions_each_chunk_holds_keep_their_blocks_where_the_chunks_are(cpu_
     assert out.chunks == fn(x).chunks and out.dtype == ref.dtype
     got = out.compute()
     assert got.shape == ref.shape and np.array_equal(got, ref, equal_nan=True)
+    assert np.array_equal(fn(x).compute(), ref, equal_nan=True)  # .compute() too, whichever path it takes
 
 
 def test_reductions_each_chunk_holds_over_a_field_and_large_outputs(cpu_client, field, monkeypatch):

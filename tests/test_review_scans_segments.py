@@ -579,9 +579,9 @@ def test_held_scans_of_every_kind_come_back_after_their_worker_is_killed(process
 
 @pytest.mark.slow
 def test_held_reductions_each_chunk_holds_come_back_after_their_worker_is_killed(process_client):
-    """Row sums of a tall matrix (and the row variances of an expression over it) kept where each row chunk
-    is (``mr.sum(m, axis=1).persist()``, no task): a worker holding outputs is killed and the scheduler
-    makes them again from their lineage, the same bits."""
+    """Row sums, maxima and argmax of a tall matrix (and the row variances of an expression over it) kept
+    where each row chunk is (``mr.sum(m, axis=1).persist()``, no task): a worker holding outputs is killed
+    and the scheduler makes them again from their lineage, the same bits."""
     client = process_client
     rng = np.random.default_rng(23)
     a = rng.standard_normal((61 * 7, 5))
@@ -590,9 +590,10 @@ def test_held_reductions_each_chunk_holds_come_back_after_their_worker_is_killed
     distributed.wait(m)
     workers = sorted(client.scheduler_info()["workers"])
     outs = {"sum": mr.sum(m, axis=1).persist(), "var": mr.var(m * 1.0, axis=1).persist(),
-            "max keepdims": mr.max(m, axis=1, keepdims=True).persist()}
+            "max keepdims": mr.max(m, axis=1, keepdims=True).persist(), "argmax": mr.argmax(m, axis=1).persist()}
     assert all("-chunks-" in out.name for out in outs.values())  # the expression's chunks made where they are
     after = _outputs_after_killing_a_holder(client, outs, distributed.futures_of(m), workers, outs["sum"])
     np.testing.assert_allclose(np.concatenate(after["sum"]), a.sum(axis=1), rtol=1e-12)
     np.testing.assert_allclose(np.concatenate(after["var"]), a.var(axis=1), rtol=1e-12)
     assert np.array_equal(np.concatenate(after["max keepdims"]), a.max(axis=1, keepdims=True), equal_nan=True)
+    assert np.array_equal(np.concatenate(after["argmax"]), np.argmax(a, axis=1))  # chunk offsets in the lineage
