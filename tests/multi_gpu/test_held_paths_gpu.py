@@ -215,7 +215,7 @@ def test_client_compute_of_held_results_hands_the_values_over(client):
 
 
 def test_reductions_each_chunk_holds_persist_on_their_gpus(client):
-    """Row sums, means and maxima of a tall CuPy matrix in row chunks, and of expressions over it:
+    """Row sums, means, maxima and argmax of a tall CuPy matrix in row chunks, and of expressions over it:
     ``.persist()`` keeps each chunk's output block on the GPU holding the chunk (no task), CuPy blocks with
     the graph's bits."""
     m = client.persist(_gpu_array((40 * 4096, 32), (4096, 32), 31))
@@ -223,7 +223,7 @@ def test_reductions_each_chunk_holds_persist_on_their_gpus(client):
     held = client.who_has(distributed.futures_of(m))
     for fn in (lambda v: mr.sum(v, axis=1), lambda v: mr.mean(v, axis=1, keepdims=True),
                lambda v: mr.max(v, axis=1), lambda v: mr.var(v, axis=1), lambda v: mr.sum(v * 2 - 1, axis=1),
-               lambda v: mr.mean(da.where(v > 0, v, 0), axis=1)):
+               lambda v: mr.mean(da.where(v > 0, v, 0), axis=1), lambda v: mr.argmax(v, axis=1)):
         out, tasks = _tasks(client, lambda: fn(m).persist())
         assert tasks == 0 and "-chunks-" in out.name
         for key, where in client.who_has(distributed.futures_of(out)).items():
