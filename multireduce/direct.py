@@ -47,7 +47,7 @@ interval without every reply, and the placement comes from the previous run's re
 
 The scan's outputs keep their lineage, though no task made them (``_register_with_lineage``): once
 registered, each output key gets its recipe through one ``client.persist`` of a graph of one task per
-output, ``_scan_one`` of its input chunk (for an expression, of the held chunks its recipe reads) from
+output, ``_kept_block`` of its input chunk (for an expression, of the held chunks its recipe reads) from
 its carry (a literal of a few bytes). The scheduler runs none of them (it fills in the missing task of a
 key it holds as data, and runs only released keys); a worker lost later loses those chunks as it loses
 any computed task's: the scheduler makes them again from their inputs (those recomputed first where
@@ -390,9 +390,10 @@ class _TupleColumns:
         return {k: tuple(m[i, ...] for m in self.members) for i, k in enumerate(self.keys)}
 
 
-async def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, need=None, dask_worker=None):
+async def scan_and_keep(kept: _Kept, work: dict, recipes=None, need=None, dask_worker=None):
     """Runs on the workers holding a scan's input through a run: scan each (input key, output key, carry)
-    of ``work[this worker]`` here and keep the outputs in this worker's memory, as a scatter does (the
+    of ``work[this worker]`` here (``kept.block_of``: a scan's, or a ``ChunkReduced``) and keep the outputs
+    in this worker's memory, as a scatter does (the
     worker tells the scheduler nothing; the client registers the keys). With ``recipes`` (worker ->
     ``recipes.Recipe``), the input chunks are made here from the chunks this worker holds, one at a time,
     in the recipe's order. Returns {output key: bytes}, or ``_Failed``. The scans run in a thread (see
@@ -410,51 +411,38 @@ async def scan_and_keep(plan: ScanPlan, work: dict, recipes=None, need=None, das
     try:
         inputs = [dask_worker.data[k] for k in reads]
         check_room(need, [in_key for in_key, _, _ in mine], inputs, dask_worker.address)
-        kept = await asyncio.to_thread(_scans_here, plan, mine, inputs, recipe)
-        if any(_name_of(k) in _abandoned.get(dask_worker, ()) for k in kept):
+        outputs = await asyncio.to_thread(_scans_here, kept, mine, inputs, recipe)
+        if any(_name_of(k) in _abandoned.get(dask_worker, ()) for k in outputs):
             return _Moved()  # nobody waits for this reply any more
-        dask_worker.update_data(data=kept, stimulus_id=f"multireduce-scan-{plan.label}")
-        return {k: sizeof(v) for k, v in kept.items()}
+        dask_worker.update_data(data=outputs, stimulus_id=f"multireduce-scan-{kept.label}")
+        return {k: sizeof(v) for k, v in outputs.items()}
     except Exception as error:  # noqa: BLE001 - handed to the caller, who raises it
         return _Failed(error, dask_worker.address)
 
 
-def _scans_here(plan: ScanPlan, mine, inputs: list, recipe=None) -> dict:
+def _scans_here(kept: _Kept, mine, inputs: list, recipe=None) -> dict:
     """``scan_and_keep``'s work: the chunks are ``inputs`` (in ``mine``'s order), or made by ``recipe`` from
     them (its inputs, in its order)."""
     seeds = {in_key: (out_key, carry) for in_key, out_key, carry in mine}
 
     def scanned(block, in_key):
         out_key, carry = seeds[in_key]
-        return out_key, _scan_one(plan, carry, block)
+        return out_key, _kept_block(kept, carry, block)
 
     if recipe is None:
         return dict(scanned(block, in_key) for (in_key, _, _), block in zip(mine, inputs))
     return dict(recipe.apply(dict(zip(recipe.inputs, inputs)), scanned, recipe.chunks))
 
 
-def _scan_one(plan, carry, block):
-    """One chunk of a held scan, ``block`` scanned from ``carry`` (None: a lane's first chunk) on the GPU
-    holding it, or a ``ChunkReduced``'s block of ``block`` alone: what ``scan_and_keep`` keeps, and the
-    task that makes the chunk again where a worker holding it is lost (``_register_with_lineage``), so
-    both give the same bits."""
-    with on_device_of(block):
-        if type(plan) is ChunkReduced:
-            return plan.block_of(block, carry)
-        return _scan_seeded(plan, block, carry, 0 if carry is None else 1)
+class _Kept:
+    """What a held call keeps of each chunk where the chunk is (``scan_and_keep``): ``block_of(chunk,
+    carry)`` makes its output block, and the same function is the task that makes it again where a worker
+    holding it is lost (``_register_with_lineage``), so both give the same bits."""
 
+    __slots__ = ("plan",)
 
-class ChunkReduced:
-    """A reduction over axes that every chunk holds whole (one chunk along each reduced axis: the row sums
-    of a matrix in row chunks), kept where each chunk is: each output block is ``fold_in_order`` of that
-    chunk's one partial, the graph's aggregate of a lane of one chunk (the same bits). Taken by
-    ``scan_and_keep`` and ``_register_with_lineage`` where a scan's plan goes; the carry is the chunk's
-    offsets where the partial reads ``located`` chunks (argmin/argmax), else None."""
-
-    __slots__ = ("plan", "split_every", "on_device", "located")
-
-    def __init__(self, plan, split_every: int, on_device: bool, located=None):
-        self.plan, self.split_every, self.on_device, self.located = plan, split_every, on_device, located
+    def __init__(self, plan):
+        self.plan = plan
 
     @property
     def label(self) -> str:
@@ -464,15 +452,43 @@ class ChunkReduced:
     def out_dtype(self):
         return self.plan.out_dtype
 
-    def block_of(self, block, offsets=None):
+
+class ChunkScanned(_Kept):
+    """A held scan's chunk: scanned from its carry (None: a lane's first chunk)."""
+
+    __slots__ = ()
+
+    def block_of(self, block, carry):
+        return _scan_seeded(self.plan, block, carry, 0 if carry is None else 1)
+
+
+class ChunkReduced(_Kept):
+    """A reduction over axes that every chunk holds whole (one chunk along each reduced axis: the row sums
+    of a matrix in row chunks): each output block is ``fold_in_order`` of that chunk's one partial, the
+    graph's aggregate of a lane of one chunk (the same bits). The carry is the chunk's offsets where the
+    partial reads ``located`` chunks (argmin/argmax), else None."""
+
+    __slots__ = ("split_every", "on_device", "located")
+
+    def __init__(self, plan, split_every: int, on_device: bool, located=None):
+        super().__init__(plan)
+        self.split_every, self.on_device, self.located = split_every, on_device, located
+
+    def block_of(self, block, offsets):
         chunk = block if self.located is None else self.located(block, offsets)
         return _device(self.on_device, fold_in_order(self.plan, self.split_every, [self.plan.partial(chunk)]))
 
 
-def _scan_one_made(plan: ScanPlan, carry, recipe, *inputs):
-    """``_scan_one`` of the chunk ``recipe`` makes from ``inputs`` (the held chunks it reads)."""
+def _kept_block(kept: _Kept, carry, block):
+    """``kept.block_of(block, carry)`` on the GPU holding ``block``."""
+    with on_device_of(block):
+        return kept.block_of(block, carry)
+
+
+def _kept_block_made(kept: _Kept, carry, recipe, *inputs):
+    """``_kept_block`` of the chunk ``recipe`` makes from ``inputs`` (the held chunks it reads)."""
     (block,) = recipe.make(dict(zip(recipe.inputs, inputs)))
-    return _scan_one(plan, carry, block)
+    return _kept_block(kept, carry, block)
 
 
 def _name_of(key):
@@ -1084,16 +1100,16 @@ def scan_persisted(x, plan: ScanPlan, name: str, sources=None):
         for i, idx in enumerate(index):
             carry = carries[edge + (slice(i - 1, i),)] if i else None
             work.setdefault(holder[(x.name, *idx)], []).append(((x.name, *idx), (name, *idx), carry))
-    return _keep_where_held(client, x, plan, name, work, recipes, need, sources)
+    return _keep_where_held(client, x, ChunkScanned(plan), name, work, recipes, need, sources)
 
 
-def _keep_where_held(client, x, plan, name: str, work: dict, recipes, need, sources=None, chunks=None):
-    """``scan_and_keep`` of ``work`` ({worker: [(input key, output key, carry)]}) on its workers, then the
-    outputs registered with the scheduler with their lineage: the persisted array ``name`` of ``chunks``
+def _keep_where_held(client, x, kept: _Kept, name: str, work: dict, recipes, need, sources=None, chunks=None):
+    """``scan_and_keep`` of ``kept`` and ``work`` ({worker: [(input key, output key, carry)]}) on its
+    workers, then the outputs registered with the scheduler with their lineage: the persisted array ``name`` of ``chunks``
     (default ``x.chunks``), or None where the graph must run instead (nothing of it left behind)."""
     out_keys = [out_key for per_worker in work.values() for _, out_key, _ in per_worker]
     try:
-        kept = _run(client, sorted(work), scan_and_keep, plan, work, recipes, need)
+        replies = _run(client, sorted(work), scan_and_keep, kept, work, recipes, need)
     except _Unanswered as error:  # nothing of this result may stay behind, on these workers either
         _drop_kept_on_live(client, list(work), out_keys, unanswered=error.workers)
         raise _stalled({w: len(work[w]) for w in error.workers}, x.npartitions, x.name,
@@ -1102,23 +1118,23 @@ def _keep_where_held(client, x, plan, name: str, work: dict, recipes, need, sour
         _drop_kept_on_live(client, list(work), out_keys)
         raise
     # every worker answered with its outputs: else the graph runs instead
-    if (kept is None or any(isinstance(r, _Moved) for r in kept.values())
-            or sum(len(k) for k in kept.values()) != len(out_keys)):
+    if (replies is None or any(isinstance(r, _Moved) for r in replies.values())
+            or sum(len(k) for k in replies.values()) != len(out_keys)):
         _drop_kept_on_live(client, list(work), out_keys)
-        return _declined(f"the held {plan.label} of {x.name} kept "
-                         f"{sum(len(k) for k in (kept or {}).values() if isinstance(k, dict))}"
+        return _declined(f"the held {kept.label} of {x.name} kept "
+                         f"{sum(len(k) for k in (replies or {}).values() if isinstance(k, dict))}"
                          f" of {len(out_keys)} output chunks (a chunk moved, or a worker left)")
-    nbytes = {k: n for per_worker in kept.values() for k, n in per_worker.items()}
+    nbytes = {k: n for per_worker in replies.values() for k, n in per_worker.items()}
     try:
-        client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in kept.items() for k in per},
+        client.sync(client.scheduler.update_data, who_has={k: [w] for w, per in replies.items() for k in per},
                     nbytes=nbytes, client=client.id)
-        out = _register_with_lineage(client, x, plan, name, work, sources, chunks)
+        out = _register_with_lineage(client, x, kept, name, work, sources, chunks)
     except Exception as error:  # noqa: BLE001 - whatever failed, nothing registered in part may stay
         client.run_on_scheduler(_release_registered, out_keys, client.id)
         _drop_kept_on_live(client, list(work), out_keys)
         if isinstance(error, (KeyError, *_placement_errors())):
             # a worker that left after its reply (the scheduler's KeyError for its address): the graph
-            return _declined(f"a worker left after keeping outputs of the held {plan.label} of {x.name} ({error!r})")
+            return _declined(f"a worker left after keeping outputs of the held {kept.label} of {x.name} ({error!r})")
         raise  # anything else is a defect to see, not a placement to recompute around
     for k in out_keys:
         client.futures[k].finish(type=type(x._meta))
@@ -1173,9 +1189,9 @@ def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None,
     return None
 
 
-def _register_with_lineage(client, x, plan, name: str, work: dict, sources=None, chunks=None):
-    """The held scan's outputs (registered with the scheduler as data, ``update_data``) as a persisted
-    array whose chunks keep their recipe: each output key gets a task, ``_scan_one`` of its input chunk
+def _register_with_lineage(client, x, kept: _Kept, name: str, work: dict, sources=None, chunks=None):
+    """The held outputs (registered with the scheduler as data, ``update_data``) as a persisted array
+    whose chunks keep their recipe: each output key gets a task, ``_kept_block`` of its input chunk
     (a dependency: the held chunk, or with ``sources`` the held chunks its recipe reads) from its carry
     (a literal, a few bytes). ``client.persist`` of that graph gives the scheduler's tasks their run_spec
     and dependencies; keys already in memory are not run again (the scheduler only recommends released
@@ -1192,13 +1208,13 @@ def _register_with_lineage(client, x, plan, name: str, work: dict, sources=None,
     for per_worker in work.values():
         for in_key, out_key, carry in per_worker:
             if made_by is None:
-                tasks[out_key] = Task(out_key, functools.partial(_scan_one, plan, carry), TaskRef(in_key))
+                tasks[out_key] = Task(out_key, functools.partial(_kept_block, kept, carry), TaskRef(in_key))
             else:
                 recipe = made_by[in_key]
-                tasks[out_key] = Task(out_key, functools.partial(_scan_one_made, plan, carry, recipe),
+                tasks[out_key] = Task(out_key, functools.partial(_kept_block_made, kept, carry, recipe),
                                       *map(TaskRef, recipe.inputs))
     chunks = x.chunks if chunks is None else chunks
-    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
+    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=kept.out_dtype)
     lineage = da.Array(HighLevelGraph.from_collections(name, tasks, dependencies=[]), name, chunks, meta=meta)
     return client.persist(lineage, optimize_graph=False)
 

@@ -397,25 +397,19 @@ def _gpu_whole(plan, x, cupy_stats):
     if np.dtype(plan.out_dtype) != cupy_stats.result_dtype(stat, x.dtype) and stat in _MOMENTS:
         return plan.whole(x)  # var(x, dtype=...): the float64 moments (kernel States) finished on the host
     counted = stat in _MOMENTS and stat.startswith("nan") and floating
-    probe = None
-    if counted and len(axes) == x.ndim and x.size >= PROBE_MIN_SIZE:
-        from .backends import cupy_backend
 
-        probe = cupy_backend.finite_probe(x)  # numbers among a few samples, known before the kernels finish
-    try:
-        states, result = cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
-    finally:
-        numbers = probe[0].counts(probe[1])[1] if probe is not None else 0
-    if counted and numbers > (0 if stat == "nanmean" else plan.ddof):
-        counted = False  # enough numbers sampled: no slice is short of them, no need to wait for the count
+    def run():
+        return cupy_stats.run(x, stat, axes, states=counted, result=True, ddof=plan.ddof)
+
+    (states, result), (_, numbers) = _probed(x, axes, run) if counted else (run(), (0, 0))
     if stat in _ARG and stat.startswith("nan") and floating and bool((_small_on_host(result) < 0).any()):
         raise ValueError("All-NaN slice encountered")
     if stat in _MOMENTS:
-        if counted:
+        if counted and numbers > (0 if stat == "nanmean" else plan.ddof):
+            short = False  # enough numbers sampled: no slice is short of them, no need to wait for the count
+        elif counted:
             count = _small_on_host(states.view(np.float64).reshape(-1, 4)[:, 0])
             short = bool((count == 0).any() if stat == "nanmean" else (count - plan.ddof <= 0).any())
-        elif numbers:
-            short = False
         else:
             count = math.prod(x.shape[a] for a in axes)
             short = stat != "nanmean" and count - plan.ddof <= 0
@@ -665,6 +659,22 @@ _HOST_CHECK_MAX = 1 << 16  # results up to this size are checked for all-NaN or 
 PROBE_MIN_SIZE = 1 << 16  # a whole CuPy nanmin/nanmax/nanmean/nanvar of this many elements or more samples it first
 
 
+def _probed(x, axes, run):
+    """(``run()``, the finite probe's (finite, not NaN) sample counts) for a CuPy float ``x``: the probe
+    (``cupy_backend.finite_probe``) queued before ``run``'s kernels where ``axes`` are all of a large enough
+    ``x``, so the host waits for it alone; (0, 0) without one. Its slot goes back even where ``run`` raises."""
+    probe = None
+    if len(axes) == x.ndim and x.size >= PROBE_MIN_SIZE:
+        from .backends import cupy_backend
+
+        probe = cupy_backend.finite_probe(x)
+    try:
+        value = run()
+    finally:
+        counts = probe[0].counts(probe[1]) if probe is not None else (0, 0)
+    return value, counts
+
+
 def _small_on_host(values):
     """``values`` for a data-dependent check (the host waits for it anyway): a small CuPy array copied to
     the host, since CuPy's comparisons and any() compile kernels at their first use; NumPy and large
@@ -684,21 +694,19 @@ def _nan_extreme(stat, x, axis, keepdims, split_every):
         return _fold(stat, x, axis, keepdims, split_every, "biuf")
     if x.dtype.kind != "f":
         return api._reduction(x, stat[3:], axis, None, keepdims, split_every, "auto", caller=caller)
-    probe = None
+
+    def run():
+        return api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
+
     if kind == "cupy" and x.size >= PROBE_MIN_SIZE:
         axes = v.normalize_axes(axis, x.ndim, caller)  # the arguments checked before any launch
         v.check_flag(keepdims, "keepdims", caller)
         v.fan_in(split_every, axes, caller)
-        if len(axes) == x.ndim:
-            from .backends import cupy_backend
-
-            probe = cupy_backend.finite_probe(x)  # queued before the reduction, so the host waits for it alone
-    try:
-        result = api._reduction(x, stat, axis, None, keepdims, split_every, "auto", caller=caller)
-    finally:
-        proved = probe is not None and probe[0].counts(probe[1])[0] > 0  # the slot goes back even on an error
-    if proved:
-        return result  # a finite element: the extreme is no identity, and no slice is all-NaN
+        result, (finite, _) = _probed(x, axes, run)
+        if finite:
+            return result  # a finite element: the extreme is no identity, and no slice is all-NaN
+    else:
+        result = run()
     identity = np.inf if stat == "nanmin" else -np.inf
     if bool((_small_on_host(result) == identity).any()):
         xp = np
