@@ -172,22 +172,31 @@ struct MomentsStat {
 #pragma unroll
       for (int k = R - 1; k >= 0; --k) s.anchor = finite(w[k]) ? w[k] : s.anchor;
     }
-    double d[R], sum = 0.0, count = 0.0;
+    // SkipNan: a NaN element (d NaN exactly when the element is: the anchor is finite) is left out of
+    // sum and q, and the run's count is R less the NaNs. The NaN test is the element's own (FP32 for
+    // float32), the count a popcount, and sum and q skip an addition rather than add a selected 0.0,
+    // whose result is the same (neither is ever -0.0): the FP64 pipe, which bounds nanvar of float32,
+    // does what var's does, with the same bits.
+    double d[R], sum = 0.0;
+    unsigned nans = 0u;
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       d[k] = w[k] - s.anchor;
       if (SkipNan) {
-        const bool ok = !is_nan(d[k]);
-        sum += ok ? d[k] : 0.0;
-        count += ok ? 1.0 : 0.0;
+        bool nan;
+        if constexpr (sizeof(T) == 4) nan = is_nan(v[k]);
+        else nan = is_nan(w[k]);
+        nans |= (nan ? 1u : 0u) << k;
+        sum = nan ? sum : __dadd_rn(sum, d[k]);
       } else {
         sum += d[k];
       }
     }
     if (!finite(sum)) {  // inf or NaN in the run, or differences past DBL_MAX (rare)
-      s = merge(s, wide_run<R>(w));
+      s = merge(s, wide_run<R>(v));  // converted again: w need not stay live past the differences
       return;
     }
+    const double count = double(R - __popc(nans));
     if (SkipNan && count == 0.0) return;
     const double n = SkipNan ? count : double(R);
     const double mean = SkipNan ? sum / n : sum * (1.0 / R);  // 1/R is exact: R is a power of two
@@ -195,7 +204,11 @@ struct MomentsStat {
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       const double e = d[k] - mean;
-      q += (SkipNan && is_nan(e)) ? 0.0 : e * e;
+      if (SkipNan) {
+        q = ((nans >> k) & 1u) ? q : __dadd_rn(q, __dmul_rn(e, e));  // rounded apart, as e * e then + 0.0 were
+      } else {
+        q += e * e;
+      }
     }
     s = merge(s, State{n, s.anchor, mean, q});
   }
@@ -205,7 +218,10 @@ struct MomentsStat {
   // the anchor is one of this thread's values, and a difference past DBL_MAX / R from it makes M2 >=
   // (DBL_MAX / R)^2 / 2. Straight-line code without calls, so the unrolled fast path stays lean.
   template <int R>
-  __device__ __forceinline__ static State wide_run(const double (&w)[R]) {
+  __device__ __forceinline__ static State wide_run(const T* v) {
+    double w[R];
+#pragma unroll
+    for (int k = 0; k < R; ++k) w[k] = convert<double>(v[k]);
     double count = 0.0;
     bool finite_data = true;
 #pragma unroll
@@ -416,13 +432,28 @@ __device__ __forceinline__ typename Stat::State row_share(const typename Stat::E
   return block_merge<Stat, Block>(s);
 }
 
+// The resident blocks per SM stats_rows asks of ptxas (__launch_bounds__): the host's grid is sized for
+// four (row_splits), and a kernel that fits only three runs its last quarter as a second wave. The
+// NaN-skipping moments of float32/float16 took 74 / 72 registers unbounded; bounded to 64 they spill a
+// few bytes and still run 0.60 -> 0.75 x copy (nanvar, float32, 2^28, H200). Bounding every statistic
+// made the others slower (their spills cost more than the wave they did not have). 0 asks for nothing:
+// ptxas then allocates as without the second argument (1 would let it take more registers than that).
+template <class Stat>
+struct RowsMinBlocks {
+  static constexpr int value = 0;
+};
+template <class T>
+struct RowsMinBlocks<MomentsStat<T, true>> {
+  static constexpr int value = sizeof(T) <= 4 ? 4 : 0;
+};
+
 // Block b = row * splits + split reduces its share of row ``row`` (``len`` contiguous elements starting
 // at x + row * row_stride; element j of the row has index row * row_index_step + j). out[b] = the
 // block's State.
 template <class Stat, int Block, int Unroll>
-__global__ void __launch_bounds__(Block) stats_rows(const typename Stat::Elem* __restrict__ x, index_t len,
-                                                    index_t row_stride, index_t row_index_step, int splits,
-                                                    typename Stat::State* __restrict__ out) {
+__global__ void __launch_bounds__(Block, RowsMinBlocks<Stat>::value)
+    stats_rows(const typename Stat::Elem* __restrict__ x, index_t len, index_t row_stride, index_t row_index_step,
+               int splits, typename Stat::State* __restrict__ out) {
   const index_t row = blockIdx.x / splits;
   const typename Stat::State s =
       row_share<Stat, Block, Unroll>(x + row * row_stride, len, row * row_index_step, blockIdx.x % splits, splits);
