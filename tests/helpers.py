@@ -4,6 +4,7 @@ non-commutative operator, and one comparison used by the CPU and GPU tests alike
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import signal
@@ -178,22 +179,37 @@ def random_matrices(rng, n: int) -> np.ndarray:
     return (v | odd_diagonal) & even_a01
 
 
+_spreads = itertools.count()
+
+
 def persist_spread(client, x: np.ndarray, chunk: int, owners: list[int]):
     """(a persisted dask array whose i-th block lives on worker owners[i], the sorted worker addresses):
-    uneven and interleaved spreads on purpose. Block names carry the data's token, so two arrays never
-    share keys."""
+    uneven and interleaved spreads on purpose. Block names carry the data's token and a number of their
+    own, so two spreads never share keys, not even of the same data (keys of a spread just dropped may
+    still be in the scheduler while the next one is placed)."""
     import dask.array as da
     import distributed
     from dask.base import tokenize
+    from dask.core import flatten
 
     workers = sorted(client.scheduler_info()["workers"])
     token = tokenize(x)
-    blocks = [client.persist(da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk, name=f"spread-{i}-{owner}-{token}"),
-                             workers=[workers[owner]])
-              for i, owner in enumerate(owners)]
-    whole = client.persist(da.concatenate(blocks))
-    distributed.wait(whole)
-    return whole, workers
+    for _ in range(5):
+        made = next(_spreads)
+        # the concatenated array's chunks are tasks of their own, which Dask may run on another worker
+        # than the block's (under load): such a spread is made again under new names
+        blocks = [client.persist(da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk,
+                                               name=f"spread-{i}-{owner}-{made}-{token}"),
+                                 workers=[workers[owner]])
+                  for i, owner in enumerate(owners)]
+        whole = client.persist(da.concatenate(blocks))
+        distributed.wait(whole)
+        who = client.who_has(whole)
+        keys = list(flatten(whole.__dask_keys__()))
+        if all(set(who.get(k, ())) == {workers[owner]} for k, owner in zip(keys, owners)):
+            return whole, workers
+        del whole, blocks
+    raise AssertionError(f"five spreads of {len(owners)} blocks over {workers} did not stay where they were put")
 
 
 # ------------------------------------------------------------------------------------------------
