@@ -127,6 +127,9 @@ struct ArgStat : OneByOne<ArgStat<T, Largest, SkipNan>> {
 // inf - inf there, so every update checks that its delta is finite and otherwise goes to merge_wide,
 // which also catches finite data whose differences overflow (values near +-1.8e308: the variance is
 // then inf, not NaN). The checks cost one compare per element or run.
+template <class A> struct IsHalf { static constexpr bool value = false; };
+template <> struct IsHalf<half> { static constexpr bool value = true; };
+
 template <class T, bool SkipNan>
 struct MomentsStat {
   typedef T Elem;
@@ -156,12 +159,63 @@ struct MomentsStat {
   // runs of at most 8 elements keep the values and differences in registers. 16 (one float32 load batch)
   // took the float32 rows kernel to 90 registers, 2 blocks per SM, and var to 0.69 x copy at 2^26 on an
   // H200 (0.82 before the NumPy-rules change added the anchor search); 8 needs 62 (nvcc 13, sm_90)
+  // float16 (kNarrowRuns): a run's differences, mean and squares in float32, runs of up to 16 (see
+  // visit_narrow).
+  static constexpr bool kNarrowRuns = IsHalf<T>::value;
   template <int G>
   __device__ __forceinline__ static void visit_run(State& s, const T (&v)[G], const index_t (&)[G]) {
-    constexpr int R = G < 8 ? G : 8;
+    constexpr int L = kNarrowRuns ? 16 : 8;
+    constexpr int R = G < L ? G : L;
     static_assert(G % R == 0, "runs split evenly");
 #pragma unroll
-    for (int c = 0; c < G; c += R) visit_some<R>(s, v + c);
+    for (int c = 0; c < G; c += R) {
+      if constexpr (kNarrowRuns) {
+        visit_narrow<R>(s, v + c);
+      } else {
+        visit_some<R>(s, v + c);
+      }
+    }
+  }
+  // A float16 run as visit_some, in float32: float16 values and their differences from the anchor (itself
+  // a float16 value, or 0) are far inside float32's range, so nothing overflows and only inf/NaN take the
+  // double wide_run; a difference is exact within 13 binades of the anchor and otherwise rounded once, as
+  // the run's mean and squares are (relative errors near 2^-24, far below float16's 2^-11). Converting
+  // each element to double and the FP64 arithmetic bounded float16 var at 0.52 x copy (2^26, H200): twice
+  // float32's elements per byte for the same double work. Explicit roundings (no contraction but the one
+  // fused square), so nvcc and NVRTC builds give the same bits.
+  template <int R>
+  __device__ __forceinline__ static void visit_narrow(State& s, const T* v) {
+    float w[R];
+#pragma unroll
+    for (int k = 0; k < R; ++k) w[k] = convert<float>(v[k]);
+    if (s.n == 0.0) {
+#pragma unroll
+      for (int k = R - 1; k >= 0; --k) s.anchor = w[k] - w[k] == 0.0f ? static_cast<double>(w[k]) : s.anchor;
+    }
+    const float anchor = static_cast<float>(s.anchor);
+    float d[R], sum = 0.0f;
+    unsigned nans = 0u;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      d[k] = __fsub_rn(w[k], anchor);
+      const bool nan = SkipNan && is_nan(w[k]);
+      nans |= (nan ? 1u : 0u) << k;
+      sum = nan ? sum : __fadd_rn(sum, d[k]);
+    }
+    if (!(sum - sum == 0.0f)) {  // inf or NaN in the run
+      s = merge(s, wide_run<R>(v));
+      return;
+    }
+    const int count = R - __popc(nans);
+    if (SkipNan && count == 0) return;
+    const float mean = SkipNan ? __fdiv_rn(sum, static_cast<float>(count)) : __fmul_rn(sum, 1.0f / R);
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const float e = __fsub_rn(d[k], mean);
+      q = ((nans >> k) & 1u) ? q : __fmaf_rn(e, e, q);
+    }
+    s = merge(s, State{static_cast<double>(count), s.anchor, static_cast<double>(mean), static_cast<double>(q)});
   }
   template <int R>
   __device__ __forceinline__ static void visit_some(State& s, const T* v) {

@@ -109,12 +109,24 @@ class ArgStat:
         return -1 if (self.skipnan and is_nan(s[0])) else s[1]
 
 
+def _fused_f32(a, b, c):
+    """a * b + c rounded once to float32, half to even (__fmaf_rn), for finite float32 a, b, c."""
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    near = np.float32(float(exact))  # within an ulp of the exact value; its neighbours decide
+    candidates = [np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf))]
+    gaps = [abs(Fraction(float(k)) - exact) for k in candidates]
+    best = min(gaps)
+    ties = [k for k, g in zip(candidates, gaps) if g == best]
+    return ties[0] if len(ties) == 1 else next(k for k in ties if int(k.view(np.uint32)) % 2 == 0)
+
+
 class MomentsStat:
     """mr::MomentsStat<T, SkipNan>: State (n, anchor, mean (the offset), m2), all doubles."""
 
     def __init__(self, dtype, skipnan):
         self.skipnan = skipnan and np.dtype(dtype).kind == "f"
         self.out = np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.dtype(np.float64)
+        self.narrow = np.dtype(dtype) == np.float16  # MomentsStat::kNarrowRuns
 
     def start(self):
         return (0.0, 0.0, 0.0, 0.0)
@@ -136,11 +148,40 @@ class MomentsStat:
         return (n, s[1], mean, s[3] + delta * (d - mean))
 
     def visit_run(self, s, v, at):
-        R = min(len(v), 8)  # stats.cuh MomentsStat::visit_run
+        R = min(len(v), 16 if self.narrow else 8)  # stats.cuh MomentsStat::visit_run
         assert len(v) % R == 0
         for c in range(0, len(v), R):
-            s = self.visit_some(s, v[c:c + R])
+            s = self.visit_narrow(s, v[c:c + R]) if self.narrow else self.visit_some(s, v[c:c + R])
         return s
+
+    def visit_narrow(self, s, v):
+        """MomentsStat::visit_narrow: a float16 run in float32 (NumPy float32 scalars round as the kernel's
+        __fsub_rn/__fadd_rn/__fdiv_rn/__fmul_rn do; the square is fused: one rounding of e * e + q)."""
+        f32 = np.float32
+        R = len(v)
+        w = [f32(k) for k in v]
+        if s[0] == 0.0:
+            for wk in reversed(w):
+                s = (s[0], float(wk) if finite(float(wk)) else s[1], s[2], s[3])
+        anchor = f32(s[1])
+        d, total, nans = [], f32(0.0), []
+        with np.errstate(all="ignore"):
+            for wk in w:
+                d.append(f32(wk - anchor))
+                nan = self.skipnan and is_nan(float(wk))
+                nans.append(nan)
+                total = total if nan else f32(total + d[-1])
+            if not finite(float(total)):
+                return self.merge(s, self.wide_run([float(k) for k in v]))
+            count = R - sum(nans)
+            if self.skipnan and count == 0:
+                return s
+            mean = f32(total / f32(count)) if self.skipnan else f32(total * f32(1.0 / R))
+            q = f32(0.0)
+            for dk, nan in zip(d, nans):
+                e = f32(dk - mean)
+                q = q if nan else _fused_f32(e, e, q)
+        return self.merge(s, (float(count), s[1], float(mean), float(q)))
 
     def visit_some(self, s, v):
         R = len(v)
