@@ -410,7 +410,9 @@ def setting(cpu: bool, cpu_workers: int = 2) -> Setting:
 
 
 def wait_released(client, names, timeout=30.0):
-    """Until the scheduler holds no key of ``names`` (so a repetition is not served from memory)."""
+    """Until neither the scheduler nor any worker holds a key of ``names`` (so a repetition is not served
+    from memory): a worker frees a released key when the scheduler's message reaches it, and one that
+    still holds the data when the same key is submitted again reports it done without running it."""
     names = [str(n) for n in names]
     if not names:
         return
@@ -418,6 +420,10 @@ def wait_released(client, names, timeout=30.0):
     while time.time() < deadline:
         held = client.run_on_scheduler(
             lambda dask_scheduler, names=names: any(any(n in str(k) for n in names) for k in dask_scheduler.tasks))
+        if not held:
+            held = any(client.run(
+                lambda dask_worker, names=names: any(any(n in str(k) for n in names) for k in list(dask_worker.data))
+            ).values())
         if not held:
             return
         time.sleep(0.01)
