@@ -43,7 +43,8 @@ Paths (``--paths``, any of them; the new ones run on Dask's placement only):
 - lazy: ``lz`` made in the graph, not persisted: ``mr.sum(lz).compute()``, ``mr.cumsum(lz).persist()`` vs
   dask.array's, and the floor: one task per worker (``client.submit`` restricted to it) that makes and sums
   that worker's share of the chunks in a loop, the best any graph could do.
-- graph: ``client.compute(mr.sum(x)).result()`` and ``dask.compute(mr.sum(x), mr.max(x))`` vs dask.array's.
+- graph: ``client.compute(mr.sum(x)).result()`` and ``dask.compute(mr.sum(x), mr.max(x))`` vs dask.array's,
+  and the floor of any future: one trivial task submitted and its result fetched.
 - memory: peak memory per worker during ``mr.sum(lz).compute()`` and ``da.sum(lz).compute()``: CuPy's pool
   (used, sampled every 5 ms; total, the pool's high-water mark), or RMM's peak of allocated bytes where CuPy
   allocates through RMM (counters pushed for the run), and the driver's bytes (NVML), above the worker's
@@ -422,7 +423,18 @@ def graph_cases(client, x, ref: Reference, args, gib: float) -> list[h.Case]:
         h.Case("graph", "dask.compute(mr.sum(x), mr.max(x))", "sum(x), max(x)",
                h.Step(client, "dask.compute", lambda: (mr.sum(x), mr.max(x))), x.nbytes, sum_and_max, theirs),
         h.Case("graph", theirs, "sum(x), max(x)", h.Step(client, "dask.compute", lambda: (da.sum(x), da.max(x))),
-               x.nbytes, sum_and_max, theirs)]
+               x.nbytes, sum_and_max, theirs),
+        # what any future costs: a result handed over through the graph waits at least this long
+        h.Case("graph", TRIVIAL_TASK, "1", h.Step(client, "now", lambda: client.submit(_one, pure=False).result()),
+               0, lambda got: got == 1)]
+
+
+#: the graph path's floor row: one task that does nothing, submitted and its result fetched
+TRIVIAL_TASK = "floor: client.submit(trivial task).result()"
+
+
+def _one() -> int:
+    return 1
 
 
 def _make_and_sum(seed: int, locations: list, chunk: int, host: bool) -> float:

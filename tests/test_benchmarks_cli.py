@@ -149,7 +149,8 @@ EXPECTED = {
              "mr.cumsum(x * 2).persist() unfused",
              "x * 2 alone: b * 2 on each held chunk, summed per worker (slowest)",
              "mr.sum().compute()", "dask.array.sum"},  # the held bare call and its peer
-    "graph": {"client.compute(mr.sum())", "dask.compute(mr.sum(x), mr.max(x))", "dask.compute(da.sum(x), da.max(x))"},
+    "graph": {"client.compute(mr.sum())", "dask.compute(mr.sum(x), mr.max(x))", "dask.compute(da.sum(x), da.max(x))",
+              "floor: client.submit(trivial task).result()"},
     "lazy": {"mr.sum(lz).compute()", "da.sum(lz).compute()", "floor: one task per worker makes and sums its chunks",
              "mr.cumsum(lz).persist()", "da.cumsum(lz).persist()"},
     "memory": {"peak memory: mr.sum(lz).compute()", "peak memory: da.sum(lz).compute()"},
