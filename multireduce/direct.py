@@ -1153,8 +1153,7 @@ def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None,
     client = placement.default_client()
     if client is None:
         return _declined("no distributed client")
-    chunks = (tuple((1,) if d in plan.axes else x.chunks[d] for d in range(x.ndim)) if plan.keepdims
-              else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
+    chunks = _reduced_chunks(x, plan)
     need = _on_gpus(x, "the held reduction's outputs", np.dtype(plan.out_dtype).itemsize, plan.axes)
     one = ChunkReduced(plan, split_every, type(x._meta).__module__.startswith("cupy"), located)
     offsets = chunk_offsets(x) if located is not None else {}
@@ -1822,6 +1821,13 @@ class PartOfHeld(_GraphOnDemand, _OfHeld):
         return None if value is None else self._hand_over(value)
 
 
+def _reduced_chunks(x, plan) -> tuple:
+    """The chunks of ``plan``'s reduction of ``x`` over some axes: one per chunk of the kept axes, the
+    reduced axes gone (or of length 1 with ``keepdims``)."""
+    return (tuple((1,) if d in plan.axes else x.chunks[d] for d in range(x.ndim)) if plan.keepdims
+            else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
+
+
 def _chunks_hold_reduced_axes(x, plan) -> bool:
     """Whether each chunk of ``x`` (persisted, or an expression over persisted arrays: ``held_result``
     asked) holds every reduced axis whole: its output blocks are then each chunk's own
@@ -1894,8 +1900,7 @@ def held_result(x, plan, split_every: int, build=None, located=None):
         _attempting()
         return _declined("a reduction over some axes whose partials would exceed DIRECT_PARTIAL_BYTES (or that "
                          "reads located chunks): the graph")
-    chunks = (tuple((1,) if d in plan.axes else x.chunks[d] for d in range(x.ndim)) if plan.keepdims
-              else tuple(x.chunks[d] for d in range(x.ndim) if d not in plan.axes))
+    chunks = _reduced_chunks(x, plan)
     meta = meta_from_array(x._meta, ndim=len(chunks), dtype=plan.out_dtype)
     name = f"{plan.label}-aggregate-{token}"
     return _graph_on_demand(PartOfHeld, name, chunks, meta,
