@@ -319,7 +319,8 @@ def profile_call() -> None:
 
 
 def profile_scan() -> list:
-    """``--profile scan``: device_cumsum's five steps replayed and timed one by one, beside mr.cumsum."""
+    """``--profile scan``: device_cumsum's steps replayed and timed one by one, beside mr.cumsum and the
+    whole exact call."""
     import cupy
 
     from multireduce.backends import cupy_exact as ce
@@ -338,21 +339,36 @@ def profile_scan() -> list:
         state = {}
         yield "tile words", lambda: k["words"](int(min(-(-count // ce.SCAN_WARPS), 1 << 20)), ce.SCAN_WARPS * 32,
                                                (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
-        yield "words cumsum (cupy)", lambda: state.__setitem__("cum", cupy.cumsum(words, axis=1))
+        if "carries" in k:
+            state["cum"] = cupy.empty_like(words)  # scanned in place: from a copy of the words each time
+            yield "carries (and a copy of the words)", lambda: (state["cum"].__setitem__(Ellipsis, words), k["carries"](
+                rows * ce.KTILEOUT, ce.CARRY_BLOCK, (state["cum"], i64(rows), i64(tiles + 1))))
+        else:  # code before exact_words_cumsum
+            yield "carries (cupy.cumsum)", lambda: state.__setitem__("cum", cupy.ascontiguousarray(
+                cupy.cumsum(words, axis=1)))
         yield "seeds", lambda: k["seeds"](int(min(-(-count // ce.SEED_BLOCK), 1 << 16)), ce.SEED_BLOCK,
                                           (state["cum"], i64(count), i64(tiles), np.int32(0), seeds))
         yield "pass 2", lambda: k["tiles"](int(min(count, (1 << 31) - 1)), ce.SCAN_BLOCK,
                                            (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(0), out, marked))
+        after = marked
+        if "retry" in k:  # the tiles pass 2's tile-wide fast path gave up, from a copy of its marks each time
+            after = cupy.empty_like(marked)
+            yield "pass 2 retry (and a copy of the marks)", lambda: (after.__setitem__(Ellipsis, marked), k["retry"](
+                int(min(count, ce._RETRY_GRID)), ce.SCAN_BLOCK,
+                (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(0), out, after)))
         yield "fallback walk", lambda: k["fallback"](int(min(count, ce._FALLBACK_GRID)), 32,
                                                      (x, i64(rows), i64(n), i64(tile), i64(tiles), state["cum"],
-                                                      marked, out))
+                                                      after, out))
 
     rows = []
-    header = ("dtype", "n", "step", "ms")
+    header = ("dtype", "data", "n", "step", "ms")
     print(h.md_table(header, []), end="")
-    for dtype in (np.float32, np.float64):
+    for dtype, data in ((np.float32, "uniform"), (np.float32, "normal"), (np.float64, "uniform")):
         for log in (26, 28):
-            x = cupy.random.random((1, 1 << log), dtype=np.float64).astype(dtype)
+            if data == "normal":
+                x = cupy.random.standard_normal((1, 1 << log), dtype=np.float64).astype(dtype)
+            else:
+                x = cupy.random.random((1, 1 << log), dtype=np.float64).astype(dtype)
             mr.cumsum(x[0], exact=True)  # load the kernels
             total = 0.0
             found = []
@@ -360,10 +376,14 @@ def profile_scan() -> list:
                 ms = median_ms(fn, 5)  # its first call makes what the next step reads
                 total += ms
                 found.append((name, ms))
-            found += [("sum of steps", total), ("plain mr.cumsum", median_ms(lambda: mr.cumsum(x[0]), 5))]
+            plain = median_ms(lambda: mr.cumsum(x[0]), 5)
+            whole = median_ms(lambda: mr.cumsum(x[0], exact=True), 5)
+            found += [("sum of steps", total), ("plain mr.cumsum", plain), ("mr.cumsum(exact=True)", whole)]
             for name, ms in found:
-                rows.append((np.dtype(dtype).name, f"2^{log}", name, f"{ms:.3f}"))
+                rows.append((np.dtype(dtype).name, data, f"2^{log}", name, f"{ms:.3f}"))
                 print(h.md_table(header, rows[-1:]).splitlines()[-1], flush=True)
+            rows.append((np.dtype(dtype).name, data, f"2^{log}", "exact call x plain", f"{plain / whole:.3f}"))
+            print(h.md_table(header, rows[-1:]).splitlines()[-1], flush=True)
             del x
             cupy.get_default_memory_pool().free_all_blocks()
     return rows

@@ -13,7 +13,7 @@
 # 26,28" replaces --quick), exactfull (exact --gpu-exact, 2^20..2^30), exactsweep (sweep-exact-scan;
 # EXACTSWEEP_ARGS="--quick" narrows it; table and JSON in $OUT), exactterms (exact --profile terms),
 # exactcall (exact --profile call), exactscan (exact --profile scan), exactprofile (exact --profile shapes,
-# and ncu on exact --profile ncu), exactscanprofile (ncu on the exact cumsum's pass 1 and pass 2 in exact
+# and ncu on exact --profile ncu), exactscanprofile (ncu on the exact cumsum's pass 1, carries, pass 2 and retry in exact
 # --profile scan), lookback (scan --lookback-only, reduce --accumulate-only), first
 # (first-call, with and without the prebuilt kernels), fusion (sums of expressions read through the steps;
 # FUSION_ARGS="--quick" narrows it), cub (installs .whl-cccl/ first if it is there;
@@ -143,8 +143,8 @@ if has exactterms; then
 fi
 if has exactscanprofile; then
   MORE_SECTIONS="--section ComputeWorkloadAnalysis --section InstructionStats" \
-    ncu_run 300 "exact_tile_words|exact_scan_tiles" 0 4 ncu-exact-scan.txt exact --profile scan
-  grep -E "exact_tile_words|exact_scan_tiles|DRAM Throughput|Compute \(SM\)|Duration|Achieved Occupancy|Registers Per|Local Memory Spilling|Warp Cycles Per Issued|No Eligible|FP64|Executed Ipc|Issue Slots Busy|Stall" "$OUT/ncu-exact-scan.txt" | head -80
+    ncu_run 300 "exact_tile_words|exact_words_cumsum|exact_scan_tiles|exact_scan_retry" 0 4 ncu-exact-scan.txt exact --profile scan
+  grep -E "exact_tile_words|exact_words_cumsum|exact_scan_tiles|exact_scan_retry|DRAM Throughput|Compute \(SM\)|Duration|Achieved Occupancy|Registers Per|Local Memory Spilling|Warp Cycles Per Issued|No Eligible|FP64|Executed Ipc|Issue Slots Busy|Stall" "$OUT/ncu-exact-scan.txt" | head -80
 fi
 if has exactprofile; then
   timeout 300 python3 -m benchmarks exact --profile shapes > "$OUT/profile-exact.log" 2>&1 || rc=1

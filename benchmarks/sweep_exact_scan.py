@@ -80,11 +80,20 @@ def combinations(blocks, items, min_blocks, max_threads_per_sm: int = 2048):
     return out
 
 
-def tiles_name(dtype: str, block: int, items: int, min_blocks: int) -> str:
+def tiles_name(dtype: str, block: int, items: int, min_blocks: int, kernel: str = "exact_scan_tiles") -> str:
     from multireduce import kernels as _kernels
 
     t = _kernels.ctype(np.dtype(dtype))
-    return f"mr::exact::exact_scan_tiles<{t}, {t}, {block}, {items}, {min_blocks}>"
+    return f"mr::exact::{kernel}<{t}, {t}, {block}, {items}, {min_blocks}>"
+
+
+def retry_name(dtype: str, block: int, items: int, min_blocks: int) -> str | None:
+    """Pass 2's retry kernel of the same shape where ``dtype`` takes the tile-wide fast path, else None."""
+    from multireduce.backends import cupy_exact as ce
+
+    if not ce.tile_wide_fast_path(dtype, dtype):
+        return None
+    return tiles_name(dtype, block, items, min_blocks, "exact_scan_retry")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -123,6 +132,7 @@ def compile_variants(combos, jobs: int):
     def one(combo):
         b, i, m, dts = combo
         names = {d: tiles_name(d, b, i, m) for d in dts}
+        names.update({f"{d} retry": retry_name(d, b, i, m) for d in dts if retry_name(d, b, i, m)})
         start = time.perf_counter()
         try:
             return combo, _kernels._compiled(text, names, f"exact scan pass 2 {b} x {i}, {m} blocks/SM"), \
@@ -142,8 +152,9 @@ def compile_variants(combos, jobs: int):
     return kernels, failed
 
 
-def pipeline(cupy, lib, tiles_kernel, x, block: int, items: int, out=None, timed_pass2=False):
-    """cupy_exact.device_cumsum with pass 2 replaced by ``tiles_kernel`` (Block x Items tiles) for one
+def pipeline(cupy, lib, tiles_kernel, x, block: int, items: int, out=None, timed_pass2=False, retry_kernel=None):
+    """cupy_exact.device_cumsum with pass 2 replaced by ``tiles_kernel`` (Block x Items tiles; then
+    ``retry_kernel``, its retry of the tiles the tile-wide fast path gave up, where there is one) for one
     C-contiguous (rows, n) array scanned into its own dtype, no carry, no skipnan. Returns (out, marked) or,
     with ``timed_pass2``, a function launching pass 2 alone on the state it built."""
     from multireduce.backends import cupy_exact as ce
@@ -156,7 +167,8 @@ def pipeline(cupy, lib, tiles_kernel, x, block: int, items: int, out=None, timed
     words = cupy.zeros((rows, tiles + 1, ce.KTILEOUT), dtype=np.int64)
     lib["words"](int(min(-(-count // ce.SCAN_WARPS), 1 << 20)), ce.SCAN_WARPS * 32,
                  (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
-    cum = cupy.ascontiguousarray(cupy.cumsum(words, axis=1))
+    lib["carries"](rows * ce.KTILEOUT, ce.CARRY_BLOCK, (words, i64(rows), i64(tiles + 1)))
+    cum = words
     seeds = cupy.empty(count * 4, dtype=np.int64)
     lib["seeds"](int(min(-(-count // ce.SEED_BLOCK), 1 << 16)), ce.SEED_BLOCK,
                  (cum, i64(count), i64(tiles), np.int32(0), seeds))
@@ -167,6 +179,9 @@ def pipeline(cupy, lib, tiles_kernel, x, block: int, items: int, out=None, timed
     def pass2():
         tiles_kernel(int(min(count, (1 << 31) - 1)), block,
                      (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(0), out, marked))
+        if retry_kernel is not None:
+            retry_kernel(int(min(count, ce._RETRY_GRID)), block,
+                         (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(0), out, marked))
 
     pass2()
     lib["fallback"](int(min(count, ce._FALLBACK_GRID)), 32,
@@ -221,7 +236,7 @@ def run(args) -> int:
                 for (b, i, m), found in variants.items():
                     if d not in found:
                         continue
-                    kernel = found[d]
+                    kernel, retry = found[d], found.get(f"{d} retry")
                     regs, local, resident = info[(b, i, m, d)]
                     row = {"dtype": d, "kind": kind, "log2n": lg, "block": b, "items": i, "min_blocks": m,
                            "variant": "sweep", "registers": regs, "local_bytes": local,
@@ -230,7 +245,7 @@ def run(args) -> int:
                     try:
                         out = cupy.empty((1, n), dtype=dt)
                         out.view(np.uint8).fill(0xA5)  # garbage: a variant that writes nothing cannot pass
-                        got, marked = pipeline(cupy, lib, kernel, x2, b, i, out=out)
+                        got, marked = pipeline(cupy, lib, kernel, x2, b, i, out=out, retry_kernel=retry)
                         got_bits = got.reshape(n).view(ref_bits.dtype)
                         diff = int(cupy.count_nonzero(got_bits != ref_bits))
                         row["mismatches"], row["bits_equal"] = diff, diff == 0
@@ -240,10 +255,11 @@ def run(args) -> int:
                             mismatched.append((lg, d, kind, b, i, m, diff))
                             print(f"!! MISMATCH: 2^{lg} {d} {kind} Block {b} Items {i} MinBlocks {m}: {diff} "
                                   f"outputs differ from mr.cumsum(x, exact=True): DISQUALIFIED", flush=True)
-                        p2 = pipeline(cupy, lib, kernel, x2, b, i, timed_pass2=True)
+                        p2 = pipeline(cupy, lib, kernel, x2, b, i, timed_pass2=True, retry_kernel=retry)
                         row["pass2_ms"] = median_ms(p2, REPEATS)
                         del p2
-                        row["whole_ms"] = median_ms(lambda: pipeline(cupy, lib, kernel, x2, b, i), REPEATS)
+                        row["whole_ms"] = median_ms(lambda: pipeline(cupy, lib, kernel, x2, b, i, retry_kernel=retry),
+                                                    REPEATS)
                         row["x_plain"] = plain / row["whole_ms"]
                     except Exception as exc:  # a launch that fails (resources): reported, the sweep goes on
                         row["error"] = str(exc)[:500]

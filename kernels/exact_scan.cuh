@@ -7,7 +7,7 @@
 //   pass 1   exact_tile_words: one warp per tile computes the tile's exact sum as kWords words (the exact
 //            sum kernel's expansions and digit banks) plus its NaN/+inf/-inf counts (0 or 1): kTileOut
 //            int64 per tile, written with plain stores.
-//   carries  an int64 inclusive cumsum of those words along the slots of a row (cupy.cumsum on the device:
+//   carries  an int64 inclusive cumsum of those words along the slots of a row (exact_words_cumsum, in place:
 //            integer adds, so exact and independent of the order; every word but the top is a digit in
 //            [0, 2^32), so 2^31 tiles stay below 2^63). The counts scan alongside: count > 0 is the OR.
 //            A row's slot 0 holds the row's incoming carry (the exact total and flag counts of whatever
@@ -16,8 +16,11 @@
 //            and every later step treats the row's first tile like any other.
 //   seeds    exact_scan_seeds: tile t's carry (the cumsum at its carry_slot) as a double-double (hi, lo)
 //            with a bound eb on |carry - hi - lo| (0 when the carry fits the 106 bits), and the carried flags.
-//   pass 2   exact_scan_tiles: one block per tile; each thread sums its Items consecutive elements as a
-//            Partial (double-double + bound; float16/float32 elements within a provably exact exponent
+//   pass 2   exact_scan_tiles: one block per tile. For float16/float32 elements and outputs the block first
+//            scans the tile in plain double under one rigorous bound per thread (the tile-wide fast path:
+//            block_exclusive_sum, fast_bound) and proves each output from it; a tile all of whose outputs are
+//            proved is done. Otherwise (and for float64) the Partial path: each thread sums its Items
+//            consecutive elements as a Partial (double-double + bound; float16/float32 elements within a provably exact exponent
 //            spread as one plain double sum: thread_partial), the block scans the Partials (warp shuffles,
 //            then the warp totals), and each thread's exact prefix is seed + its exclusive prefix. For
 //            float16/float32 elements and outputs the thread first tries the fast path (approximate_outputs):
@@ -333,6 +336,14 @@ __device__ __forceinline__ int lowest_bit(unsigned long long v) {  // v != 0
 #endif
 }
 
+// The exponent of the lowest set bit of a nonzero double: it is a multiple of 2^lowest_unit(d).
+__device__ __forceinline__ int lowest_unit(double d) {
+  const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(d)) << 1 >> 1;
+  const int field = static_cast<int>(bits >> 52);
+  const unsigned long long mantissa = (bits & ((1ull << 52) - 1)) | (field ? 1ull << 52 : 0ull);
+  return (field ? field : 1) - 1075 + lowest_bit(mantissa);
+}
+
 // The biased double exponents of the largest and the smallest nonzero |value| of a thread's float16/float32
 // elements (top 0x7ff: an inf/NaN among them; all zero: top 0, bottom 0x7ff). A nonzero float16/float32 is
 // a normal double, so the high word of its double (exponent field, top mantissa bits) is nonzero and its
@@ -469,11 +480,8 @@ __device__ __forceinline__ bool approximate_outputs(const Partial& run, const do
   } else {
     if (run.flags) return false;
     int unit = unit_exponent<T>(span);  // then the exponent of g, and 2^53 g as a double (inf past 2^1023)
-    const unsigned long long hi_bits = static_cast<unsigned long long>(__double_as_longlong(run.hi)) << 1 >> 1;
-    if (hi_bits) {
-      const int field = static_cast<int>(hi_bits >> 52);
-      const unsigned long long mantissa = (hi_bits & ((1ull << 52) - 1)) | (field ? 1ull << 52 : 0ull);
-      const int hi_unit = (field ? field : 1) - 1075 + lowest_bit(mantissa);
+    if (run.hi != 0.0) {
+      const int hi_unit = lowest_unit(run.hi);
       unit = hi_unit < unit ? hi_unit : unit;
     }
     const double exact_below = unit + 53 > 1023 ? positive_inf()
@@ -510,6 +518,233 @@ __device__ __forceinline__ int exact_outputs(Partial run, const double* v, int f
     }
   }
   return unproved;
+}
+
+// ---- pass 2's fast path: the tile scanned in plain double under one bound ------------------------------
+// The Partial path (thread_partial, block_exclusive, approximate_outputs or exact_outputs) spends about a
+// hundred instructions per element, most of them in the block scan: each combination of two Partials is
+// four TwoSums and a bound. For float16/float32 elements and outputs pass 2 first scans the tile in plain
+// double (each thread's sum, the same Kogge-Stone tree as block_exclusive over those sums, the seed's hi
+// added once) and covers every rounding of that scan with ONE bound U for the whole tile; each output is
+// then proved as approximate_outputs proves it (approximation_output). A tile all of whose outputs are
+// proved is done. Otherwise (U infinite: the seed carries NaN/inf flags or lies past kTrack, or an element
+// is inf/NaN; or one output unproved) the block runs the Partial path on the same elements. Both write only
+// correctly rounded prefixes, so the bits do not depend on which path a tile took.
+//
+// The bound, per thread. Every element of the tile has magnitude below 2^E (E: one past the tile's largest
+// exponent), so the elements before the thread's first (index ``first`` in the tile) sum in magnitude to at
+// most S = first 2^E, and every sum of the tile scan that reaches the thread's prefix is a sum over some of
+// them: at most S plus its own rounding errors. An addition's rounding error is at most |result| 2^-53 (a
+// result among the double subnormals is exact). The additions that reach the prefix: the earlier threads'
+// sums (together at most Items S 2^-53), the warp scan's 5 levels and the warp totals' at most 5 (each
+// level adds sums over disjoint elements: at most S 2^-53 a level) and the warp prefix added to the lane's
+// (S 2^-53): at most (Items + 11) S 2^-53 < c S 2^-53 with c = 2^ceil_log2(Items + 12) (32 for 16 items),
+// which leaves room for the errors' own growth. The seed's hi added, a0 = RN(seed.hi + prefix), then the
+// thread's running values a_j = a0 + its elements are at most m / 2, m = 2 (|a0| + Items 2^e + c S 2^-53)
+// (e: one past the thread's largest exponent), and the seed's addition and the Items running ones err by at
+// most (Items + 1) (m / 2) 2^-53 <= r m 2^-53 with r = 2^(ceil_log2(Items + 1) - 1) (16 for 16 items). With
+// the seed's own |lo| + eb: U = |seed.lo| + seed.eb + c S 2^-53 + r m 2^-53, rounded up. Exactly: every element
+// is a multiple of g = 2^unit (unit_exponent of the tile's smallest nonzero magnitude). When S <= 2^53 g no
+// sum of the tile scan that reaches the prefix rounds (each is a multiple of g, at most S), and when also
+// m <= 2^53 min(g, the lowest bit of seed.hi) neither does a0 nor any running value: then U = |seed.lo| +
+// seed.eb, 0 for a carry that fits a double-double, so integer data's ties are decided exactly.
+
+// float16/float32 magnitudes as bits (their order is the values' order) and their formats' fields.
+template <class T> struct Magnitude;
+template <> struct Magnitude<half> {
+  static constexpr int kShift = 10, kBias = 15, kSpecial = 0x1f;
+  __device__ __forceinline__ static unsigned of(half v) { return v.bits & 0x7fffu; }
+};
+template <> struct Magnitude<float> {
+  static constexpr int kShift = 23, kBias = 127, kSpecial = 0xff;
+  __device__ __forceinline__ static unsigned of(float v) { return bit_cast<unsigned>(v) & 0x7fffffffu; }
+};
+
+// An element as the fast path stages it: a NaN as zero where NaNs are skipped (nancumsum), which gives the
+// same prefixes, since a skipped NaN adds nothing to the exact sum and an exact zero prefix is +0.0 either way.
+template <class T>
+__device__ __forceinline__ T staged_element(T v, bool zero_nan) {
+  constexpr unsigned kInf = static_cast<unsigned>(Magnitude<T>::kSpecial) << Magnitude<T>::kShift;
+  return zero_nan && Magnitude<T>::of(v) > kInf ? T{} : v;
+}
+
+// The shared slot of element j of the thread whose run starts at tile element ``first`` (a multiple of Items):
+// padded(first + j), which is padded(first) + j when Items divides 32 (no run crosses a pad).
+template <int Items>
+__device__ __forceinline__ int run_slot(int first, int j) {
+  if constexpr (32 % Items == 0) {
+    return padded(first) + j;
+  } else {
+    return padded(first + j);
+  }
+}
+
+// A thread's plain double sum of its staged elements in order (``in``: the tile's slots), the largest
+// magnitude's bits (top) and the smallest nonzero magnitude's bits minus one (low; ~0u when all are zero).
+template <class T, int Items>
+__device__ __forceinline__ double thread_sum(const T* in, int first, unsigned& top, unsigned& low) {
+  double s = 0.0;
+  top = 0u;
+  low = ~0u;
+#pragma unroll
+  for (int j = 0; j < Items; ++j) {
+    const T e = in[run_slot<Items>(first, j)];
+    const unsigned m = Magnitude<T>::of(e);
+    top = m > top ? m : top;
+    low = m - 1u < low ? m - 1u : low;
+    s = __dadd_rn(s, to_double(e));
+  }
+  return s;
+}
+
+// The exponent g of a power of two that divides every element, from low (the smallest nonzero magnitude's
+// bits minus one, ~0u: all zero, then 2000): unit_exponent of that magnitude.
+template <class T>
+__device__ __forceinline__ int unit_of_low(unsigned low) {
+  if (low == ~0u) return 2000;
+  const int field = static_cast<int>((low + 1u) >> Magnitude<T>::kShift);
+  return (field ? field : 1) - Magnitude<T>::kBias - Format<T>::kPrecision + 1;
+}
+
+// Whether every sum over a tile of ``tile`` elements, all of magnitude at most ``top``'s and multiples of
+// 2^g, is held exactly by a double: tile 2^(top's exponent + 1) <= 2^(53 + g).
+template <class T>
+__device__ __forceinline__ bool tile_sums_exact(unsigned top, int g, int tile) {
+  const int field = static_cast<int>(top >> Magnitude<T>::kShift);
+  return top == 0u || (field ? field : 1) - Magnitude<T>::kBias + 1 + ceil_log2(tile) <= 53 + g;
+}
+
+// The least exponent of the lowest set bit over a thread's nonzero elements (~0u when all are zero), biased as
+// the format's exponent field: unit_of_low's power of two from the exponents alone is the least element's
+// ulp, this one the least lowest bit, which for integer data is 2^0 or more. Computed only for a tile whose
+// sums unit_of_low cannot show exact.
+template <class T, int Items>
+__device__ __forceinline__ unsigned thread_lowest_bits(const T* in, int first) {
+  typedef Magnitude<T> M;
+  unsigned key = ~0u;
+#pragma unroll
+  for (int j = 0; j < Items; ++j) {
+    const unsigned m = M::of(in[run_slot<Items>(first, j)]);
+    const unsigned field = m >> M::kShift;
+    const unsigned significand = (m & ((1u << M::kShift) - 1u)) | (1u << M::kShift);  // subnormals: the same
+    const unsigned k = (field ? field : 1u) + static_cast<unsigned>(lowest_bit(significand));
+    key = m && k < key ? k : key;
+  }
+  return key;
+}
+
+// unit of thread_lowest_bits' least key over a tile (~0u: all zero, then 2000)
+template <class T>
+__device__ __forceinline__ int unit_of_key(unsigned key) {
+  return key == ~0u ? 2000 : static_cast<int>(key) - Magnitude<T>::kBias - Format<T>::kPrecision + 1;
+}
+
+// The exclusive prefix of the threads' sums in thread order, in plain double, by block_exclusive's tree
+// (tools/exact_host_emulator.cpp replays it); top and low become the tile's (the largest of the threads'
+// tops, the least of their lows). ``sums``, ``tops``, ``lows``: Block / 32 entries each.
+template <int Block>
+__device__ __forceinline__ double block_exclusive_sum(double s, unsigned& top, unsigned& low, double* sums,
+                                                      unsigned* tops, unsigned* lows) {
+  constexpr int Warps = Block / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  double inc = s;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double up = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc = __dadd_rn(up, inc);
+  }
+  const unsigned warp_top = __reduce_max_sync(0xffffffffu, top), warp_low = __reduce_min_sync(0xffffffffu, low);
+  if (lane == 31) {
+    sums[warp] = inc;
+    tops[warp] = warp_top;
+    lows[warp] = warp_low;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < Warps ? sums[lane] : 0.0;
+#pragma unroll
+    for (int o = 1; o < Warps; o <<= 1) {
+      const double up = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w = __dadd_rn(up, w);
+    }
+    const unsigned t = __reduce_max_sync(0xffffffffu, lane < Warps ? tops[lane] : 0u);
+    const unsigned l = __reduce_min_sync(0xffffffffu, lane < Warps ? lows[lane] : ~0u);
+    if (lane < Warps) sums[lane] = w;
+    if (lane == 0) {
+      tops[0] = t;
+      lows[0] = l;
+    }
+  }
+  __syncthreads();
+  top = tops[0];
+  low = lows[0];
+  double ex = __shfl_up_sync(0xffffffffu, inc, 1);
+  if (lane == 0) ex = 0.0;
+  return warp == 0 ? ex : __dadd_rn(sums[warp - 1], ex);
+}
+
+// U of the comment above for the thread whose first element is element ``first`` of its tile, whose a0
+// is ``a0`` and whose largest magnitude's bits are ``own``, in a tile whose magnitudes' bits are ``top`` at
+// most and whose elements are multiples of 2^g (2000: all zero), after ``seed``; +inf, in every thread of
+// the tile, where the fast path cannot prove anything (flags, an inf/NaN element, a seed past kTrack or
+// with an unbounded error).
+template <class T, int Items>
+__device__ __forceinline__ double fast_bound(const Partial& seed, double a0, unsigned own, unsigned top, int g,
+                                             int first) {
+  static_assert(Items <= 32, "the bound counts at most 32 items a thread (and 32 warps a block, CUDA's most)");
+  typedef Magnitude<T> M;
+  const double inf = positive_inf();
+  const int top_field = static_cast<int>(top >> M::kShift);
+  if (seed.flags || top_field == M::kSpecial || !(seed.eb < inf) || !(fabs(seed.hi) < kTrack)) return inf;
+  const int own_field = static_cast<int>(own >> M::kShift);
+  const double before = static_cast<double>(first) * ldexp(1.0, (top_field ? top_field : 1) - M::kBias + 1);  // S
+  const double mine = own ? static_cast<double>(Items) * ldexp(1.0, (own_field ? own_field : 1) - M::kBias + 1) : 0.0;
+  const double base = __dadd_ru(fabs(seed.lo), seed.eb);
+  const bool exact = g > 960 || before <= ldexp(1.0, 53 + g);
+  constexpr double kScan = static_cast<double>(1 << ceil_log2(Items + 12)) * 0x1p-53;     // c 2^-53
+  constexpr double kRun = static_cast<double>(1 << (ceil_log2(Items + 1) - 1)) * 0x1p-53;  // r 2^-53
+  const double scan_error = exact ? 0.0 : __dmul_ru(before, kScan);
+  const double m = 2.0 * __dadd_ru(__dadd_ru(fabs(a0), mine), scan_error);
+  if (seed.hi != 0.0) {
+    const int seed_unit = lowest_unit(seed.hi);
+    g = seed_unit < g ? seed_unit : g;
+  }
+  if (exact && (g > 960 || m <= ldexp(1.0, 53 + g))) return base;
+  return __dadd_ru(__dadd_ru(base, scan_error), __dmul_ru(m, kRun));
+}
+
+// The fast path's outputs res[run_slot(first, j)] from a = seed.hi + the thread's exclusive prefix and its
+// staged elements in[run_slot(first, j)] (zeros past the row, whose outputs are never stored), each proved
+// within u of the exact prefix (approximation_output); true when every one was. ``res`` may share ``in``'s
+// memory: where T and Out have one size, slot j of each is the same bytes, read by its own thread just
+// before it writes them; otherwise every thread reads its elements before a barrier and writes after it,
+// so every thread of the block calls this.
+template <class T, class Out, int Items>
+__device__ __forceinline__ bool fast_outputs(double a, double u, const T* in, Out* res, int first) {
+  bool proved = true;
+  if constexpr (sizeof(T) == sizeof(Out)) {
+#pragma unroll
+    for (int j = 0; j < Items; ++j) {
+      const int slot = run_slot<Items>(first, j);
+      a = __dadd_rn(a, to_double(in[slot]));
+      Out o;
+      proved = approximation_output<Out>(a, u, o) && proved;
+      res[slot] = o;
+    }
+  } else {
+    T e[Items];
+#pragma unroll
+    for (int j = 0; j < Items; ++j) e[j] = in[run_slot<Items>(first, j)];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < Items; ++j) {
+      a = __dadd_rn(a, to_double(e[j]));
+      Out o;
+      proved = approximation_output<Out>(a, u, o) && proved;
+      res[run_slot<Items>(first, j)] = o;
+    }
+  }
+  return proved;
 }
 
 // ---- the fallback: exact words walked along a tile -----------------------------------------------------
@@ -645,51 +880,270 @@ __device__ __forceinline__ Partial block_exclusive(const Partial& p, Partial* wa
   return warp == 0 ? ex : partial_combine(warp_sums[warp - 1], ex);
 }
 
+// A tile's elements into its shared slots (``buffer`` as T: element i at padded(i); zeros from len to the
+// tile's end; NaN as zero where ``zero_nan``), returned as T. A whole tile starting on a 16-byte boundary is read in 16-byte vectors, vector q
+// of the tile by thread q mod Block (coalesced); its elements enter shared memory one by one (the pads break
+// the vectors' alignment), at padded(first of the vector) + c, since a vector never crosses a pad.
+template <class T, int Block, int Items>
+__device__ __forceinline__ const T* stage_tile(const T* __restrict__ src, int len, unsigned char* buffer, bool zero_nan) {
+  T* in = reinterpret_cast<T*>(buffer);
+  constexpr int Tile = Block * Items, kPer = 16 / static_cast<int>(sizeof(T));
+  if constexpr (Items % kPer == 0 && 32 % kPer == 0) {
+    if (len == Tile && (reinterpret_cast<unsigned long long>(src) & 15ull) == 0) {
+      union Vector {
+        uint4 raw;
+        T e[kPer];
+      };
+      const uint4* from = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+      for (int k = 0; k < Tile / kPer / Block; ++k) {
+        const int q = static_cast<int>(threadIdx.x) + k * Block;
+        Vector v;
+        v.raw = from[q];
+        const int base = padded(q * kPer);
+#pragma unroll
+        for (int c = 0; c < kPer; ++c) {
+          if constexpr (sizeof(T) <= 4) {
+            in[base + c] = staged_element(v.e[c], zero_nan);
+          } else {
+            in[base + c] = v.e[c];
+          }
+        }
+      }
+      return in;
+    }
+  }
+  for (int i = threadIdx.x; i < Tile; i += Block) {
+    T e = i < len ? src[i] : T{};
+    if constexpr (sizeof(T) <= 4) e = staged_element(e, zero_nan);
+    in[padded(i)] = e;
+  }
+  return in;
+}
+
+// The tile's outputs from their shared slots to the row: 16-byte vectors where the tile is whole and starts
+// on a 16-byte boundary (as stage_tile reads), else one by one.
+template <class Out, int Block, int Items>
+__device__ __forceinline__ void store_tile(const Out* res, int len, Out* __restrict__ dst) {
+  constexpr int Tile = Block * Items, kPer = 16 / static_cast<int>(sizeof(Out));
+  if constexpr (Items % kPer == 0 && 32 % kPer == 0) {
+    if (len == Tile && (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0) {
+      union Vector {
+        uint4 raw;
+        Out e[kPer];
+      };
+      uint4* to = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+      for (int k = 0; k < Tile / kPer / Block; ++k) {
+        const int q = static_cast<int>(threadIdx.x) + k * Block;
+        const int base = padded(q * kPer);
+        Vector v;
+#pragma unroll
+        for (int c = 0; c < kPer; ++c) v.e[c] = res[base + c];
+        to[q] = v.raw;
+      }
+      return;
+    }
+  }
+  for (int i = threadIdx.x; i < len; i += Block) dst[i] = res[padded(i)];
+}
+
+// Tile t's seed (exact_scan_seeds' four int64).
+__device__ __forceinline__ Partial load_seed(const long long* seeds, index_t t) {
+  Partial seed;
+  seed.hi = __longlong_as_double(seeds[4 * t]);
+  seed.lo = __longlong_as_double(seeds[4 * t + 1]);
+  seed.eb = __longlong_as_double(seeds[4 * t + 2]);
+  seed.flags = static_cast<unsigned long long>(seeds[4 * t + 3]);
+  return seed;
+}
+
+// Where tile t of rows of n elements, ``tiles`` tiles each, lies: the offset of its first element from the
+// first row's, and how many elements it has.
+template <int Tile>
+struct TilePlace {
+  index_t offset;
+  int len;
+  __device__ __forceinline__ TilePlace(index_t t, index_t tiles, index_t n) {
+    const index_t row = t / tiles, start = (t - row * tiles) * Tile;
+    offset = row * n + start;
+    len = static_cast<int>(n - start < Tile ? n - start : Tile);
+  }
+};
+
+// The shared memory of one pass-2 block: the tile's inputs, then its outputs, in one buffer, and the block
+// scans' warp totals.
+template <class T, class Out, int Block, int Items>
+struct TileShared {
+  static constexpr int kSlots = Block * Items + Block * Items / 32;
+  __align__(16) unsigned char buffer[(sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out)) * kSlots];
+  Partial warp_sums[Block / 32];
+  double sums[Block / 32];
+  unsigned tops[Block / 32], lows[Block / 32], keys[Block / 32];
+};
+
+// The Partial path of tile t (row ``row``, from element ``start``, ``len`` elements), outputs written and
+// marked[t] set: each thread sums its Items consecutive elements as a Partial, the block scans the Partials,
+// and each thread writes its outputs by approximate_outputs or, where that gives up, exact_outputs. Every
+// thread of the block calls it.
+template <class T, class Out, int Block, int Items>
+__device__ __forceinline__ void partial_tile(const T* __restrict__ x, index_t n, index_t tiles, index_t t,
+                                             const long long* __restrict__ seeds, bool skip, Out* __restrict__ out,
+                                             int* __restrict__ marked, TileShared<T, Out, Block, Items>& shared) {
+  const TilePlace<Block * Items> at(t, tiles, n);
+  const int len = at.len, first = static_cast<int>(threadIdx.x) * Items;
+  const T* in = stage_tile<T, Block, Items>(x + at.offset, len, shared.buffer, false);
+  __syncthreads();
+  Out* res = reinterpret_cast<Out*>(shared.buffer);  // the same memory: read into v before the block scan
+  double v[Items];
+#pragma unroll
+  for (int j = 0; j < Items; ++j) v[j] = to_double(in[run_slot<Items>(first, j)]);  // zeros past the row
+  const Span span = exponent_span<Items>(v);  // read by the float16/float32 paths only
+  // the block scan's barriers also end the reads of ``in``
+  Partial run = block_exclusive<Block>(thread_partial<T, Items>(v, span, skip), shared.warp_sums);
+  run = partial_combine(load_seed(seeds, t), run);
+  const int unproved = approximate_outputs<T, Out, Items>(run, v, span, first, len, res)
+                           ? 0
+                           : exact_outputs<Out, Items>(run, v, first, len, skip, res);
+  const int any = __syncthreads_count(unproved);
+  store_tile<Out, Block, Items>(res, len, out + at.offset);
+  if (threadIdx.x == 0) marked[t] = any;
+  __syncthreads();
+}
+
+// The tile-wide fast path on tile t (float16/float32 elements and outputs): its outputs written and marked[t]
+// = 0 where every one was proved, else marked[t] = kRetry and nothing written. Every thread calls it.
+constexpr int kRetry = -1;
+template <class T, class Out, int Block, int Items>
+__device__ __forceinline__ void fast_tile(const T* __restrict__ x, index_t n, index_t tiles, index_t t,
+                                          const long long* __restrict__ seeds, bool skip, Out* __restrict__ out,
+                                          int* __restrict__ marked, TileShared<T, Out, Block, Items>& shared) {
+  constexpr int Tile = Block * Items;
+  const TilePlace<Tile> at(t, tiles, n);
+  const T* in = stage_tile<T, Block, Items>(x + at.offset, at.len, shared.buffer, skip);  // NaN as 0 if skip
+  __syncthreads();
+  const int first = static_cast<int>(threadIdx.x) * Items;
+  unsigned own, low;
+  const double sum = thread_sum<T, Items>(in, first, own, low);
+  unsigned top = own;
+  // its barriers also end the reads of ``in`` by other threads
+  const double prefix = block_exclusive_sum<Block>(sum, top, low, shared.sums, shared.tops, shared.lows);
+  int g = unit_of_low<T>(low);
+  if (!tile_sums_exact<T>(top, g, Tile)) {  // the same in every thread: the lowest bits may show them exact
+    const unsigned key = __reduce_min_sync(0xffffffffu, thread_lowest_bits<T, Items>(in, first));
+    if ((threadIdx.x & 31) == 0) shared.keys[threadIdx.x >> 5] = key;
+    __syncthreads();
+    unsigned least = ~0u;
+#pragma unroll
+    for (int w = 0; w < Block / 32; ++w) least = shared.keys[w] < least ? shared.keys[w] : least;
+    g = unit_of_key<T>(least);
+  }
+  const Partial seed = load_seed(seeds, t);
+  const double a = __dadd_rn(seed.hi, prefix);
+  const double u = fast_bound<T, Items>(seed, a, own, top, g, first);
+  // u is +inf in every thread of the tile or in none: the threads call fast_outputs together
+  Out* res = reinterpret_cast<Out*>(shared.buffer);
+  const bool proved = u < positive_inf() && fast_outputs<T, Out, Items>(a, u, in, res, first);
+  if (__syncthreads_and(proved)) {
+    store_tile<Out, Block, Items>(res, at.len, out + at.offset);
+    if (threadIdx.x == 0) marked[t] = 0;
+  } else if (threadIdx.x == 0) {
+    marked[t] = kRetry;
+  }
+  __syncthreads();
+}
+
 // Pass 2: one block per tile (grid-stride). seeds: 4 int64 per tile (exact_scan_seeds); out: rows x n;
-// marked[t]: how many threads of tile t left a sentinel (0: the tile is final). MinBlocks: the resident
-// blocks per SM asked of ptxas (__launch_bounds__' second argument: it caps the registers at about
-// 65536 / (Block * MinBlocks)); it changes the schedule only, never an output.
+// marked[t]: how many threads of tile t left a sentinel (0: the tile is final), or kRetry where the tile-wide
+// fast path (float16/float32 elements and outputs) gave the tile up: exact_scan_retry then runs its Partial
+// path. The Partial path lives in a kernel of its own so that its registers do not crowd the fast path's.
+// MinBlocks: the resident blocks per SM asked of ptxas (__launch_bounds__' second argument: it caps the
+// registers at about 65536 / (Block * MinBlocks)); it changes the schedule only, never an output.
 template <class T, class Out, int Block, int Items, int MinBlocks = kScanMinBlocks>
 __global__ void __launch_bounds__(Block, MinBlocks) exact_scan_tiles(const T* __restrict__ x, index_t rows, index_t n,
                                                           index_t tiles, const long long* __restrict__ seeds,
                                                           int skipnan, Out* __restrict__ out,
                                                           int* __restrict__ marked) {
-  constexpr int Tile = Block * Items;
-  constexpr int Slots = Tile + Tile / 32;
-  constexpr int Bytes = (sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out)) * Slots;
-  __shared__ __align__(16) unsigned char buffer[Bytes];  // the tile's inputs, then its outputs
-  __shared__ Partial warp_sums[Block / 32];
-  T* in = reinterpret_cast<T*>(buffer);
-  Out* res = reinterpret_cast<Out*>(buffer);
-  const bool skip = skipnan != 0;
+  __shared__ TileShared<T, Out, Block, Items> shared;
   const index_t count = rows * tiles;
   for (index_t t = blockIdx.x; t < count; t += gridDim.x) {
-    const index_t row = t / tiles, start = (t - row * tiles) * Tile;
-    const int len = static_cast<int>(n - start < Tile ? n - start : Tile);
-    const T* src = x + row * n + start;
-    for (int i = threadIdx.x; i < len; i += Block) in[padded(i)] = src[i];
+    if constexpr (sizeof(T) <= 4 && sizeof(Out) <= 4) {
+      fast_tile<T, Out, Block, Items>(x, n, tiles, t, seeds, skipnan != 0, out, marked, shared);
+    } else {
+      partial_tile<T, Out, Block, Items>(x, n, tiles, t, seeds, skipnan != 0, out, marked, shared);
+    }
+  }
+}
+
+// The Partial path of every tile exact_scan_tiles marked kRetry. Thread i of block b looks at tile b + i *
+// gridDim.x (then Block * gridDim.x further on): the block reads its marks at once, lists the tiles to retry
+// and runs them one after another (tiles are independent: the order changes no output).
+template <class T, class Out, int Block, int Items, int MinBlocks = kScanMinBlocks>
+__global__ void __launch_bounds__(Block, MinBlocks) exact_scan_retry(const T* __restrict__ x, index_t rows, index_t n,
+                                                          index_t tiles, const long long* __restrict__ seeds,
+                                                          int skipnan, Out* __restrict__ out,
+                                                          int* __restrict__ marked) {
+  __shared__ TileShared<T, Out, Block, Items> shared;
+  __shared__ index_t listed[Block];
+  __shared__ int found;
+  const index_t count = rows * tiles;
+  for (index_t base = blockIdx.x; base < count; base += static_cast<index_t>(gridDim.x) * Block) {
+    if (threadIdx.x == 0) found = 0;
     __syncthreads();
-    const int first = static_cast<int>(threadIdx.x) * Items;
-    double v[Items];
+    const index_t mine = base + static_cast<index_t>(threadIdx.x) * gridDim.x;
+    if (mine < count && marked[mine] == kRetry) listed[atomicAdd(&found, 1)] = mine;
+    __syncthreads();
+    const int retries = found;
+    for (int k = 0; k < retries; ++k) {
+      partial_tile<T, Out, Block, Items>(x, n, tiles, listed[k], seeds, skipnan != 0, out, marked, shared);
+    }
+    __syncthreads();  // every thread has read ``found`` and ``listed`` before the next round writes them
+  }
+}
+
+// The carries: the words slots' inclusive cumsum along each row, in place (words: rows x slots x kTileOut
+// int64). Block b scans column b % kTileOut of row b / kTileOut in chunks of Block * Items slots, each thread
+// Items consecutive ones, carrying each chunk's total into the next. Integer adds: exact and free of order,
+// so the result is any cumsum's.
+template <int Block, int Items>
+__global__ void __launch_bounds__(Block) exact_words_cumsum(long long* __restrict__ words, index_t rows,
+                                                            index_t slots) {
+  __shared__ long long warp_totals[Block / 32];
+  const index_t row = blockIdx.x / kTileOut;
+  if (row >= rows) return;
+  long long* column = words + row * slots * kTileOut + blockIdx.x % kTileOut;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  long long carry = 0;
+  for (index_t chunk = 0; chunk < slots; chunk += static_cast<index_t>(Block) * Items) {
+    const index_t first = chunk + static_cast<index_t>(threadIdx.x) * Items;
+    long long v[Items];
+    long long sum = 0;
 #pragma unroll
-    for (int j = 0; j < Items; ++j) v[j] = first + j < len ? to_double(in[padded(first + j)]) : 0.0;
-    const Span span = exponent_span<Items>(v);  // read by the float16/float32 paths only
-    // the block scan's barriers also end the reads of ``in``
-    Partial run = block_exclusive<Block>(thread_partial<T, Items>(v, span, skip), warp_sums);
-    Partial seed;
-    seed.hi = __longlong_as_double(seeds[4 * t]);
-    seed.lo = __longlong_as_double(seeds[4 * t + 1]);
-    seed.eb = __longlong_as_double(seeds[4 * t + 2]);
-    seed.flags = static_cast<unsigned long long>(seeds[4 * t + 3]);
-    run = partial_combine(seed, run);
-    const int unproved = approximate_outputs<T, Out, Items>(run, v, span, first, len, res)
-                             ? 0
-                             : exact_outputs<Out, Items>(run, v, first, len, skip, res);
-    const int any = __syncthreads_count(unproved);
-    Out* dst = out + row * n + start;
-    for (int i = threadIdx.x; i < len; i += Block) dst[i] = res[padded(i)];
-    if (threadIdx.x == 0) marked[t] = any;
+    for (int j = 0; j < Items; ++j) {
+      v[j] = first + j < slots ? column[(first + j) * kTileOut] : 0;
+      sum += v[j];
+    }
+    long long inc = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const long long up = __shfl_up_sync(0xffffffffu, inc, o);
+      if (lane >= o) inc += up;
+    }
+    if (lane == 31) warp_totals[warp] = inc;
     __syncthreads();
+    long long run = carry + inc - sum;  // everything before the thread's first slot
+#pragma unroll
+    for (int k = 0; k < Block / 32; ++k) {
+      const long long total = warp_totals[k];
+      if (k < warp) run += total;
+      carry += total;
+    }
+#pragma unroll
+    for (int j = 0; j < Items; ++j) {
+      run += v[j];
+      if (first + j < slots) column[(first + j) * kTileOut] = run;
+    }
+    __syncthreads();  // warp_totals is read before the next chunk writes it
   }
 }
 

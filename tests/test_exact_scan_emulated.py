@@ -428,19 +428,23 @@ def test_segments_chained_by_carry_after_give_the_whole_row(dt):
 LIBRARY_SHAPE = (cupy_exact.SCAN_BLOCK, cupy_exact.scan_items(np.float32))  # 512 x 16 for float16/float32
 
 
-def check_paths(x, block, items, out_dtype=None, carry=None) -> int:
+def check_paths(x, block, items, out_dtype=None, carry=None, fast_tiles=None) -> int:
     """Outputs bitwise exact.py's (or the host scan's from ``carry``); returns how many threads ran the exact
-    path (every thread for float64 elements or outputs, where the fast path is never tried)."""
-    got, _, exact_threads, _ = exact_emulate.emulate_scan_paths(x, out_dtype, block, items, carry=carry)
+    path (every thread for float64 elements or outputs, where the fast path is never tried). ``fast_tiles``: a
+    list that gets (tiles the tile-wide fast path finished, tiles)."""
+    got, _, exact_threads, _, fast = exact_emulate.emulate_scan_paths(x, out_dtype, block, items, carry=carry)
     with np.errstate(over="ignore", invalid="ignore"):
         want = exact.cumsum(x, dtype=out_dtype) if carry is None else host_scan(x, carry, out_dtype)
     assert same(got, want), (x.dtype, x.size, block, items, out_dtype, np.flatnonzero(bits(got) != bits(want))[:5])
+    if fast_tiles is not None:
+        fast_tiles.append((fast, -(-x.size // (block * items))))
     return exact_threads
 
 
 def test_fast_path_proves_plain_data():
-    """Uniform and normal float32, float16 and integer data: every thread's outputs proved by the double running
-    sum (integers and float16 sums are exact in double: their bound stays 0 and ties are decided exactly)."""
+    """Uniform and normal float32, float16 and integer data: every tile finished by the tile-wide fast path
+    (integers and float16 sums are exact in double: their bound stays 0 and ties are decided exactly), and
+    every thread's outputs proved by the double running sum when the Partial path runs instead."""
     rng = np.random.default_rng(21)
     n = 1 << 15
     ints = rng.integers(-3, 4, n).astype(np.float32)
@@ -449,7 +453,10 @@ def test_fast_path_proves_plain_data():
             "f16 normal": rng.standard_normal(n).astype(np.float16), "ints around 2^24": ints}
     for name, x in rows.items():
         for out in (np.float16, np.float32):
-            assert check_paths(x, *LIBRARY_SHAPE, out_dtype=out) == 0, (name, out)
+            fast = []
+            assert check_paths(x, *LIBRARY_SHAPE, out_dtype=out, fast_tiles=fast) == 0, (name, out)
+            if not (name == "uniform" and out == np.float16):  # float16 cannot hold sums past 65504
+                assert fast[0][0] == fast[0][1], (name, out, fast)
 
 
 def traps(rng, n) -> dict[str, np.ndarray]:
@@ -531,3 +538,84 @@ def test_fast_path_counts_the_start_of_its_prefix():
                 ulps = (rng.integers(-2, 3, 100) * float(np.finfo(dt).smallest_subnormal)).astype(dt)
                 for o in (np.float16, np.float32):
                     check_paths(ulps, 32, 4, out_dtype=o, carry=carry_state(value))
+
+
+# -- pass 2's tile-wide fast path (the tile scanned in plain double under one bound per thread) --------------
+def tile_traps(rng, block: int, items: int) -> dict[str, np.ndarray]:
+    """float32 rows of a few tiles where a sum the tile scan forms rounds and that rounding decides an output:
+    a tile-wide bound that left out the scan's errors, or the running sums', would round them wrongly."""
+    f = np.float32
+    tile = block * items
+    rows = {}
+    # threads 0 and 1 hold 2^30 and 2^-30: their sum in the scan rounds, 2^-30 is lost from every later prefix.
+    # Threads 2..6 step the prefix down (2^24, 2^17, 2^10, 8, 2^-4, each + the lost 2^-30), where every output
+    # is still proved; thread 7 ends 2^-35 below the float32 midpoint 1 + 2^-24, the exact prefix 2^-30 above
+    # it. Thread 7's own running values are small, so only the scan's bound covers the loss; leaving it out
+    # would prove the wrong rounding. The tile ends on the negated prefix, so every tile starts from 0.
+    steps = [2.0**30, 2.0**-30, -(2.0**30) + 2.0**24, -(2.0**24) + 2.0**17, -(2.0**17) + 2.0**10,
+             -(2.0**10) + 8.0, -8.0 + 2.0**-4]
+    lost = np.zeros(3 * tile, f)
+    for start in range(0, lost.size, tile):
+        lost[start:start + 7 * items:items] = steps
+        lost[start + 7 * items:start + 7 * items + 2] = [1.0 - 2.0**-4, 2.0**-24 - 2.0**-35]
+        lost[start + tile - 2:start + tile] = [-1.0 - (2.0**-24 - 2.0**-35), -(2.0**-30)]
+    rows["scan loses a bit"] = lost
+    # integers up to 2^20 after 2^27 (float32 ulp 16 there: every prefix = 8 mod 16 is a tie): exact in double,
+    # but only the elements' lowest bits (2^0), not their exponents (the least element's ulp, 2^-23), show it
+    ints = rng.integers(-1000, 1001, 3 * tile).astype(f)
+    ints[::97] = rng.integers(-(1 << 20), 1 << 20, ints[::97].size).astype(f)
+    ints[0] = f(2.0**27)
+    rows["integers with ties"] = ints
+    # the same with 2^-30 once per tile: the sums are no longer exact, so the ties cannot be decided in double
+    dusted = ints.copy()
+    dusted[tile // 2::tile] = f(2.0**-30)
+    rows["integers with dust"] = dusted
+    return rows
+
+
+def test_tile_fast_path_gives_up_where_the_tile_scan_rounds():
+    """Rows where the tile scan's own roundings (a thread's sum, a warp's total) decide an output: the tile-wide
+    fast path must give those tiles up and the Partial path round them exactly; integer rows whose exactness
+    only the elements' lowest bits show stay on the tile path, ties included."""
+    rng = np.random.default_rng(25)
+    for block, items in (LIBRARY_SHAPE, (64, 16), (32, 4)):
+        for name, x in tile_traps(rng, block, items).items():
+            for out in (np.float16, np.float32):
+                if name.startswith("integers") and out == np.float16:
+                    continue  # past float16's range: every output inf, nothing to decide
+                fast = []
+                check_paths(x, block, items, out_dtype=out, fast_tiles=fast)
+                done, tiles = fast[0]
+                if name == "integers with ties":
+                    assert done == tiles, (name, block, items, out, fast)
+                else:
+                    assert done < tiles, (name, block, items, out, fast)
+
+
+def test_tile_fast_path_nancumsum_skips_nans_as_zeros():
+    """nancumsum rows with NaNs in most tiles: the tile path reads a NaN as 0 (the same prefixes), so those
+    tiles need not take the Partial path, and every output is exact.py's."""
+    rng = np.random.default_rng(26)
+    x = rng.random(4 * 8192 + 9).astype(np.float32)  # positive: no prefix passes near 0, where few are proved
+    x[rng.integers(0, x.size, 40)] = np.nan
+    got, _, _, _, fast = exact_emulate.emulate_scan_paths(x, None, *LIBRARY_SHAPE, skipnan=True)
+    assert same(got, exact.cumsum(x, skipnan=True))
+    assert fast == -(-x.size // 8192), fast
+
+
+def test_tile_fast_path_counts_its_running_roundings():
+    """From a carry 40 2^-52 below the float32 midpoint 1 + 2^-24, each of 12 elements 2^-53 + 2^-76 rounds the
+    running double up by a whole 2^-52 (about 6 2^-52 too much in all), and then 33 2^-52 takes the double a
+    few 2^-52 past the midpoint while the exact prefix stays below it, with no running value near the
+    midpoint before. The running sums' bound (here 16 2^-52) keeps that output unproved, and the tile goes to
+    the Partial path; without that bound, or with one 8 times smaller, the wrong rounding would be proved."""
+    f = np.float32
+    carry = carry_state(1 + Fraction(2) ** -24 - 40 * Fraction(2) ** -52)
+    for block, items in (LIBRARY_SHAPE, (32, 16)):
+        x = np.zeros(2 * block * items, f)
+        x[:12] = f(2.0**-53 + 2.0**-76)
+        x[12] = f(33 * 2.0**-52)
+        x[13] = f(2.0**-30)  # every later prefix far from the midpoint: only output 12 is in doubt
+        fast = []
+        check_paths(x, block, items, out_dtype=f, carry=carry, fast_tiles=fast)
+        assert fast[0] == (1, 2), fast  # the first tile gave up, the second did not

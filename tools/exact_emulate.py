@@ -86,15 +86,16 @@ def emulate_scan(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 1
     words slot by cupy_exact.carry_words as the GPU path does, or that slot itself ((KTILEOUT,) int64 words
     in any form the words' cumsum gives, as cupy_exact.carry_after passes it from one segment of a row to
     the next)."""
-    out, unproved, _, _ = emulate_scan_paths(x, out_dtype, block, items, skipnan, carry)
+    out, unproved, _, _, _ = emulate_scan_paths(x, out_dtype, block, items, skipnan, carry)
     return out, unproved
 
 
 def emulate_scan_paths(x: np.ndarray, out_dtype=None, block: int = 256, items: int = 16,
-                       skipnan: bool = False, carry=None) -> tuple[np.ndarray, int, int, int]:
+                       skipnan: bool = False, carry=None) -> tuple[np.ndarray, int, int, int, int]:
     """emulate_scan's (outputs, unproved), then how many of pass 2's threads ran the exact path (exact_outputs:
-    their fast path, approximate_outputs, gave up; every thread when x or the output is float64), and how many
-    threads had elements."""
+    their fast path, approximate_outputs, gave up; every thread when x or the output is float64), how many
+    threads had elements, and how many tiles the tile-wide fast path (fast_bound: the tile scanned in plain
+    double) finished."""
     from multireduce.backends import cupy_exact
 
     x = np.ascontiguousarray(x)
@@ -109,8 +110,8 @@ def emulate_scan_paths(x: np.ndarray, out_dtype=None, block: int = 256, items: i
                           str(items), str(int(skipnan))], input=x.tobytes() + words.tobytes(),
                          capture_output=True, check=True)
     fields = [int(v) for v in run.stdout.split()]
-    raw = np.array(fields[3:], dtype=np.uint64).astype({2: np.uint16, 4: np.uint32, 8: np.uint64}[out_dt.itemsize])
-    return raw.view(out_dt), fields[0], fields[1], fields[2]
+    raw = np.array(fields[4:], dtype=np.uint64).astype({2: np.uint16, 4: np.uint32, 8: np.uint64}[out_dt.itemsize])
+    return raw.view(out_dt), fields[0], fields[1], fields[2], fields[3]
 
 
 def emulate_seed(words: np.ndarray, skipnan: bool = False) -> list[tuple[float, float, float, int]]:

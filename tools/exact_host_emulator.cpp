@@ -12,10 +12,10 @@
 //   exact_host_emulator scan DTYPE OUT N BLOCK ITEMS SKIPNAN < raw element bytes, then the row's carry
 //   (kTileOut int64: the words and NaN/+inf/-inf counts cupy_exact.carry_words gives)
 //   prints the count of outputs pass 2 left unproved, the count of its threads that ran the exact path
-//   (exact_outputs: their fast path, approximate_outputs, gave up, or the elements or outputs are float64) and
-//   the count of threads with elements, then each output's bits: kernels/exact_scan.cuh, its seeds and
-//   fallback kernels run as they are, pass 1 and pass 2 replayed thread by thread (ITEMS: 1, 2, 3, 4, 8, 16
-//   or 32).
+//   (exact_outputs: their fast path, approximate_outputs, gave up, or the elements or outputs are float64),
+//   the count of threads with elements and the count of tiles the tile-wide fast path finished
+//   (fast_bound), then each output's bits: kernels/exact_scan.cuh, its seeds and fallback kernels run as
+//   they are, pass 1 and pass 2 replayed thread by thread (ITEMS: 1, 2, 3, 4, 8, 16 or 32).
 //   exact_host_emulator seed ROWS SKIPNAN < ROWS x kTileOut int64   prints seed_of_words of each row.
 #include <cstdint>
 #include <cstdio>
@@ -29,10 +29,14 @@
 #define __global__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
+struct uint4 {  // the kernels' 16-byte vector loads (stage_tile, store_tile) compile here; pass 2 is replayed
+  unsigned x, y, z, w;
+};
 struct Dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
@@ -65,12 +69,26 @@ inline double __dadd_ru(double a, double b) { return add_directed(a, b, 1); }
 inline double __dadd_rd(double a, double b) { return add_directed(a, b, -1); }
 inline double __dsub_ru(double a, double b) { return add_directed(a, -b, 1); }
 inline double __dsub_rd(double a, double b) { return add_directed(a, -b, -1); }
+// a * b rounded up: the nearest product, moved one ulp up when its exact error (an FMA) is positive
+inline double __dmul_ru(double a, double b) {
+  const double p = a * b;
+  if (!std::isfinite(p)) return p;
+  return std::fma(a, b, -p) > 0.0 ? std::nextafter(p, INFINITY) : p;
+}
 inline float __double2float_rn(double d) { return static_cast<float>(d); }  // SSE2: to nearest, even
 // warp intrinsics: the kernels that use them compile here, the drivers below replay their effect
 template <class V> inline V __shfl_up_sync(unsigned, V v, int) { return v; }
 template <class V> inline V __shfl_xor_sync(unsigned, V v, int) { return v; }
+inline unsigned __reduce_max_sync(unsigned, unsigned v) { return v; }
+inline unsigned __reduce_min_sync(unsigned, unsigned v) { return v; }
 inline void __syncwarp() {}
 inline int __syncthreads_count(int p) { return p != 0; }
+inline int __syncthreads_and(int p) { return p != 0; }
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   const unsigned long long old = *p;
   *p = old + v;
@@ -192,28 +210,69 @@ static int round_rows(int argc, char** argv) {
 }
 
 // ---- the exact scan (kernels/exact_scan.cuh) -------------------------------------------------------------
-static std::vector<Partial> block_exclusive_replay(const std::vector<Partial>& p, int block) {
-  // exact_scan.cuh block_exclusive: Kogge-Stone within each warp, then over the warp totals, same tree
+// Kogge-Stone within each warp, then over the warp totals: the exclusive prefixes of ``p`` in
+// exact_scan.cuh's block_exclusive tree (``combine(earlier, later)``; ``zero`` before each warp's first)
+template <class V, class Combine>
+static std::vector<V> block_exclusive_replay(const std::vector<V>& p, int block, const V& zero, Combine combine) {
   const int warps = block / 32;
-  std::vector<Partial> inc = p, ws(warps), out(block);
+  std::vector<V> inc = p, ws(warps), out(block);
   for (int w = 0; w < warps; ++w) {
     for (int o = 1; o < 32; o <<= 1) {
-      std::vector<Partial> next(inc.begin() + 32 * w, inc.begin() + 32 * w + 32);
-      for (int lane = o; lane < 32; ++lane) next[lane] = partial_combine(inc[32 * w + lane - o], inc[32 * w + lane]);
+      std::vector<V> next(inc.begin() + 32 * w, inc.begin() + 32 * w + 32);
+      for (int lane = o; lane < 32; ++lane) next[lane] = combine(inc[32 * w + lane - o], inc[32 * w + lane]);
       std::copy(next.begin(), next.end(), inc.begin() + 32 * w);
     }
     ws[w] = inc[32 * w + 31];
   }
   for (int o = 1; o < warps; o <<= 1) {
-    std::vector<Partial> next = ws;
-    for (int lane = o; lane < warps; ++lane) next[lane] = partial_combine(ws[lane - o], ws[lane]);
+    std::vector<V> next = ws;
+    for (int lane = o; lane < warps; ++lane) next[lane] = combine(ws[lane - o], ws[lane]);
     ws = next;
   }
   for (int t = 0; t < block; ++t) {
-    const Partial ex = (t & 31) == 0 ? partial_zero() : inc[t - 1];
-    out[t] = t < 32 ? ex : partial_combine(ws[t / 32 - 1], ex);
+    const V ex = (t & 31) == 0 ? zero : inc[t - 1];
+    out[t] = t < 32 ? ex : combine(ws[t / 32 - 1], ex);
   }
   return out;
+}
+
+// pass 2's tile-wide fast path over one tile (exact_scan_tiles for float16/float32 elements and outputs):
+// true, and res written, when every output was proved
+template <class T, class Out, int Items>
+static bool fast_tile(const T* x, int len, int block, bool skipnan, const Partial& seed, std::vector<Out>& res) {
+  if constexpr (sizeof(T) > 4 || sizeof(Out) > 4) {
+    return false;
+  } else {
+    const int tile = block * Items;
+    std::vector<T> in(static_cast<size_t>(padded(tile)), T{});  // stage_tile: zeros past the row
+    for (int i = 0; i < len; ++i) in[padded(i)] = staged_element(x[i], skipnan);
+    std::vector<double> sums(block);
+    std::vector<unsigned> own(block);
+    unsigned top = 0u, low = ~0u;
+    for (int th = 0; th < block; ++th) {
+      unsigned thread_low;
+      sums[th] = thread_sum<T, Items>(in.data(), th * Items, own[th], thread_low);
+      top = std::max(top, own[th]);
+      low = std::min(low, thread_low);
+    }
+    // block_exclusive_sum: the same tree over plain doubles
+    const std::vector<double> prefix = block_exclusive_replay(sums, block, 0.0, __dadd_rn);
+    int g = unit_of_low<T>(low);
+    if (!tile_sums_exact<T>(top, g, tile)) {
+      unsigned least = ~0u;
+      for (int th = 0; th < block; ++th) least = std::min(least, thread_lowest_bits<T, Items>(in.data(), th * Items));
+      g = unit_of_key<T>(least);
+    }
+    bool proved = true;
+    for (int th = 0; th < block; ++th) {
+      const int first = th * Items;
+      const double a = __dadd_rn(seed.hi, prefix[th]);
+      const double u = fast_bound<T, Items>(seed, a, own[th], top, g, first);
+      if (!(u < INFINITY)) return false;
+      proved = fast_outputs<T, Out, Items>(a, u, in.data(), res.data(), first) && proved;
+    }
+    return proved;
+  }
 }
 
 template <class Out>
@@ -236,7 +295,7 @@ static int run_scan(const T* x, long long n, int block, bool skipnan, const long
   const long long tile = static_cast<long long>(block) * Items;
   const long long tiles = n ? (n + tile - 1) / tile : 0;
   if (tiles == 0) {  // cupy_exact.cumsum launches nothing for an empty row
-    std::printf("0 0 0\n");
+    std::printf("0 0 0 0\n");
     return 0;
   }
   std::vector<long long> cum(static_cast<size_t>(tiles + 1) * kTileOut, 0);
@@ -260,7 +319,7 @@ static int run_scan(const T* x, long long n, int block, bool skipnan, const long
     dst[kWords + 1] = (flags & kPinf) ? 1 : 0;
     dst[kWords + 2] = (flags & kNinf) ? 1 : 0;
   }
-  for (long long s = 1; s <= tiles; ++s) {  // the carries: an inclusive int64 cumsum of the slots (cupy.cumsum)
+  for (long long s = 1; s <= tiles; ++s) {  // the carries: an inclusive int64 cumsum of the slots (exact_words_cumsum)
     for (int j = 0; j < kTileOut; ++j) cum[s * kTileOut + j] += cum[(s - 1) * kTileOut + j];
   }
   std::vector<long long> seeds(static_cast<size_t>(tiles) * 4);
@@ -271,7 +330,7 @@ static int run_scan(const T* x, long long n, int block, bool skipnan, const long
   }
   std::vector<Out> out(static_cast<size_t>(n));
   std::vector<int> marked(static_cast<size_t>(tiles), 0);
-  long long unproved = 0, exact_threads = 0, threads = 0;
+  long long unproved = 0, exact_threads = 0, threads = 0, fast_tiles = 0;
   std::vector<double> v(static_cast<size_t>(tile));
   std::vector<Partial> mine(block);
   std::vector<Span> spans(block);
@@ -284,6 +343,12 @@ static int run_scan(const T* x, long long n, int block, bool skipnan, const long
     seed.lo = __longlong_as_double(seeds[4 * t + 1]);
     seed.eb = __longlong_as_double(seeds[4 * t + 2]);
     seed.flags = static_cast<unsigned long long>(seeds[4 * t + 3]);
+    if (fast_tile<T, Out, Items>(x + start, len, block, skipnan, seed, res)) {
+      for (int i = 0; i < len; ++i) out[start + i] = res[padded(i)];
+      threads += (len + Items - 1) / Items;
+      ++fast_tiles;
+      continue;  // marked[t] stays 0
+    }
     for (int th = 0; th < block; ++th) {
       for (int j = 0; j < Items; ++j) {
         const int i = th * Items + j;
@@ -292,7 +357,7 @@ static int run_scan(const T* x, long long n, int block, bool skipnan, const long
       spans[th] = exponent_span<Items>(v.data() + th * Items);
       mine[th] = thread_partial<T, Items>(v.data() + th * Items, spans[th], skipnan);
     }
-    const std::vector<Partial> excl = block_exclusive_replay(mine, block);
+    const std::vector<Partial> excl = block_exclusive_replay(mine, block, partial_zero(), partial_combine);
     long long unproved_here = 0;
     for (int th = 0; th < block; ++th) {
       const int first = th * Items;
@@ -311,7 +376,7 @@ static int run_scan(const T* x, long long n, int block, bool skipnan, const long
   one_block(32);
   threadIdx.x = 0;  // the walking thread (its 31 neighbours skip every tile)
   exact_scan_fallback<T, Out>(x, 1, n, tile, tiles, cum.data(), marked.data(), out.data());
-  std::printf("%lld %lld %lld\n", unproved, exact_threads, threads);
+  std::printf("%lld %lld %lld %lld\n", unproved, exact_threads, threads, fast_tiles);
   for (long long i = 0; i < n; ++i) std::printf("%llu\n", out_bits(out[i]));
   return 0;
 }

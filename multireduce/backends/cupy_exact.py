@@ -88,8 +88,10 @@ SCAN_BLOCK = _POLICY.exact_scan_block
 SCAN_ITEMS = dict(_POLICY.exact_scan_items)
 SCAN_WARPS = _POLICY.exact_scan_warps
 SEED_BLOCK = _POLICY.elementwise_block
+CARRY_BLOCK, CARRY_ITEMS = 1024, 8  # exact_words_cumsum: one block per column of a row, 8192 slots a chunk
 KTILEOUT = KWORDS + 3  # exact_scan.cuh kTileOut: a tile's words, then its NaN/+inf/-inf counts
 _FALLBACK_GRID = 1024  # blocks of one warp that look for marked tiles (grid-stride; no host round trip)
+_RETRY_GRID = 1024  # blocks that look for the tiles pass 2's tile-wide fast path gave up (grid-stride)
 # Tiles per row in one launch sequence: the words' int64 cumsum takes one digit (< 2**32) per tile, and the
 # fallback walk a tile's elements on top, so a row's words stay below 2**63 up to ~2**31 tiles; longer
 # rows (2**43 elements and more) are scanned in segments (device_cumsum)
@@ -108,17 +110,28 @@ def scan_tile(dtype, out=None) -> int:
     return SCAN_BLOCK * scan_items(dtype, out)
 
 
+def tile_wide_fast_path(dtype, out) -> bool:
+    """Whether pass 2 tries its tile-wide fast path first (float16/float32 elements and outputs), leaving the
+    tiles it gives up to the retry kernel."""
+    return np.dtype(dtype).itemsize <= 4 and np.dtype(out).itemsize <= 4
+
+
 def scan_names(dtype, out) -> dict[str, str]:
-    """The four kernels of an exact cumsum of ``dtype`` data into ``out``: pass 1 (tile words), the seeds,
-    pass 2 (the proved roundings) and the fallback walk."""
+    """The kernels of an exact cumsum of ``dtype`` data into ``out``: pass 1 (tile words), the seeds, pass 2
+    (the proved roundings; for float16/float32 also its retry, the Partial path of the tiles pass 2's
+    tile-wide fast path gave up) and the fallback walk."""
     T, O = _kernels.ctype(dtype), _kernels.ctype(out)
     name = np.dtype(dtype).name
-    return {
+    names = {
         "words": f"mr::exact::exact_tile_words<{T}, {TERMS}, {SCAN_WARPS}, {UNROLL[name]}>",
+        "carries": f"mr::exact::exact_words_cumsum<{CARRY_BLOCK}, {CARRY_ITEMS}>",
         "seeds": f"mr::exact::exact_scan_seeds<{SEED_BLOCK}>",
         "tiles": f"mr::exact::exact_scan_tiles<{T}, {O}, {SCAN_BLOCK}, {scan_items(dtype, out)}>",
         "fallback": f"mr::exact::exact_scan_fallback<{T}, {O}>",
     }
+    if tile_wide_fast_path(dtype, out):
+        names["retry"] = f"mr::exact::exact_scan_retry<{T}, {O}, {SCAN_BLOCK}, {scan_items(dtype, out)}>"
+    return names
 
 
 def all_exact_instantiations() -> list[str]:
@@ -522,16 +535,18 @@ def _scan_segment(x, dt, skipnan: bool, carry, out):
         words[:, 0] = carry
     k["words"](int(min(-(-count // SCAN_WARPS), 1 << 20)), SCAN_WARPS * 32,
                (x, i64(rows), i64(n), i64(tile), i64(tiles), words))
-    # integer adds on the device: exact, order-free. CuPy may return a scan along a middle axis as a
-    # transposed view of its work array; the kernels read cum as C-order rows of slots
-    cum = cupy.ascontiguousarray(cupy.cumsum(words, axis=1))
-    del words
+    # the carries: the words' cumsum along each row's slots, in place (integer adds: exact, order-free)
+    k["carries"](rows * KTILEOUT, CARRY_BLOCK, (words, i64(rows), i64(tiles + 1)))
+    cum = words
     seeds = cupy.empty(count * 4, dtype=np.int64)
     k["seeds"](int(min(-(-count // SEED_BLOCK), 1 << 16)), SEED_BLOCK,
                (cum, i64(count), i64(tiles), np.int32(skipnan), seeds))
     marked = cupy.empty(count, dtype=np.int32)
     k["tiles"](int(min(count, (1 << 31) - 1)), SCAN_BLOCK,
                (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(skipnan), out, marked))
+    if "retry" in k:
+        k["retry"](int(min(count, _RETRY_GRID)), SCAN_BLOCK,
+                   (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(skipnan), out, marked))
     k["fallback"](int(min(count, _FALLBACK_GRID)), 32,
                   (x, i64(rows), i64(n), i64(tile), i64(tiles), cum, marked, out))
     return cum

@@ -78,6 +78,31 @@ def test_exact_cumsum_gpu_equals_cpu_bits(dtype, n, kind):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("kind", ["normal", "cancel", "range", "ints", "special", "huge"])
+def test_exact_cumsum_of_whole_tiles_equals_cpu_bits(dtype, kind):
+    """Rows of several whole tiles (the tile-wide fast path's unbounded-index loop) and a part tile, to both
+    float outputs and as nancumsum."""
+    n = 5 * cupy_exact.scan_tile(dtype) + 77
+    x = make(kind, n, dtype, seed=3)
+    check(x)
+    check(x, skipnan=True)
+    check(x, dtype=np.float16 if np.dtype(dtype) != np.float16 else np.float32)
+
+
+def test_exact_cumsum_tile_traps_equal_cpu_bits():
+    """The rows where the tile scan's own roundings decide an output (the emulator's traps) at the library's
+    tile, on the GPU: bitwise the CPU's."""
+    from tests.test_exact_scan_emulated import tile_traps, traps
+
+    rng = np.random.default_rng(27)
+    rows = {**tile_traps(rng, cupy_exact.SCAN_BLOCK, cupy_exact.scan_items(np.float32)),
+            **traps(rng, 3 * cupy_exact.scan_tile(np.float32) + 5)}
+    for name, x in rows.items():
+        for out in (np.float16, np.float32):
+            check(x, dtype=out)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 def test_exact_cumsum_axes_output_dtypes_and_nancumsum(dtype):
     x = make("range", 3 * 5 * 700, dtype).reshape(3, 5, 700)
     for axis in (None, 0, 1, 2, -1):
