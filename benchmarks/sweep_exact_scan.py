@@ -87,12 +87,8 @@ def tiles_name(dtype: str, block: int, items: int, min_blocks: int, kernel: str 
     return f"mr::exact::{kernel}<{t}, {t}, {block}, {items}, {min_blocks}>"
 
 
-def retry_name(dtype: str, block: int, items: int, min_blocks: int) -> str | None:
-    """Pass 2's retry kernel of the same shape where ``dtype`` takes the tile-wide fast path, else None."""
-    from multireduce.backends import cupy_exact as ce
-
-    if not ce.tile_wide_fast_path(dtype, dtype):
-        return None
+def retry_name(dtype: str, block: int, items: int, min_blocks: int) -> str:
+    """Pass 2's retry kernel of the same shape (the Partial path of the tiles pass 2 gave up)."""
     return tiles_name(dtype, block, items, min_blocks, "exact_scan_retry")
 
 
@@ -132,7 +128,7 @@ def compile_variants(combos, jobs: int):
     def one(combo):
         b, i, m, dts = combo
         names = {d: tiles_name(d, b, i, m) for d in dts}
-        names.update({f"{d} retry": retry_name(d, b, i, m) for d in dts if retry_name(d, b, i, m)})
+        names.update({f"{d} retry": retry_name(d, b, i, m) for d in dts})
         start = time.perf_counter()
         try:
             return combo, _kernels._compiled(text, names, f"exact scan pass 2 {b} x {i}, {m} blocks/SM"), \

@@ -16,10 +16,11 @@
 //            and every later step treats the row's first tile like any other.
 //   seeds    exact_scan_seeds: tile t's carry (the cumsum at its carry_slot) as a double-double (hi, lo)
 //            with a bound eb on |carry - hi - lo| (0 when the carry fits the 106 bits), and the carried flags.
-//   pass 2   exact_scan_tiles: one block per tile. For float16/float32 elements and outputs the block first
-//            scans the tile in plain double under one rigorous bound per thread (the tile-wide fast path:
-//            block_exclusive_sum, fast_bound) and proves each output from it; a tile all of whose outputs are
-//            proved is done. Otherwise (and for float64) the Partial path: each thread sums its Items
+//   pass 2   exact_scan_tiles: one block per tile, scanned tile-wide under one rigorous bound per thread:
+//            in plain double for float16/float32 elements and outputs (block_exclusive_sum, fast_bound), in
+//            double-double where the elements or the outputs are float64 (block_exclusive_sum of pairs,
+//            pair_bound); each output is proved from it, and a tile all of whose outputs are proved is done.
+//   retry    exact_scan_retry: every other tile on the Partial path: each thread sums its Items
 //            consecutive elements as a Partial (double-double + bound; float16/float32 elements within a provably exact exponent
 //            spread as one plain double sum: thread_partial), the block scans the Partials (warp shuffles,
 //            then the warp totals), and each thread's exact prefix is seed + its exclusive prefix. For
@@ -559,13 +560,28 @@ template <> struct Magnitude<float> {
   static constexpr int kShift = 23, kBias = 127, kSpecial = 0xff;
   __device__ __forceinline__ static unsigned of(float v) { return bit_cast<unsigned>(v) & 0x7fffffffu; }
 };
+// float64: the high word of the magnitude (its exponent field and top 20 mantissa bits), which orders the
+// magnitudes' exponents (the double-double path reads exponents only); 1 for a subnormal whose bits all lie
+// in the low word, so that it still counts as nonzero, of exponent field 0.
+template <> struct Magnitude<double> {
+  static constexpr int kShift = 20, kBias = 1023, kSpecial = 0x7ff;
+  __device__ __forceinline__ static unsigned of(double v) {
+    const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(v)) << 1 >> 1;
+    const unsigned high = static_cast<unsigned>(bits >> 32);
+    return high ? high : (bits ? 1u : 0u);
+  }
+};
 
 // An element as the fast path stages it: a NaN as zero where NaNs are skipped (nancumsum), which gives the
 // same prefixes, since a skipped NaN adds nothing to the exact sum and an exact zero prefix is +0.0 either way.
 template <class T>
 __device__ __forceinline__ T staged_element(T v, bool zero_nan) {
-  constexpr unsigned kInf = static_cast<unsigned>(Magnitude<T>::kSpecial) << Magnitude<T>::kShift;
-  return zero_nan && Magnitude<T>::of(v) > kInf ? T{} : v;
+  if constexpr (sizeof(T) == 8) {
+    return zero_nan && v != v ? 0.0 : v;
+  } else {
+    constexpr unsigned kInf = static_cast<unsigned>(Magnitude<T>::kSpecial) << Magnitude<T>::kShift;
+    return zero_nan && Magnitude<T>::of(v) > kInf ? T{} : v;
+  }
 }
 
 // The shared slot of element j of the thread whose run starts at tile element ``first`` (a multiple of Items):
@@ -579,11 +595,15 @@ __device__ __forceinline__ int run_slot(int first, int j) {
   }
 }
 
-// A thread's plain double sum of its staged elements in order (``in``: the tile's slots), the largest
-// magnitude's bits (top) and the smallest nonzero magnitude's bits minus one (low; ~0u when all are zero).
-template <class T, int Items>
-__device__ __forceinline__ double thread_sum(const T* in, int first, unsigned& top, unsigned& low) {
-  double s = 0.0;
+// s += v in plain double (the double-double path's add_to takes its pairs).
+__device__ __forceinline__ void add_to(double& s, double v) { s = __dadd_rn(s, v); }
+
+// A thread's sum of its staged elements in order (``in``: the tile's slots), in plain double or in pairs
+// (Acc: double or DD, added by add_to), the largest magnitude's bits (top) and the smallest nonzero
+// magnitude's bits minus one (low; ~0u when all are zero).
+template <class Acc, class T, int Items>
+__device__ __forceinline__ Acc thread_sum(const T* in, int first, unsigned& top, unsigned& low) {
+  Acc s{};
   top = 0u;
   low = ~0u;
 #pragma unroll
@@ -592,7 +612,7 @@ __device__ __forceinline__ double thread_sum(const T* in, int first, unsigned& t
     const unsigned m = Magnitude<T>::of(e);
     top = m > top ? m : top;
     low = m - 1u < low ? m - 1u : low;
-    s = __dadd_rn(s, to_double(e));
+    add_to(s, to_double(e));
   }
   return s;
 }
@@ -639,37 +659,46 @@ __device__ __forceinline__ int unit_of_key(unsigned key) {
   return key == ~0u ? 2000 : static_cast<int>(key) - Magnitude<T>::kBias - Format<T>::kPrecision + 1;
 }
 
-// The exclusive prefix of the threads' sums in thread order, in plain double, by block_exclusive's tree
+// Plain doubles as the block scans below take them (the double-double path overloads these for its pairs):
+// the sum of an earlier and a later value, a shuffle up, and a value kept in shared memory (``his``; the
+// pairs' low parts go to ``los``).
+__device__ __forceinline__ double plus(double earlier, double later) { return __dadd_rn(earlier, later); }
+__device__ __forceinline__ double shuffle_up_value(double v, int delta) { return __shfl_up_sync(0xffffffffu, v, delta); }
+__device__ __forceinline__ void keep(double* his, double*, int i, double v) { his[i] = v; }
+__device__ __forceinline__ void kept(const double* his, const double*, int i, double& v) { v = his[i]; }
+
+// The exclusive prefix of the threads' sums (Acc: double or DD) in thread order, by block_exclusive's tree
 // (tools/exact_host_emulator.cpp replays it); top and low become the tile's (the largest of the threads'
-// tops, the least of their lows). ``sums``, ``tops``, ``lows``: Block / 32 entries each.
-template <int Block>
-__device__ __forceinline__ double block_exclusive_sum(double s, unsigned& top, unsigned& low, double* sums,
-                                                      unsigned* tops, unsigned* lows) {
+// tops, the least of their lows). ``his``, ``los``, ``tops``, ``lows``: Block / 32 entries each.
+template <int Block, class Acc>
+__device__ __forceinline__ Acc block_exclusive_sum(const Acc& s, unsigned& top, unsigned& low, double* his, double* los,
+                                                   unsigned* tops, unsigned* lows) {
   constexpr int Warps = Block / 32;
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
-  double inc = s;
+  Acc inc = s;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const double up = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc = __dadd_rn(up, inc);
+    const Acc up = shuffle_up_value(inc, o);
+    if (lane >= o) inc = plus(up, inc);
   }
   const unsigned warp_top = __reduce_max_sync(0xffffffffu, top), warp_low = __reduce_min_sync(0xffffffffu, low);
   if (lane == 31) {
-    sums[warp] = inc;
+    keep(his, los, warp, inc);
     tops[warp] = warp_top;
     lows[warp] = warp_low;
   }
   __syncthreads();
   if (warp == 0) {
-    double w = lane < Warps ? sums[lane] : 0.0;
+    Acc w{};
+    if (lane < Warps) kept(his, los, lane, w);
 #pragma unroll
     for (int o = 1; o < Warps; o <<= 1) {
-      const double up = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w = __dadd_rn(up, w);
+      const Acc up = shuffle_up_value(w, o);
+      if (lane >= o) w = plus(up, w);
     }
     const unsigned t = __reduce_max_sync(0xffffffffu, lane < Warps ? tops[lane] : 0u);
     const unsigned l = __reduce_min_sync(0xffffffffu, lane < Warps ? lows[lane] : ~0u);
-    if (lane < Warps) sums[lane] = w;
+    if (lane < Warps) keep(his, los, lane, w);
     if (lane == 0) {
       tops[0] = t;
       lows[0] = l;
@@ -678,9 +707,12 @@ __device__ __forceinline__ double block_exclusive_sum(double s, unsigned& top, u
   __syncthreads();
   top = tops[0];
   low = lows[0];
-  double ex = __shfl_up_sync(0xffffffffu, inc, 1);
-  if (lane == 0) ex = 0.0;
-  return warp == 0 ? ex : __dadd_rn(sums[warp - 1], ex);
+  Acc ex = shuffle_up_value(inc, 1);
+  if (lane == 0) ex = Acc{};
+  if (warp == 0) return ex;
+  Acc before;
+  kept(his, los, warp - 1, before);
+  return plus(before, ex);
 }
 
 // U of the comment above for the thread whose first element is element ``first`` of its tile, whose a0
@@ -713,22 +745,21 @@ __device__ __forceinline__ double fast_bound(const Partial& seed, double a0, uns
   return __dadd_ru(__dadd_ru(base, scan_error), __dmul_ru(m, kRun));
 }
 
-// The fast path's outputs res[run_slot(first, j)] from a = seed.hi + the thread's exclusive prefix and its
-// staged elements in[run_slot(first, j)] (zeros past the row, whose outputs are never stored), each proved
-// within u of the exact prefix (approximation_output); true when every one was. ``res`` may share ``in``'s
-// memory: where T and Out have one size, slot j of each is the same bytes, read by its own thread just
-// before it writes them; otherwise every thread reads its elements before a barrier and writes after it,
-// so every thread of the block calls this.
-template <class T, class Out, int Items>
-__device__ __forceinline__ bool fast_outputs(double a, double u, const T* in, Out* res, int first) {
+// A tile path's outputs res[run_slot(first, j)] from its staged elements in[run_slot(first, j)] (zeros past
+// the row, whose outputs are never stored): run.next(element, output) advances the thread's running value by
+// the element and proves the output; true when every output was proved. ``res`` may share ``in``'s memory:
+// where T and Out have one size, slot j of each is the same bytes, read by its own thread just before it
+// writes them; otherwise every thread reads its elements before a barrier and writes after it, so every
+// thread of the block calls this.
+template <class T, class Out, int Items, class Run>
+__device__ __forceinline__ bool tile_outputs(Run& run, const T* in, Out* res, int first) {
   bool proved = true;
   if constexpr (sizeof(T) == sizeof(Out)) {
 #pragma unroll
     for (int j = 0; j < Items; ++j) {
       const int slot = run_slot<Items>(first, j);
-      a = __dadd_rn(a, to_double(in[slot]));
       Out o;
-      proved = approximation_output<Out>(a, u, o) && proved;
+      proved = run.template next<Out>(to_double(in[slot]), o) && proved;
       res[slot] = o;
     }
   } else {
@@ -738,13 +769,124 @@ __device__ __forceinline__ bool fast_outputs(double a, double u, const T* in, Ou
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < Items; ++j) {
-      a = __dadd_rn(a, to_double(e[j]));
       Out o;
-      proved = approximation_output<Out>(a, u, o) && proved;
+      proved = run.template next<Out>(to_double(e[j]), o) && proved;
       res[run_slot<Items>(first, j)] = o;
     }
   }
   return proved;
+}
+
+// The fast path's running value: a plain double a (from seed.hi + the thread's exclusive prefix), each
+// output proved within u of the exact prefix (approximation_output).
+struct PlainRun {
+  double a, u;
+  template <class Out>
+  __device__ __forceinline__ bool next(double v, Out& o) {
+    a = __dadd_rn(a, v);
+    return approximation_output<Out>(a, u, o);
+  }
+};
+
+// ---- pass 2's tile-wide double-double path (float64 elements or outputs) --------------------------------
+// A float64 prefix needs more than a double to be rounded to float64, so where the elements or the outputs
+// are float64 the tile is scanned in double-double: each thread's sum of its elements, the same Kogge-Stone
+// tree, the seed added, then the running values, each a normalized pair (hi, lo) (hi = RN(hi + lo)), and
+// each output proved by proved_rounding of (hi, lo, U) as the Partial path proves it. The pairs are added
+// with TwoSums and one or two plain additions of the low parts, whose errors are bounded, not tracked:
+//   dd_add(a, v): TwoSum(a.hi, v) = (s, e) exactly; t = RN(a.lo + e) errs by at most |t| 2^-53 <= 2^-52
+//     (|a.hi| + |v|) 2^-53 (|a.lo| <= |a.hi| 2^-53, |e| <= |s| 2^-53); TwoSum(s, t) is exact: at most
+//     2 (|a.hi| + |v|) 2^-106 in all;
+//   dd_combine(a, b): t1 = RN(a.lo + b.lo) and t = RN(t1 + e) err by at most (|t1| + |t|) 2^-53 <= 4 (|a.hi|
+//     + |b.hi|) 2^-106.
+// With S and m as the plain path's bound counts them (S: the earlier elements' magnitudes, m: twice the
+// running values'), the thread sums err by at most 4 Items S 2^-106 together, the scan's at most 11 levels
+// by 4 S 2^-106 each, the seed's combination by 4 m 2^-106 and the Items running additions by 2 m 2^-106
+// each: U = seed.eb + c (S + m) 2^-106 with c = 2^ceil_log2(4 Items + 45) covers it (128 for 8 items).
+// Exactly: when the elements, seed.hi and seed.lo are multiples of g = 2^unit, every double the path forms
+// is one too (a rounded sum at least 2^52 g is a multiple of its ulp, itself one of g), the low parts added
+// are at most 1.5 2^-52 of the magnitudes, and so every addition is exact while S + m <= 2^104 g: then U =
+// seed.eb, and exact ties (float64 sums whose prefix falls halfway between two doubles, often) are decided
+// exactly. Magnitudes stay below 2^1000 (kTrack), where no TwoSum overflows; past that the tile goes to
+// the Partial path.
+struct DD {
+  double hi, lo;
+};
+
+__device__ __forceinline__ DD dd_add(const DD& a, double v) {
+  double s, e;
+  two_sum(a.hi, v, s, e);
+  DD r;
+  two_sum(s, __dadd_rn(a.lo, e), r.hi, r.lo);
+  return r;
+}
+
+__device__ __forceinline__ DD dd_combine(const DD& a, const DD& b) {
+  double s, e;
+  two_sum(a.hi, b.hi, s, e);
+  DD r;
+  two_sum(s, __dadd_rn(__dadd_rn(a.lo, b.lo), e), r.hi, r.lo);
+  return r;
+}
+
+// The double-double path's running value and bound: each output proved_rounding of (a.hi, a.lo, u).
+struct PairRun {
+  DD a;
+  double u;
+  template <class Out>
+  __device__ __forceinline__ bool next(double v, Out& o) {
+    a = dd_add(a, v);
+    Partial p = partial_zero();
+    p.hi = a.hi;
+    p.lo = a.lo;
+    p.eb = u;
+    double r;
+    if (!proved_rounding<Out>(p, r)) {
+      o = Sentinel<Out>::value();
+      return false;
+    }
+    o = FromRounded<Out>::apply(r);
+    return true;
+  }
+};
+
+__device__ __forceinline__ void add_to(DD& s, double v) { s = dd_add(s, v); }
+
+// block_exclusive_sum's operations on double-double pairs
+__device__ __forceinline__ DD plus(const DD& earlier, const DD& later) { return dd_combine(earlier, later); }
+__device__ __forceinline__ DD shuffle_up_value(const DD& v, int delta) {
+  return DD{__shfl_up_sync(0xffffffffu, v.hi, delta), __shfl_up_sync(0xffffffffu, v.lo, delta)};
+}
+__device__ __forceinline__ void keep(double* his, double* los, int i, const DD& v) {
+  his[i] = v.hi;
+  los[i] = v.lo;
+}
+__device__ __forceinline__ void kept(const double* his, const double* los, int i, DD& v) { v = DD{his[i], los[i]}; }
+
+// U of the double-double path for the thread whose first element is element ``first`` of its tile, whose
+// running value starts at a0 and whose largest magnitude's bits are ``own``, in a tile whose largest are
+// ``top`` and whose elements are multiples of 2^g (2000: all zero), after ``seed``; +inf where the path
+// cannot prove anything (flags, an inf/NaN element, magnitudes near kTrack, a seed with an unbounded error).
+template <class T, int Items>
+__device__ __forceinline__ double pair_bound(const Partial& seed, const DD& a0, unsigned own, unsigned top, int g,
+                                            int first, int tile) {
+  static_assert(Items <= 32, "the bound counts at most 32 items a thread (and 32 warps a block, CUDA's most)");
+  typedef Magnitude<T> M;
+  const double inf = positive_inf();
+  const int top_field = static_cast<int>(top >> M::kShift), own_field = static_cast<int>(own >> M::kShift);
+  if (seed.flags || top_field == M::kSpecial || !(seed.eb < inf)) return inf;
+  const double unit = ldexp(1.0, (top_field ? top_field : 1) - M::kBias + 1);  // above every |element|
+  // the same in every thread: every sum of the tile's elements and the seed stays far below kTrack
+  if (!(__dadd_ru(fabs(seed.hi), 4.0 * static_cast<double>(tile) * unit) < 0x1p996)) return inf;
+  const double before = static_cast<double>(first) * unit;  // S
+  const double mine = own ? static_cast<double>(Items) * ldexp(1.0, (own_field ? own_field : 1) - M::kBias + 1) : 0.0;
+  const double m = 2.0 * __dadd_ru(__dadd_ru(fabs(a0.hi), mine), before);
+  const double reach = __dadd_ru(before, m);
+  if (seed.hi != 0.0) g = lowest_unit(seed.hi) < g ? lowest_unit(seed.hi) : g;
+  if (seed.lo != 0.0) g = lowest_unit(seed.lo) < g ? lowest_unit(seed.lo) : g;
+  if (g > 900 || reach <= ldexp(1.0, 104 + g)) return seed.eb;  // every addition exact
+  constexpr double kPair = static_cast<double>(1 << ceil_log2(4 * Items + 45)) * 0x1p-106;
+  return __dadd_ru(seed.eb, __dmul_ru(reach, kPair));
 }
 
 // ---- the fallback: exact words walked along a tile -----------------------------------------------------
@@ -902,21 +1044,13 @@ __device__ __forceinline__ const T* stage_tile(const T* __restrict__ src, int le
         v.raw = from[q];
         const int base = padded(q * kPer);
 #pragma unroll
-        for (int c = 0; c < kPer; ++c) {
-          if constexpr (sizeof(T) <= 4) {
-            in[base + c] = staged_element(v.e[c], zero_nan);
-          } else {
-            in[base + c] = v.e[c];
-          }
-        }
+        for (int c = 0; c < kPer; ++c) in[base + c] = staged_element(v.e[c], zero_nan);
       }
       return in;
     }
   }
   for (int i = threadIdx.x; i < Tile; i += Block) {
-    T e = i < len ? src[i] : T{};
-    if constexpr (sizeof(T) <= 4) e = staged_element(e, zero_nan);
-    in[padded(i)] = e;
+    in[padded(i)] = staged_element(i < len ? src[i] : T{}, zero_nan);
   }
   return in;
 }
@@ -978,7 +1112,7 @@ struct TileShared {
   static constexpr int kSlots = Block * Items + Block * Items / 32;
   __align__(16) unsigned char buffer[(sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out)) * kSlots];
   Partial warp_sums[Block / 32];
-  double sums[Block / 32];
+  double sums[Block / 32], los[Block / 32];
   unsigned tops[Block / 32], lows[Block / 32], keys[Block / 32];
 };
 
@@ -1011,23 +1145,16 @@ __device__ __forceinline__ void partial_tile(const T* __restrict__ x, index_t n,
   __syncthreads();
 }
 
-// The tile-wide fast path on tile t (float16/float32 elements and outputs): its outputs written and marked[t]
-// = 0 where every one was proved, else marked[t] = kRetry and nothing written. Every thread calls it.
-constexpr int kRetry = -1;
-template <class T, class Out, int Block, int Items>
-__device__ __forceinline__ void fast_tile(const T* __restrict__ x, index_t n, index_t tiles, index_t t,
-                                          const long long* __restrict__ seeds, bool skip, Out* __restrict__ out,
-                                          int* __restrict__ marked, TileShared<T, Out, Block, Items>& shared) {
+// The plain path's running value and bound for this thread (float16/float32 elements and outputs): the
+// tile scanned in double (block_exclusive_sum), u from fast_bound. Every thread calls it (it holds barriers).
+template <class T, int Block, int Items, class Shared>
+__device__ __forceinline__ PlainRun plain_run(const T* in, int first, const long long* __restrict__ seeds, index_t t,
+                                              Shared& shared) {
   constexpr int Tile = Block * Items;
-  const TilePlace<Tile> at(t, tiles, n);
-  const T* in = stage_tile<T, Block, Items>(x + at.offset, at.len, shared.buffer, skip);  // NaN as 0 if skip
-  __syncthreads();
-  const int first = static_cast<int>(threadIdx.x) * Items;
   unsigned own, low;
-  const double sum = thread_sum<T, Items>(in, first, own, low);
+  const double sum = thread_sum<double, T, Items>(in, first, own, low);
   unsigned top = own;
-  // its barriers also end the reads of ``in`` by other threads
-  const double prefix = block_exclusive_sum<Block>(sum, top, low, shared.sums, shared.tops, shared.lows);
+  const double prefix = block_exclusive_sum<Block>(sum, top, low, shared.sums, shared.los, shared.tops, shared.lows);
   int g = unit_of_low<T>(low);
   if (!tile_sums_exact<T>(top, g, Tile)) {  // the same in every thread: the lowest bits may show them exact
     const unsigned key = __reduce_min_sync(0xffffffffu, thread_lowest_bits<T, Items>(in, first));
@@ -1040,10 +1167,45 @@ __device__ __forceinline__ void fast_tile(const T* __restrict__ x, index_t n, in
   }
   const Partial seed = load_seed(seeds, t);
   const double a = __dadd_rn(seed.hi, prefix);
-  const double u = fast_bound<T, Items>(seed, a, own, top, g, first);
-  // u is +inf in every thread of the tile or in none: the threads call fast_outputs together
+  return PlainRun{a, fast_bound<T, Items>(seed, a, own, top, g, first)};
+}
+
+// The double-double path's running value and bound for this thread (float64 elements or outputs): the tile
+// scanned in pairs (block_exclusive_sum of DD), u from pair_bound. Every thread calls it (it holds barriers).
+template <class T, int Block, int Items, class Shared>
+__device__ __forceinline__ PairRun pair_run(const T* in, int first, const long long* __restrict__ seeds, index_t t,
+                                            Shared& shared) {
+  unsigned own, low;
+  const DD sum = thread_sum<DD, T, Items>(in, first, own, low);
+  unsigned top = own;
+  const DD prefix = block_exclusive_sum<Block>(sum, top, low, shared.sums, shared.los, shared.tops, shared.lows);
+  const Partial seed = load_seed(seeds, t);
+  const DD a = dd_combine(DD{seed.hi, seed.lo}, prefix);
+  return PairRun{a, pair_bound<T, Items>(seed, a, own, top, unit_of_low<T>(low), first, Block * Items)};
+}
+
+// The tile-wide path on tile t: its outputs written and marked[t] = 0 where every one was proved, else
+// marked[t] = kRetry and nothing written. Every thread calls it.
+constexpr int kRetry = -1;
+template <class T, class Out, int Block, int Items>
+__device__ __forceinline__ void tile_wide(const T* __restrict__ x, index_t n, index_t tiles, index_t t,
+                                          const long long* __restrict__ seeds, bool skip, Out* __restrict__ out,
+                                          int* __restrict__ marked, TileShared<T, Out, Block, Items>& shared) {
+  const TilePlace<Block * Items> at(t, tiles, n);
+  const T* in = stage_tile<T, Block, Items>(x + at.offset, at.len, shared.buffer, skip);  // NaN as 0 if skip
+  __syncthreads();
+  const int first = static_cast<int>(threadIdx.x) * Items;
+  // the scan's barriers also end the reads of ``in`` by other threads
+  auto run = [&] {
+    if constexpr (sizeof(T) <= 4 && sizeof(Out) <= 4) {
+      return plain_run<T, Block, Items>(in, first, seeds, t, shared);
+    } else {
+      return pair_run<T, Block, Items>(in, first, seeds, t, shared);
+    }
+  }();
+  // u is +inf in every thread of the tile or in none: the threads call tile_outputs together
   Out* res = reinterpret_cast<Out*>(shared.buffer);
-  const bool proved = u < positive_inf() && fast_outputs<T, Out, Items>(a, u, in, res, first);
+  const bool proved = run.u < positive_inf() && tile_outputs<T, Out, Items>(run, in, res, first);
   if (__syncthreads_and(proved)) {
     store_tile<Out, Block, Items>(res, at.len, out + at.offset);
     if (threadIdx.x == 0) marked[t] = 0;
@@ -1067,11 +1229,7 @@ __global__ void __launch_bounds__(Block, MinBlocks) exact_scan_tiles(const T* __
   __shared__ TileShared<T, Out, Block, Items> shared;
   const index_t count = rows * tiles;
   for (index_t t = blockIdx.x; t < count; t += gridDim.x) {
-    if constexpr (sizeof(T) <= 4 && sizeof(Out) <= 4) {
-      fast_tile<T, Out, Block, Items>(x, n, tiles, t, seeds, skipnan != 0, out, marked, shared);
-    } else {
-      partial_tile<T, Out, Block, Items>(x, n, tiles, t, seeds, skipnan != 0, out, marked, shared);
-    }
+    tile_wide<T, Out, Block, Items>(x, n, tiles, t, seeds, skipnan != 0, out, marked, shared);
   }
 }
 

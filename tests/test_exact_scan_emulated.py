@@ -619,3 +619,38 @@ def test_tile_fast_path_counts_its_running_roundings():
         fast = []
         check_paths(x, block, items, out_dtype=f, carry=carry, fast_tiles=fast)
         assert fast[0] == (1, 2), fast  # the first tile gave up, the second did not
+
+
+def pair_traps(rng, block: int, items: int) -> dict[str, np.ndarray]:
+    """float64 rows the double-double tile path must give up: a pair of its scan loses a bit (2^60, 1 and
+    2^-60: 1 + 2^-60 does not fit the low double) and a later output sits just off the float64 midpoint
+    1 + 2^-53 that the lost bit decides; integers around 2^53 whose prefixes are exact ties (the path decides
+    ties only where its sums are provably exact, which the elements' exponents do not show here)."""
+    tile = block * items
+    lost = np.zeros(2 * tile)
+    for start in (0, tile):
+        lost[start:start + 4 * items:items] = [2.0**60, 1.0, 2.0**-60, -(2.0**60)]
+        lost[start + 4 * items] = 2.0**-53 - 2.0**-70  # the pair's 1 + 2^-53 - 2^-70: the exact prefix is above
+        lost[start + tile - 2:start + tile] = [-1.0 - (2.0**-53 - 2.0**-70), -(2.0**-60)]
+    ties = rng.integers(-3, 4, 4 * tile + 3).astype(np.float64)
+    ties[0] = 2.0**53
+    return {"pair loses a bit": lost, "ties around 2^53": ties}
+
+
+def test_pair_path_proves_plain_float64_and_gives_up_where_its_scan_rounds():
+    """float64 elements (and float32 ones into float64 outputs) take the tile-wide double-double path: every
+    tile of uniform and normal data is finished there, exact ties of their prefixes included. The rows of
+    pair_traps go to the Partial path, and every output is still exact.py's."""
+    rng = np.random.default_rng(28)
+    block, items = 64, 8
+    tile = block * items
+    n = 4 * tile + 3
+    for name, x, out in (("uniform", rng.random(n), None), ("normal", rng.standard_normal(n), None),
+                         ("float32 into float64", rng.standard_normal(n).astype(np.float32), np.float64)):
+        fast = []
+        check_paths(x, block, items, out_dtype=out, fast_tiles=fast)
+        assert fast[0][0] == fast[0][1], (name, fast)
+    for name, x in pair_traps(rng, block, items).items():
+        fast = []
+        check_paths(x, block, items, fast_tiles=fast)
+        assert fast[0][0] < fast[0][1], (name, fast)

@@ -236,26 +236,25 @@ static std::vector<V> block_exclusive_replay(const std::vector<V>& p, int block,
   return out;
 }
 
-// pass 2's tile-wide fast path over one tile (exact_scan_tiles for float16/float32 elements and outputs):
-// true, and res written, when every output was proved
+// pass 2's tile-wide path over one tile (exact_scan_tiles' tile_wide: plain double for float16/float32
+// elements and outputs, double-double otherwise): true, and res written, when every output was proved
 template <class T, class Out, int Items>
 static bool fast_tile(const T* x, int len, int block, bool skipnan, const Partial& seed, std::vector<Out>& res) {
-  if constexpr (sizeof(T) > 4 || sizeof(Out) > 4) {
-    return false;
-  } else {
-    const int tile = block * Items;
-    std::vector<T> in(static_cast<size_t>(padded(tile)), T{});  // stage_tile: zeros past the row
-    for (int i = 0; i < len; ++i) in[padded(i)] = staged_element(x[i], skipnan);
+  const int tile = block * Items;
+  std::vector<T> in(static_cast<size_t>(padded(tile)), T{});  // stage_tile: zeros past the row
+  for (int i = 0; i < len; ++i) in[padded(i)] = staged_element(x[i], skipnan);
+  std::vector<unsigned> own(block);
+  bool proved = true;
+  if constexpr (sizeof(T) <= 4 && sizeof(Out) <= 4) {
     std::vector<double> sums(block);
-    std::vector<unsigned> own(block);
     unsigned top = 0u, low = ~0u;
     for (int th = 0; th < block; ++th) {
       unsigned thread_low;
-      sums[th] = thread_sum<T, Items>(in.data(), th * Items, own[th], thread_low);
+      sums[th] = thread_sum<double, T, Items>(in.data(), th * Items, own[th], thread_low);
       top = std::max(top, own[th]);
       low = std::min(low, thread_low);
     }
-    // block_exclusive_sum: the same tree over plain doubles
+    // block_exclusive_sum: block_exclusive's tree over plain doubles
     const std::vector<double> prefix = block_exclusive_replay(sums, block, 0.0, __dadd_rn);
     int g = unit_of_low<T>(low);
     if (!tile_sums_exact<T>(top, g, tile)) {
@@ -263,16 +262,33 @@ static bool fast_tile(const T* x, int len, int block, bool skipnan, const Partia
       for (int th = 0; th < block; ++th) least = std::min(least, thread_lowest_bits<T, Items>(in.data(), th * Items));
       g = unit_of_key<T>(least);
     }
-    bool proved = true;
     for (int th = 0; th < block; ++th) {
       const int first = th * Items;
       const double a = __dadd_rn(seed.hi, prefix[th]);
-      const double u = fast_bound<T, Items>(seed, a, own[th], top, g, first);
-      if (!(u < INFINITY)) return false;
-      proved = fast_outputs<T, Out, Items>(a, u, in.data(), res.data(), first) && proved;
+      PlainRun run{a, fast_bound<T, Items>(seed, a, own[th], top, g, first)};
+      if (!(run.u < INFINITY)) return false;
+      proved = tile_outputs<T, Out, Items>(run, in.data(), res.data(), first) && proved;
     }
-    return proved;
+  } else {
+    std::vector<DD> sums(block);
+    unsigned top = 0u, low = ~0u;
+    for (int th = 0; th < block; ++th) {
+      unsigned thread_low;
+      sums[th] = thread_sum<DD, T, Items>(in.data(), th * Items, own[th], thread_low);
+      top = std::max(top, own[th]);
+      low = std::min(low, thread_low);
+    }
+    // block_exclusive_sum of pairs: the same tree over double-double pairs
+    const std::vector<DD> prefix = block_exclusive_replay(sums, block, DD{0.0, 0.0}, dd_combine);
+    for (int th = 0; th < block; ++th) {
+      const int first = th * Items;
+      const DD a = dd_combine(DD{seed.hi, seed.lo}, prefix[th]);
+      PairRun run{a, pair_bound<T, Items>(seed, a, own[th], top, unit_of_low<T>(low), first, tile)};
+      if (!(run.u < INFINITY)) return false;
+      proved = tile_outputs<T, Out, Items>(run, in.data(), res.data(), first) && proved;
+    }
   }
+  return proved;
 }
 
 template <class Out>

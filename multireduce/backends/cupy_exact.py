@@ -110,28 +110,21 @@ def scan_tile(dtype, out=None) -> int:
     return SCAN_BLOCK * scan_items(dtype, out)
 
 
-def tile_wide_fast_path(dtype, out) -> bool:
-    """Whether pass 2 tries its tile-wide fast path first (float16/float32 elements and outputs), leaving the
-    tiles it gives up to the retry kernel."""
-    return np.dtype(dtype).itemsize <= 4 and np.dtype(out).itemsize <= 4
-
-
 def scan_names(dtype, out) -> dict[str, str]:
-    """The kernels of an exact cumsum of ``dtype`` data into ``out``: pass 1 (tile words), the seeds, pass 2
-    (the proved roundings; for float16/float32 also its retry, the Partial path of the tiles pass 2's
-    tile-wide fast path gave up) and the fallback walk."""
+    """The kernels of an exact cumsum of ``dtype`` data into ``out``: pass 1 (tile words), the carries (the
+    words' cumsum), the seeds, pass 2 (the tile-wide proved roundings), its retry (the Partial path of the
+    tiles pass 2 gave up) and the fallback walk."""
     T, O = _kernels.ctype(dtype), _kernels.ctype(out)
     name = np.dtype(dtype).name
-    names = {
+    items = scan_items(dtype, out)
+    return {
         "words": f"mr::exact::exact_tile_words<{T}, {TERMS}, {SCAN_WARPS}, {UNROLL[name]}>",
         "carries": f"mr::exact::exact_words_cumsum<{CARRY_BLOCK}, {CARRY_ITEMS}>",
         "seeds": f"mr::exact::exact_scan_seeds<{SEED_BLOCK}>",
-        "tiles": f"mr::exact::exact_scan_tiles<{T}, {O}, {SCAN_BLOCK}, {scan_items(dtype, out)}>",
+        "tiles": f"mr::exact::exact_scan_tiles<{T}, {O}, {SCAN_BLOCK}, {items}>",
+        "retry": f"mr::exact::exact_scan_retry<{T}, {O}, {SCAN_BLOCK}, {items}>",
         "fallback": f"mr::exact::exact_scan_fallback<{T}, {O}>",
     }
-    if tile_wide_fast_path(dtype, out):
-        names["retry"] = f"mr::exact::exact_scan_retry<{T}, {O}, {SCAN_BLOCK}, {scan_items(dtype, out)}>"
-    return names
 
 
 def all_exact_instantiations() -> list[str]:
@@ -544,9 +537,8 @@ def _scan_segment(x, dt, skipnan: bool, carry, out):
     marked = cupy.empty(count, dtype=np.int32)
     k["tiles"](int(min(count, (1 << 31) - 1)), SCAN_BLOCK,
                (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(skipnan), out, marked))
-    if "retry" in k:
-        k["retry"](int(min(count, _RETRY_GRID)), SCAN_BLOCK,
-                   (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(skipnan), out, marked))
+    k["retry"](int(min(count, _RETRY_GRID)), SCAN_BLOCK,
+               (x, i64(rows), i64(n), i64(tiles), seeds, np.int32(skipnan), out, marked))
     k["fallback"](int(min(count, _FALLBACK_GRID)), 32,
                   (x, i64(rows), i64(n), i64(tile), i64(tiles), cum, marked, out))
     return cum

@@ -90,9 +90,9 @@ def test_exact_cumsum_of_whole_tiles_equals_cpu_bits(dtype, kind):
 
 
 def test_exact_cumsum_tile_traps_equal_cpu_bits():
-    """The rows where the tile scan's own roundings decide an output (the emulator's traps) at the library's
-    tile, on the GPU: bitwise the CPU's."""
-    from tests.test_exact_scan_emulated import tile_traps, traps
+    """The rows where the tile scan's own roundings decide an output (the emulator's traps, float32 and float64)
+    at the library's tile, on the GPU: bitwise the CPU's."""
+    from tests.test_exact_scan_emulated import pair_traps, tile_traps, traps
 
     rng = np.random.default_rng(27)
     rows = {**tile_traps(rng, cupy_exact.SCAN_BLOCK, cupy_exact.scan_items(np.float32)),
@@ -100,6 +100,9 @@ def test_exact_cumsum_tile_traps_equal_cpu_bits():
     for name, x in rows.items():
         for out in (np.float16, np.float32):
             check(x, dtype=out)
+    for name, x in pair_traps(rng, cupy_exact.SCAN_BLOCK, cupy_exact.scan_items(np.float64)).items():
+        check(x)
+        check(x, dtype=np.float32)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
