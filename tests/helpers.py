@@ -182,6 +182,13 @@ def random_matrices(rng, n: int) -> np.ndarray:
 _spreads = itertools.count()
 
 
+def workers_of(client, count: int) -> list[str]:
+    """The sorted addresses of the client's workers, once at least ``count`` are connected: on a loaded
+    machine a worker whose heartbeat came late can be briefly away from the scheduler."""
+    client.wait_for_workers(count, timeout=60)
+    return sorted(client.scheduler_info()["workers"])
+
+
 def persist_spread(client, x: np.ndarray, chunk: int, owners: list[int]):
     """(a persisted dask array whose i-th block lives on worker owners[i], the sorted worker addresses):
     uneven and interleaved spreads on purpose. Block names carry the data's token and a number of their
@@ -192,7 +199,7 @@ def persist_spread(client, x: np.ndarray, chunk: int, owners: list[int]):
     from dask.base import tokenize
     from dask.core import flatten
 
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = workers_of(client, max(owners) + 1)
     token = tokenize(x)
     for _ in range(5):
         made = next(_spreads)

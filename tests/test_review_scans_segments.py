@@ -25,7 +25,7 @@ from multireduce.cluster import local_cluster  # noqa: E402
 from multireduce.operators import get_operator  # noqa: E402
 
 from .helpers import (MATMUL_IDENTITY, kill_worker, matmul_operator, persist_spread, random_matrices,  # noqa: E402
-                      sequential_fold, sequential_scan, task_count)
+                      sequential_fold, sequential_scan, task_count, workers_of)
 
 KEEP = "multireduce.scan-keep-chunks"
 SETTINGS = (True, False, "auto")
@@ -264,7 +264,7 @@ def _pinned_stages(result) -> set:
 
 def test_groups_over_scattered_chunks_ask_for_their_worker(cpu_client):
     rng = np.random.default_rng(17)
-    workers = sorted(cpu_client.scheduler_info()["workers"])
+    workers = workers_of(cpu_client, 3)
     blocks = [rng.integers(-99, 99, 200 + i) for i in range(6)]
     futures = [cpu_client.scatter(b, workers=[workers[i % 3]]) for i, b in enumerate(blocks)]
     x = da.concatenate([da.from_delayed(f, b.shape, b.dtype) for f, b in zip(futures, blocks)])
