@@ -31,9 +31,10 @@ Profiles (one GPU):
 - ``call``: where the host time of one exact=True sum of CuPy data goes (the whole call minus the kernel is
   what the "exact" row pays on top of "exact kernel"): cProfile of repeated calls at 2^20 float32, the
   heaviest functions by own and by cumulative time.
-- ``scan``: where the exact GPU cumsum spends its time: each of device_cumsum's five steps (tile words,
-  the words' cumsum, seeds, pass 2, fallback walk) timed with CUDA events at 2^26 and 2^28 elements,
-  float32 and float64 uniform data, beside the plain mr.cumsum; median of 5.
+- ``scan``: where the exact GPU cumsum spends its time: each of device_cumsum's steps (tile words, the
+  carries, seeds, pass 2, its retry, fallback walk) timed with CUDA events at 2^26 and 2^28 elements,
+  float32 uniform and normal and float64 uniform data, beside the plain mr.cumsum and the whole exact call
+  (and their ratio); median of 5.
 - ``latency``: the exact sum against the plain sum at 2^26 and 2^28, float32 and float64 normal data, one
   call's latency (events around a call) and back to back (events around 20 calls), and the host time of one
   call at 2^10.
@@ -435,7 +436,7 @@ PROFILES = {"shapes": "the exact sum kernel's terms, unroll and blocks per SM ag
             "terms": "expansion lengths 4/6/8 at 2^26 on four data kinds",
             "ncu": "exact-sum launches for Nsight Compute",
             "call": "host time of one exact sum, and cProfile",
-            "scan": "the exact cumsum's five steps, each timed",
+            "scan": "the exact cumsum's steps, each timed, and the whole call",
             "latency": "one call's latency and back-to-back time against the plain sum, and host time"}
 
 
