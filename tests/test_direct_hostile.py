@@ -22,7 +22,7 @@ import multireduce as mr  # noqa: E402
 from multireduce import direct  # noqa: E402
 from multireduce.cluster import local_cluster  # noqa: E402
 
-from .helpers import persist_spread  # noqa: E402
+from .helpers import persist_spread, workers_of  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 SLOW = 4242.5  # a chunk holding this value sleeps in the operator (the worker's event loop is blocked)
@@ -86,7 +86,7 @@ def _spread_loosely(client, x: np.ndarray, chunk: int, owners: list[int]):
     recomputed on another (the nanny's new worker has another address)."""
     from dask.base import tokenize
 
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = workers_of(client, max(owners) + 1)
     token = tokenize(x)
     blocks = [client.persist(da.from_array(x[i * chunk:(i + 1) * chunk], chunks=chunk, name=f"loose-{i}-{o}-{token}"),
                              workers=[workers[o]], allow_other_workers=True)

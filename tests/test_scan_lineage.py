@@ -18,7 +18,7 @@ import multireduce as mr  # noqa: E402
 from multireduce import direct  # noqa: E402
 from multireduce.cluster import local_cluster  # noqa: E402
 
-from .helpers import kill_worker, persist_spread  # noqa: E402
+from .helpers import kill_worker, persist_spread, workers_of  # noqa: E402
 
 N_WORKERS = 4
 
@@ -145,7 +145,7 @@ def test_outputs_of_inputs_without_lineage_raise_a_clear_error(client):
     the graph's would; the outputs of the other workers' inputs stay readable."""
     rng = np.random.default_rng(47)
     blocks = [rng.integers(-(1 << 40), 1 << 40, size=1000 + i, dtype=np.int64) for i in range(6)]
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = workers_of(client, 2)
     scattered = [client.scatter(b, workers=[workers[i % 2]]) for i, b in enumerate(blocks)]
     lazy = da.concatenate([da.from_delayed(f, b.shape, b.dtype) for f, b in zip(scattered, blocks)])
     x = client.persist(lazy)
