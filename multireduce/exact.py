@@ -341,9 +341,128 @@ class LaneState:
 def _exact_scan_1d(values: np.ndarray, carry: LaneState | None, dt: np.dtype, skipnan: bool = False) -> np.ndarray:
     """Correctly rounded inclusive prefix sums of a 1-d float array, seeded with ``carry``. ``skipnan``: NaN
     adds 0 (nancumsum), and so does a NaN flag in ``carry`` (as on the GPU, whose seeds drop the NaN counts
-    of carry and tiles alike). ``_SCAN_SEGMENT`` elements at a time: the per-element Python objects of a
-    segment are all this makes besides the output."""
+    of carry and tiles alike). Outputs of float16/float32 are first proved from a float64 running sum
+    (``_proved_scan``); the others, and any that it leaves unproved, come from the exact walk."""
     carry = LaneState() if carry is None else carry
+    dt = np.dtype(dt)
+    if dt.itemsize <= 4 and values.size >= _PROVED_MIN:
+        return _proved_scan(values, carry, dt, skipnan)
+    return _exact_walk(values, carry, dt, skipnan)
+
+
+_PROVED_MIN = 64  # shorter lanes (a scan along a short axis has many) take the walk: less setup per lane
+_PROVED_BLOCK = 4096  # elements per exact anchor: the bound grows with the block, not with the lane
+_PROVED_MAX_UNPROVED = 16  # more unproved outputs than this in a block: the walk for that block
+
+
+def _proved_scan(values: np.ndarray, carry: LaneState, dt: np.dtype, skipnan: bool) -> np.ndarray:
+    """_exact_scan_1d for float16/float32 outputs, as pass 2's plain path on the GPU proves them, a block of
+    _PROVED_BLOCK elements at a time from the exact total before it (``_proved_block``); NaN and infinities
+    decide their outputs as the walk does."""
+    v = values.astype(np.float64, copy=False)
+    w = np.where(np.isfinite(v), v, 0.0)
+    out = np.empty(v.size, dtype=dt)
+    total = carry.total
+    for start in range(0, v.size, _PROVED_BLOCK):
+        block = w[start:start + _PROVED_BLOCK]
+        got = _proved_block(block, total, dt)
+        if got is None:  # the walk for this block, from the same exact total
+            got = _exact_walk(block, LaneState(total), dt, skipnan)
+        out[start:start + block.size] = got
+        total += _exact_units(block)
+    nan = np.logical_or.accumulate(np.isnan(v) & (not skipnan)) | (carry.nan and not skipnan)
+    pinf = np.logical_or.accumulate(v == np.inf) | bool(carry.pinf)
+    ninf = np.logical_or.accumulate(v == -np.inf) | bool(carry.ninf)
+    out[pinf | ninf] = np.where(pinf, np.inf, -np.inf)[pinf | ninf]
+    out[nan | (pinf & ninf)] = np.nan
+    return out
+
+
+def _proved_block(w: np.ndarray, total: int, dt: np.dtype):
+    """The correctly rounded prefixes of the finite doubles ``w`` after the exact total ``total`` (units
+    2**EBASE), or None where too few are proved. A float64 running sum a_k from the total's nearest double
+    (np.add.accumulate, in order) lies within U_k of the exact prefix: the total's own rounding error, plus
+    each addition's (at most |a_j| 2^-53; their sum taken as cumsum(|a|) 2^-52, which also covers that float
+    cumsum's own error, times 1 + 2^-40 for the rest), or nothing more where every element and the total's
+    double are multiples of 2^g and every prefix stays below 2^53 g (no addition rounds; ties decided
+    exactly). An output is proved where a - U and a + U, moved one ulp outward, round to the same value
+    (monotone rounding): then that value is the exact prefix's. The others are rounded from the exact totals
+    at their positions."""
+    hi, lo, rest = _carry_parts(total)
+    if hi is None:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.add.accumulate(np.concatenate([[hi], w]))[1:]
+        if not np.all(np.isfinite(a)):
+            return None
+        base = abs(lo) + rest
+        if _sums_exact(w, hi, lo):
+            u = np.full(a.shape, base)
+        else:
+            u = (base + np.add.accumulate(np.abs(a)) * 2.0**-52) * (1.0 + 2.0**-40)
+        below = np.where(u > 0, np.nextafter(a - u, -np.inf), a)
+        above = np.where(u > 0, np.nextafter(a + u, np.inf), a)
+        out, top = below.astype(dt), above.astype(dt)
+    bits = {2: np.uint16, 4: np.uint32}[dt.itemsize]
+    where = np.flatnonzero(out.view(bits) != top.view(bits))
+    if where.size > _PROVED_MAX_UNPROVED:
+        return None
+    last = 0
+    for i in where.tolist():  # the exact total up to each unproved output, from the one before
+        total += _exact_units(w[last:i + 1])
+        last = i + 1
+        out[i] = round_exact(total, 1, EBASE, dt)
+    return out
+
+
+def _carry_parts(total: int) -> tuple:
+    """A carry total (units 2**EBASE) as hi (its nearest double), lo (the nearest double of what is left)
+    and a bound on what is left after both; (None, None, None) past the doubles' range."""
+    try:
+        hi = round_exact(total, 1, EBASE, np.dtype(np.float64))
+    except OverflowError:
+        return None, None, None
+    if not math.isfinite(hi):
+        return None, None, None
+    left = total - _units(hi)
+    lo = round_exact(left, 1, EBASE, np.dtype(np.float64))
+    left -= _units(lo)
+    rest = math.ldexp(1.0, EBASE + max(abs(left).bit_length(), 0)) if left else 0.0  # above |left| 2**EBASE
+    return hi, lo, rest
+
+
+def _units(d: float) -> int:
+    """A finite double as an integer count of 2**EBASE."""
+    num, den = float(d).as_integer_ratio()
+    return (num << -EBASE) // den
+
+
+def _exact_units(w: np.ndarray) -> int:
+    """The exact sum of finite doubles as an integer count of 2**EBASE (state_of's, vectorized)."""
+    return int(state_of(w, (0,)).total[()]) if w.size else 0
+
+
+def _sums_exact(w: np.ndarray, hi: float, lo: float) -> bool:
+    """Whether every running sum a_k is exact: the elements, hi and lo are multiples of 2**g (g: the least
+    lowest set bit among them) and every partial sum, at most |hi| + |lo| + sum |w| (the largest |a| is
+    below that), stays below 2**53 2**g, so no addition rounds (lo is then 0 or the sums would not fit)."""
+    if lo != 0.0:
+        return False
+    parts = np.concatenate([w[w != 0.0], [hi] if hi != 0.0 else []])
+    if parts.size == 0:
+        return True
+    m, e = np.frexp(parts)
+    mant = np.abs(np.ldexp(m, 53).astype(np.int64))
+    lowest = mant & -mant  # a power of two: the lowest set bit of each significand
+    g = int((np.frexp(lowest.astype(np.float64))[1] - 1 + e - 53).min())
+    reach = (abs(hi) + float(np.abs(w).sum())) * (1.0 + 2.0**-40)
+    return math.isfinite(reach) and (53 + g > 1023 or reach < math.ldexp(1.0, 53 + g))
+
+
+def _exact_walk(values: np.ndarray, carry: LaneState, dt: np.dtype, skipnan: bool) -> np.ndarray:
+    """_exact_scan_1d element by element: the exact running total as a Python integer, rounded at every
+    element. ``_SCAN_SEGMENT`` elements at a time: the per-element Python objects of a segment are all
+    this makes besides the output."""
     total, nan, pinf, ninf = carry.total, carry.nan and not skipnan, carry.pinf, carry.ninf
     out = np.empty(values.size, dtype=dt)
     for start in range(0, values.size, _SCAN_SEGMENT):
