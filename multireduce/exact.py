@@ -341,11 +341,12 @@ class LaneState:
 def _exact_scan_1d(values: np.ndarray, carry: LaneState | None, dt: np.dtype, skipnan: bool = False) -> np.ndarray:
     """Correctly rounded inclusive prefix sums of a 1-d float array, seeded with ``carry``. ``skipnan``: NaN
     adds 0 (nancumsum), and so does a NaN flag in ``carry`` (as on the GPU, whose seeds drop the NaN counts
-    of carry and tiles alike). Outputs of float16/float32 are first proved from a float64 running sum
-    (``_proved_scan``); the others, and any that it leaves unproved, come from the exact walk."""
+    of carry and tiles alike). Outputs are first proved from a float64 running sum (``_proved_scan``; for
+    float64 outputs with the sum's exact rounding errors beside it); any it leaves unproved, and short
+    lanes, come from the exact walk."""
     carry = LaneState() if carry is None else carry
     dt = np.dtype(dt)
-    if dt.itemsize <= 4 and values.size >= _PROVED_MIN:
+    if values.size >= _PROVED_MIN:
         return _proved_scan(values, carry, dt, skipnan)
     return _exact_walk(values, carry, dt, skipnan)
 
@@ -356,9 +357,9 @@ _PROVED_MAX_UNPROVED = 16  # more unproved outputs than this in a block: the wal
 
 
 def _proved_scan(values: np.ndarray, carry: LaneState, dt: np.dtype, skipnan: bool) -> np.ndarray:
-    """_exact_scan_1d for float16/float32 outputs, as pass 2's plain path on the GPU proves them, a block of
-    _PROVED_BLOCK elements at a time from the exact total before it (``_proved_block``); NaN and infinities
-    decide their outputs as the walk does."""
+    """_exact_scan_1d as pass 2's tile-wide paths on the GPU prove it, a block of _PROVED_BLOCK elements at a
+    time from the exact total before it (``_proved_block``); NaN and infinities decide their outputs as the
+    walk does."""
     v = values.astype(np.float64, copy=False)
     w = np.where(np.isfinite(v), v, 0.0)
     out = np.empty(v.size, dtype=dt)
@@ -379,6 +380,64 @@ def _proved_scan(values: np.ndarray, carry: LaneState, dt: np.dtype, skipnan: bo
 
 
 def _proved_block(w: np.ndarray, total: int, dt: np.dtype):
+    """_proved_block_narrow for float16/float32 outputs, _proved_block_wide for float64."""
+    return (_proved_block_narrow if dt.itemsize <= 4 else _proved_block_wide)(w, total, dt)
+
+
+def _proved_block_wide(w: np.ndarray, total: int, dt: np.dtype):
+    """_proved_block_narrow's float64 form. A double cannot prove a 53-bit rounding, so beside the running
+    sum a_k the exact rounding error of each of its additions is computed (TwoSum: a_k + e_k = a_(k-1) +
+    w_k), and their running sum E_k from the total's low part: a_k + E_k is the exact prefix but for E's own
+    roundings, bounded by cumsum(|E|) 2^-52 (or nothing where E's sums are provably exact, as
+    _sums_exact tells) and the total's remainder. (h, l) = TwoSum(a_k, E_k); the output is h where h + l
+    lies inside h's rounding interval by more than that bound, and the even neighbour where the bound is 0
+    and h + l is its midpoint exactly; the rest are rounded from their exact totals."""
+    hi, lo, rest = _carry_parts(total)
+    if hi is None:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.add.accumulate(np.concatenate([[hi], w]))
+        before, a = a[:-1], a[1:]
+        if not np.all(np.isfinite(a)):
+            return None
+        bv = a - before
+        e = (before - (a - bv)) + (w - bv)  # a + e == before + w exactly
+        big = np.add.accumulate(np.concatenate([[lo], e]))[1:]
+        if _sums_exact(e, lo, 0.0):
+            u = np.full(a.shape, rest)
+        else:
+            u = (rest + np.add.accumulate(np.abs(big)) * 2.0**-52) * (1.0 + 2.0**-40)
+        h = a + big
+        bv = h - a
+        low = (a - (h - bv)) + (big - bv)  # h + low == a + big exactly
+        mag, toward = np.abs(h), np.where(h < 0, -low, low)  # the value's magnitude is mag + toward (+- u)
+        m, ex = np.frexp(mag)
+        up = np.ldexp(1.0, ex - 54)  # half the gap to the next double above mag
+        down = np.where(m == 0.5, up / 2, up)  # and below (half again under a power of two)
+        margin = u + (np.abs(low) + u) * 2.0**-50  # covers the float comparisons below
+        inside = (toward + margin < up) & (toward - margin > -down)
+        tie_up = (u == 0) & (toward == up)
+        tie_down = (u == 0) & (toward == -down)
+        neighbour = np.where(tie_up, np.nextafter(mag, np.inf), np.nextafter(mag, 0.0))
+        even = (mag.view(np.int64) & 1) == 0
+        rounded = np.where((tie_up | tie_down) & ~even, neighbour, mag)
+        proved = (inside | tie_up | tie_down) & (mag >= 2.0**-1021) & (mag < 2.0**1020)
+        zero = (h == 0) & (low == 0) & (u == 0)  # an exact zero prefix is +0.0
+        out = np.where(h < 0, -rounded, rounded)
+        out[zero] = 0.0
+        proved |= zero
+    where = np.flatnonzero(~proved)
+    if where.size > _PROVED_MAX_UNPROVED:
+        return None
+    last = 0
+    for i in where.tolist():
+        total += _exact_units(w[last:i + 1])
+        last = i + 1
+        out[i] = round_exact(total, 1, EBASE, dt)
+    return out.astype(dt)
+
+
+def _proved_block_narrow(w: np.ndarray, total: int, dt: np.dtype):
     """The correctly rounded prefixes of the finite doubles ``w`` after the exact total ``total`` (units
     2**EBASE), or None where too few are proved. A float64 running sum a_k from the total's nearest double
     (np.add.accumulate, in order) lies within U_k of the exact prefix: the total's own rounding error, plus
