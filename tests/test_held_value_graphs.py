@@ -106,9 +106,12 @@ def test_reductions_over_some_axes_hand_over_each_output_block(cpu_client, held_
     # first, else the scheduler serves its partials from memory)
     from benchmarks.harness import wait_released
 
-    wait_released(cpu_client, ["mean-partial"])
     monkeypatch.setattr(direct, "VALUE_GRAPH_BYTES", 64)
-    large, ran = _stream(cpu_client, lambda: cpu_client.compute(mr.mean(m, axis=0)).result())
+    for _ in range(3):  # under load a worker can still serve a released key's data: then run it once more
+        wait_released(cpu_client, ["mean-partial"])
+        large, ran = _stream(cpu_client, lambda: cpu_client.compute(mr.mean(m, axis=0)).result())
+        if "mean-partial" in ran:
+            break
     assert "mean-partial" in ran and _bits(large) == _bits(want)
 
 
