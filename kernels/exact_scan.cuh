@@ -521,15 +521,15 @@ __device__ __forceinline__ int exact_outputs(Partial run, const double* v, int f
   return unproved;
 }
 
-// ---- pass 2's fast path: the tile scanned in plain double under one bound ------------------------------
+// ---- pass 2's tile-wide path: the tile scanned in plain double under one bound per thread ---------------
 // The Partial path (thread_partial, block_exclusive, approximate_outputs or exact_outputs) spends about a
 // hundred instructions per element, most of them in the block scan: each combination of two Partials is
-// four TwoSums and a bound. For float16/float32 elements and outputs pass 2 first scans the tile in plain
-// double (each thread's sum, the same Kogge-Stone tree as block_exclusive over those sums, the seed's hi
-// added once) and covers every rounding of that scan with ONE bound U for the whole tile; each output is
-// then proved as approximate_outputs proves it (approximation_output). A tile all of whose outputs are
-// proved is done. Otherwise (U infinite: the seed carries NaN/inf flags or lies past kTrack, or an element
-// is inf/NaN; or one output unproved) the block runs the Partial path on the same elements. Both write only
+// four TwoSums and a bound. For float16/float32 elements and outputs pass 2 scans the tile in plain double
+// (each thread's sum, the same Kogge-Stone tree as block_exclusive over those sums, the seed's hi added
+// once) and covers every rounding of that scan with one bound U per thread; each output is then proved as
+// approximate_outputs proves it (approximation_output). A tile all of whose outputs are proved is done.
+// Otherwise (U infinite: the seed carries NaN/inf flags or lies past kTrack, or an element is inf/NaN; or
+// one output unproved) the tile is marked and exact_scan_retry runs the Partial path on it. Both write only
 // correctly rounded prefixes, so the bits do not depend on which path a tile took.
 //
 // The bound, per thread. Every element of the tile has magnitude below 2^E (E: one past the tile's largest
@@ -715,6 +715,24 @@ __device__ __forceinline__ Acc block_exclusive_sum(const Acc& s, unsigned& top, 
   return plus(before, ex);
 }
 
+// What both tile-wide bounds start from, for the thread whose first element is element ``first`` of its
+// tile and whose largest magnitude's bits are ``own``, in a tile whose largest are ``top``: S (``before``:
+// the earlier elements' magnitudes at most), Items 2^e (``mine``: the thread's own at most) and 2^E
+// (``unit``: above every element's magnitude). False (nothing set) where the tile cannot be proved at all:
+// the seed carries flags or an unbounded error, or an element is inf/NaN; the same in every thread.
+template <class T, int Items>
+__device__ __forceinline__ bool tile_reach(const Partial& seed, unsigned own, unsigned top, int first, double& before,
+                                           double& mine, double& unit) {
+  static_assert(Items <= 32, "the bounds count at most 32 items a thread (and 32 warps a block, CUDA's most)");
+  typedef Magnitude<T> M;
+  const int top_field = static_cast<int>(top >> M::kShift), own_field = static_cast<int>(own >> M::kShift);
+  if (seed.flags || top_field == M::kSpecial || !(seed.eb < positive_inf())) return false;
+  unit = ldexp(1.0, (top_field ? top_field : 1) - M::kBias + 1);
+  before = static_cast<double>(first) * unit;
+  mine = own ? static_cast<double>(Items) * ldexp(1.0, (own_field ? own_field : 1) - M::kBias + 1) : 0.0;
+  return true;
+}
+
 // U of the comment above for the thread whose first element is element ``first`` of its tile, whose a0
 // is ``a0`` and whose largest magnitude's bits are ``own``, in a tile whose magnitudes' bits are ``top`` at
 // most and whose elements are multiples of 2^g (2000: all zero), after ``seed``; +inf, in every thread of
@@ -723,14 +741,10 @@ __device__ __forceinline__ Acc block_exclusive_sum(const Acc& s, unsigned& top, 
 template <class T, int Items>
 __device__ __forceinline__ double fast_bound(const Partial& seed, double a0, unsigned own, unsigned top, int g,
                                              int first) {
-  static_assert(Items <= 32, "the bound counts at most 32 items a thread (and 32 warps a block, CUDA's most)");
-  typedef Magnitude<T> M;
-  const double inf = positive_inf();
-  const int top_field = static_cast<int>(top >> M::kShift);
-  if (seed.flags || top_field == M::kSpecial || !(seed.eb < inf) || !(fabs(seed.hi) < kTrack)) return inf;
-  const int own_field = static_cast<int>(own >> M::kShift);
-  const double before = static_cast<double>(first) * ldexp(1.0, (top_field ? top_field : 1) - M::kBias + 1);  // S
-  const double mine = own ? static_cast<double>(Items) * ldexp(1.0, (own_field ? own_field : 1) - M::kBias + 1) : 0.0;
+  double before, mine, unit;
+  if (!tile_reach<T, Items>(seed, own, top, first, before, mine, unit) || !(fabs(seed.hi) < kTrack)) {
+    return positive_inf();
+  }
   const double base = __dadd_ru(fabs(seed.lo), seed.eb);
   const bool exact = g > 960 || before <= ldexp(1.0, 53 + g);
   constexpr double kScan = static_cast<double>(1 << ceil_log2(Items + 12)) * 0x1p-53;     // c 2^-53
@@ -870,16 +884,12 @@ __device__ __forceinline__ void kept(const double* his, const double* los, int i
 template <class T, int Items>
 __device__ __forceinline__ double pair_bound(const Partial& seed, const DD& a0, unsigned own, unsigned top, int g,
                                             int first, int tile) {
-  static_assert(Items <= 32, "the bound counts at most 32 items a thread (and 32 warps a block, CUDA's most)");
-  typedef Magnitude<T> M;
-  const double inf = positive_inf();
-  const int top_field = static_cast<int>(top >> M::kShift), own_field = static_cast<int>(own >> M::kShift);
-  if (seed.flags || top_field == M::kSpecial || !(seed.eb < inf)) return inf;
-  const double unit = ldexp(1.0, (top_field ? top_field : 1) - M::kBias + 1);  // above every |element|
+  double before, mine, unit;
   // the same in every thread: every sum of the tile's elements and the seed stays far below kTrack
-  if (!(__dadd_ru(fabs(seed.hi), 4.0 * static_cast<double>(tile) * unit) < 0x1p996)) return inf;
-  const double before = static_cast<double>(first) * unit;  // S
-  const double mine = own ? static_cast<double>(Items) * ldexp(1.0, (own_field ? own_field : 1) - M::kBias + 1) : 0.0;
+  if (!tile_reach<T, Items>(seed, own, top, first, before, mine, unit) ||
+      !(__dadd_ru(fabs(seed.hi), 4.0 * static_cast<double>(tile) * unit) < 0x1p996)) {
+    return positive_inf();
+  }
   const double m = 2.0 * __dadd_ru(__dadd_ru(fabs(a0.hi), mine), before);
   const double reach = __dadd_ru(before, m);
   if (seed.hi != 0.0) g = lowest_unit(seed.hi) < g ? lowest_unit(seed.hi) : g;
@@ -1116,8 +1126,7 @@ struct TileShared {
   unsigned tops[Block / 32], lows[Block / 32], keys[Block / 32];
 };
 
-// The Partial path of tile t (row ``row``, from element ``start``, ``len`` elements), outputs written and
-// marked[t] set: each thread sums its Items consecutive elements as a Partial, the block scans the Partials,
+// The Partial path of tile t (of rows of n elements, ``tiles`` tiles each), outputs written and marked[t] set: each thread sums its Items consecutive elements as a Partial, the block scans the Partials,
 // and each thread writes its outputs by approximate_outputs or, where that gives up, exact_outputs. Every
 // thread of the block calls it.
 template <class T, class Out, int Block, int Items>
@@ -1217,8 +1226,8 @@ __device__ __forceinline__ void tile_wide(const T* __restrict__ x, index_t n, in
 
 // Pass 2: one block per tile (grid-stride). seeds: 4 int64 per tile (exact_scan_seeds); out: rows x n;
 // marked[t]: how many threads of tile t left a sentinel (0: the tile is final), or kRetry where the tile-wide
-// fast path (float16/float32 elements and outputs) gave the tile up: exact_scan_retry then runs its Partial
-// path. The Partial path lives in a kernel of its own so that its registers do not crowd the fast path's.
+// path gave the tile up: exact_scan_retry then runs its Partial path. The Partial path lives in a kernel of
+// its own so that its registers do not crowd the tile-wide path's.
 // MinBlocks: the resident blocks per SM asked of ptxas (__launch_bounds__' second argument: it caps the
 // registers at about 65536 / (Block * MinBlocks)); it changes the schedule only, never an output.
 template <class T, class Out, int Block, int Items, int MinBlocks = kScanMinBlocks>

@@ -380,90 +380,20 @@ def _proved_scan(values: np.ndarray, carry: LaneState, dt: np.dtype, skipnan: bo
 
 
 def _proved_block(w: np.ndarray, total: int, dt: np.dtype):
-    """_proved_block_narrow for float16/float32 outputs, _proved_block_wide for float64."""
-    return (_proved_block_narrow if dt.itemsize <= 4 else _proved_block_wide)(w, total, dt)
-
-
-def _proved_block_wide(w: np.ndarray, total: int, dt: np.dtype):
-    """_proved_block_narrow's float64 form. A double cannot prove a 53-bit rounding, so beside the running
-    sum a_k the exact rounding error of each of its additions is computed (TwoSum: a_k + e_k = a_(k-1) +
-    w_k), and their running sum E_k from the total's low part: a_k + E_k is the exact prefix but for E's own
-    roundings, bounded by cumsum(|E|) 2^-52 (or nothing where E's sums are provably exact, as
-    _sums_exact tells) and the total's remainder. (h, l) = TwoSum(a_k, E_k); the output is h where h + l
-    lies inside h's rounding interval by more than that bound, and the even neighbour where the bound is 0
-    and h + l is its midpoint exactly; the rest are rounded from their exact totals."""
-    hi, lo, rest = _carry_parts(total)
-    if hi is None:
-        return None
-    with np.errstate(over="ignore", invalid="ignore"):
-        a = np.add.accumulate(np.concatenate([[hi], w]))
-        before, a = a[:-1], a[1:]
-        if not np.all(np.isfinite(a)):
-            return None
-        bv = a - before
-        e = (before - (a - bv)) + (w - bv)  # a + e == before + w exactly
-        big = np.add.accumulate(np.concatenate([[lo], e]))[1:]
-        if _sums_exact(e, lo, 0.0):
-            u = np.full(a.shape, rest)
-        else:
-            u = (rest + np.add.accumulate(np.abs(big)) * 2.0**-52) * (1.0 + 2.0**-40)
-        h = a + big
-        bv = h - a
-        low = (a - (h - bv)) + (big - bv)  # h + low == a + big exactly
-        mag, toward = np.abs(h), np.where(h < 0, -low, low)  # the value's magnitude is mag + toward (+- u)
-        m, ex = np.frexp(mag)
-        up = np.ldexp(1.0, ex - 54)  # half the gap to the next double above mag
-        down = np.where(m == 0.5, up / 2, up)  # and below (half again under a power of two)
-        margin = u + (np.abs(low) + u) * 2.0**-50  # covers the float comparisons below
-        inside = (toward + margin < up) & (toward - margin > -down)
-        tie_up = (u == 0) & (toward == up)
-        tie_down = (u == 0) & (toward == -down)
-        neighbour = np.where(tie_up, np.nextafter(mag, np.inf), np.nextafter(mag, 0.0))
-        even = (mag.view(np.int64) & 1) == 0
-        rounded = np.where((tie_up | tie_down) & ~even, neighbour, mag)
-        proved = (inside | tie_up | tie_down) & (mag >= 2.0**-1021) & (mag < 2.0**1020)
-        zero = (h == 0) & (low == 0) & (u == 0)  # an exact zero prefix is +0.0
-        out = np.where(h < 0, -rounded, rounded)
-        out[zero] = 0.0
-        proved |= zero
-    where = np.flatnonzero(~proved)
-    if where.size > _PROVED_MAX_UNPROVED:
-        return None
-    last = 0
-    for i in where.tolist():
-        total += _exact_units(w[last:i + 1])
-        last = i + 1
-        out[i] = round_exact(total, 1, EBASE, dt)
-    return out.astype(dt)
-
-
-def _proved_block_narrow(w: np.ndarray, total: int, dt: np.dtype):
     """The correctly rounded prefixes of the finite doubles ``w`` after the exact total ``total`` (units
-    2**EBASE), or None where too few are proved. A float64 running sum a_k from the total's nearest double
-    (np.add.accumulate, in order) lies within U_k of the exact prefix: the total's own rounding error, plus
-    each addition's (at most |a_j| 2^-53; their sum taken as cumsum(|a|) 2^-52, which also covers that float
-    cumsum's own error, times 1 + 2^-40 for the rest), or nothing more where every element and the total's
-    double are multiples of 2^g and every prefix stays below 2^53 g (no addition rounds; ties decided
-    exactly). An output is proved where a - U and a + U, moved one ulp outward, round to the same value
-    (monotone rounding): then that value is the exact prefix's. The others are rounded from the exact totals
-    at their positions."""
+    2**EBASE), or None where too few are proved: a float64 running sum from the total's nearest double
+    (np.add.accumulate, in order; None past the doubles' range), its outputs proved by _narrow_outputs
+    (float16/float32) or _wide_outputs (float64), the others rounded from the exact totals at their
+    positions."""
     hi, lo, rest = _carry_parts(total)
     if hi is None:
         return None
     with np.errstate(over="ignore", invalid="ignore"):
-        a = np.add.accumulate(np.concatenate([[hi], w]))[1:]
+        a = np.add.accumulate(np.concatenate([[hi], w]))  # a[0]: the total's double, then a running value per element
         if not np.all(np.isfinite(a)):
             return None
-        base = abs(lo) + rest
-        if _sums_exact(w, hi, lo):
-            u = np.full(a.shape, base)
-        else:
-            u = (base + np.add.accumulate(np.abs(a)) * 2.0**-52) * (1.0 + 2.0**-40)
-        below = np.where(u > 0, np.nextafter(a - u, -np.inf), a)
-        above = np.where(u > 0, np.nextafter(a + u, np.inf), a)
-        out, top = below.astype(dt), above.astype(dt)
-    bits = {2: np.uint16, 4: np.uint32}[dt.itemsize]
-    where = np.flatnonzero(out.view(bits) != top.view(bits))
+        out, proved = (_narrow_outputs if dt.itemsize <= 4 else _wide_outputs)(w, a, lo, rest, dt)
+    where = np.flatnonzero(~proved)
     if where.size > _PROVED_MAX_UNPROVED:
         return None
     last = 0
@@ -472,6 +402,64 @@ def _proved_block_narrow(w: np.ndarray, total: int, dt: np.dtype):
         last = i + 1
         out[i] = round_exact(total, 1, EBASE, dt)
     return out
+
+
+def _narrow_outputs(w: np.ndarray, a: np.ndarray, lo: float, rest: float, dt: np.dtype):
+    """_proved_block's float16/float32 outputs and which are proved. The running value a_k lies within U_k
+    of the exact prefix: the total's own rounding error (|lo| + rest), plus each addition's (at most |a_j|
+    2^-53; their sum taken as cumsum(|a|) 2^-52, which also covers that float cumsum's own error, times
+    1 + 2^-40 for the rest), or nothing more where every element and the total's double are multiples of
+    2^g and every prefix stays below 2^53 g (no addition rounds; ties decided exactly). An output is proved
+    where a - U and a + U, moved one ulp outward, round to the same value (monotone rounding): then that
+    value is the exact prefix's."""
+    hi, a = a[0], a[1:]
+    base = abs(lo) + rest
+    if _sums_exact(w, hi, lo):
+        u = np.full(a.shape, base)
+    else:
+        u = (base + np.add.accumulate(np.abs(a)) * 2.0**-52) * (1.0 + 2.0**-40)
+    below = np.where(u > 0, np.nextafter(a - u, -np.inf), a)
+    above = np.where(u > 0, np.nextafter(a + u, np.inf), a)
+    out, top = below.astype(dt), above.astype(dt)
+    bits = {2: np.uint16, 4: np.uint32}[dt.itemsize]
+    return out, out.view(bits) == top.view(bits)
+
+
+def _wide_outputs(w: np.ndarray, a: np.ndarray, lo: float, rest: float, dt: np.dtype):
+    """_narrow_outputs' float64 form. A double cannot prove a 53-bit rounding, so beside the running sum a_k
+    the exact rounding error of each of its additions is computed (TwoSum: a_k + e_k = a_(k-1) + w_k), and
+    their running sum E_k from the total's low part: a_k + E_k is the exact prefix but for E's own
+    roundings, bounded by cumsum(|E|) 2^-52 (or nothing where E's sums are provably exact, as _sums_exact
+    tells) and the total's remainder. (h, l) = TwoSum(a_k, E_k); the output is h where h + l lies inside
+    h's rounding interval by more than that bound, and the even neighbour where the bound is 0 and h + l is
+    its midpoint exactly."""
+    before, a = a[:-1], a[1:]
+    bv = a - before
+    e = (before - (a - bv)) + (w - bv)  # a + e == before + w exactly
+    big = np.add.accumulate(np.concatenate([[lo], e]))[1:]
+    if _sums_exact(e, lo, 0.0):
+        u = np.full(a.shape, rest)
+    else:
+        u = (rest + np.add.accumulate(np.abs(big)) * 2.0**-52) * (1.0 + 2.0**-40)
+    h = a + big
+    bv = h - a
+    low = (a - (h - bv)) + (big - bv)  # h + low == a + big exactly
+    mag, toward = np.abs(h), np.where(h < 0, -low, low)  # the value's magnitude is mag + toward (+- u)
+    m, ex = np.frexp(mag)
+    up = np.ldexp(1.0, ex - 54)  # half the gap to the next double above mag
+    down = np.where(m == 0.5, up / 2, up)  # and below (half again under a power of two)
+    margin = u + (np.abs(low) + u) * 2.0**-50  # covers the float comparisons below
+    inside = (toward + margin < up) & (toward - margin > -down)
+    tie_up = (u == 0) & (toward == up)
+    tie_down = (u == 0) & (toward == -down)
+    neighbour = np.where(tie_up, np.nextafter(mag, np.inf), np.nextafter(mag, 0.0))
+    even = (mag.view(np.int64) & 1) == 0
+    rounded = np.where((tie_up | tie_down) & ~even, neighbour, mag)
+    proved = (inside | tie_up | tie_down) & (mag >= 2.0**-1021) & (mag < 2.0**1020)
+    zero = (h == 0) & (low == 0) & (u == 0)  # an exact zero prefix is +0.0
+    out = np.where(h < 0, -rounded, rounded)
+    out[zero] = 0.0
+    return out, proved | zero
 
 
 def _carry_parts(total: int) -> tuple:
@@ -486,7 +474,7 @@ def _carry_parts(total: int) -> tuple:
     left = total - _units(hi)
     lo = round_exact(left, 1, EBASE, np.dtype(np.float64))
     left -= _units(lo)
-    rest = math.ldexp(1.0, EBASE + max(abs(left).bit_length(), 0)) if left else 0.0  # above |left| 2**EBASE
+    rest = math.ldexp(1.0, EBASE + abs(left).bit_length()) if left else 0.0  # above |left| 2**EBASE
     return hi, lo, rest
 
 

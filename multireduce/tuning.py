@@ -94,6 +94,8 @@ class Policy:
     exact_scan_block: int = 512  # exact scan: threads per tile of pass 2
     exact_scan_items: tuple = (("float16", 16), ("float32", 16), ("float64", 8))  # elements per thread
     exact_scan_warps: int = 8  # exact scan pass 1: warps per block, one tile each
+    exact_carry_block: int = 1024  # exact scan's carries (the words' cumsum): threads per block, a word a block
+    exact_carry_items: int = 8  # and slots per thread: 8192 slots a chunk, one chunk up to 2^26 float32
 
     def scan_shape(self, in_size: int, acc_size: int, out_size: int) -> ScanShape:
         """The look-back tile for these element sizes."""

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <algorithm>
 #include <vector>
+#include <type_traits>
 
 #define __device__
 #define __global__
@@ -243,50 +244,43 @@ static bool fast_tile(const T* x, int len, int block, bool skipnan, const Partia
   const int tile = block * Items;
   std::vector<T> in(static_cast<size_t>(padded(tile)), T{});  // stage_tile: zeros past the row
   for (int i = 0; i < len; ++i) in[padded(i)] = staged_element(x[i], skipnan);
+  constexpr bool kPlain = sizeof(T) <= 4 && sizeof(Out) <= 4;  // else pairs
+  using Acc = std::conditional_t<kPlain, double, DD>;
+  std::vector<Acc> sums(block);
   std::vector<unsigned> own(block);
-  bool proved = true;
-  if constexpr (sizeof(T) <= 4 && sizeof(Out) <= 4) {
-    std::vector<double> sums(block);
-    unsigned top = 0u, low = ~0u;
-    for (int th = 0; th < block; ++th) {
-      unsigned thread_low;
-      sums[th] = thread_sum<double, T, Items>(in.data(), th * Items, own[th], thread_low);
-      top = std::max(top, own[th]);
-      low = std::min(low, thread_low);
-    }
-    // block_exclusive_sum: block_exclusive's tree over plain doubles
-    const std::vector<double> prefix = block_exclusive_replay(sums, block, 0.0, __dadd_rn);
-    int g = unit_of_low<T>(low);
+  unsigned top = 0u, low = ~0u;
+  for (int th = 0; th < block; ++th) {
+    unsigned thread_low;
+    sums[th] = thread_sum<Acc, T, Items>(in.data(), th * Items, own[th], thread_low);
+    top = std::max(top, own[th]);
+    low = std::min(low, thread_low);
+  }
+  // block_exclusive_sum: block_exclusive's tree over plain doubles or pairs
+  const std::vector<Acc> prefix = block_exclusive_replay(sums, block, Acc{}, [](const Acc& a, const Acc& b) {
+    return plus(a, b);
+  });
+  int g = unit_of_low<T>(low);
+  if constexpr (kPlain) {
     if (!tile_sums_exact<T>(top, g, tile)) {
       unsigned least = ~0u;
       for (int th = 0; th < block; ++th) least = std::min(least, thread_lowest_bits<T, Items>(in.data(), th * Items));
       g = unit_of_key<T>(least);
     }
-    for (int th = 0; th < block; ++th) {
-      const int first = th * Items;
-      const double a = __dadd_rn(seed.hi, prefix[th]);
-      PlainRun run{a, fast_bound<T, Items>(seed, a, own[th], top, g, first)};
-      if (!(run.u < INFINITY)) return false;
-      proved = tile_outputs<T, Out, Items>(run, in.data(), res.data(), first) && proved;
-    }
-  } else {
-    std::vector<DD> sums(block);
-    unsigned top = 0u, low = ~0u;
-    for (int th = 0; th < block; ++th) {
-      unsigned thread_low;
-      sums[th] = thread_sum<DD, T, Items>(in.data(), th * Items, own[th], thread_low);
-      top = std::max(top, own[th]);
-      low = std::min(low, thread_low);
-    }
-    // block_exclusive_sum of pairs: the same tree over double-double pairs
-    const std::vector<DD> prefix = block_exclusive_replay(sums, block, DD{0.0, 0.0}, dd_combine);
-    for (int th = 0; th < block; ++th) {
-      const int first = th * Items;
-      const DD a = dd_combine(DD{seed.hi, seed.lo}, prefix[th]);
-      PairRun run{a, pair_bound<T, Items>(seed, a, own[th], top, unit_of_low<T>(low), first, tile)};
-      if (!(run.u < INFINITY)) return false;
-      proved = tile_outputs<T, Out, Items>(run, in.data(), res.data(), first) && proved;
-    }
+  }
+  bool proved = true;
+  for (int th = 0; th < block; ++th) {
+    const int first = th * Items;
+    auto run = [&] {
+      if constexpr (kPlain) {
+        const double a = __dadd_rn(seed.hi, prefix[th]);
+        return PlainRun{a, fast_bound<T, Items>(seed, a, own[th], top, g, first)};
+      } else {
+        const DD a = dd_combine(DD{seed.hi, seed.lo}, prefix[th]);
+        return PairRun{a, pair_bound<T, Items>(seed, a, own[th], top, g, first, tile)};
+      }
+    }();
+    if (!(run.u < INFINITY)) return false;
+    proved = tile_outputs<T, Out, Items>(run, in.data(), res.data(), first) && proved;
   }
   return proved;
 }
