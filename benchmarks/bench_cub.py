@@ -14,7 +14,7 @@ Families, each at every size and dtype (float32 and float64, random data in [-0.
   ``cupy.sum``, ``torch.sum``.
 - "cumsum": CUB DeviceScan (inclusive, object API and one call ``inclusive_scan``), ``mr.cumsum``,
   ``cupy.cumsum``, ``torch.cumsum``.
-- "segments m=10^k" (float32 only): CUB DeviceSegmentedReduce at 10^3, 10^5, 10^7 segments (the
+- "segments m=..." (float32 only): CUB DeviceSegmentedReduce at 2^10, 10^5, 2^20, 10^7 segments (the
   offsets of bench_segments.py), ``mr.segment_reduce``, ``torch.segment_reduce``.
 - "copy": a device-to-device copy of the same bytes, the roof. ``ratio_copy`` is GB/s over the roof's
   GB/s; a reduction counts the bytes it reads, a scan the bytes read and written (as bench_reduce.py and
@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -445,7 +444,7 @@ def _size_rows(cc, cupy, torch, dtype: np.dtype, n: int, repeats: int, refused: 
 def _segment_rows(cc, cupy, torch, xs, n: int, roof: float, repeats: int) -> list:
     import multireduce as mr
     # the segment counts and random lengths of the bench_segments table, so the two tables line up
-    from benchmarks.bench_segments import SEGMENTS, segment_case
+    from benchmarks.bench_segments import SEGMENTS, count_label, segment_case
 
     rows = []
     nbytes = 4 * n
@@ -461,7 +460,7 @@ def _segment_rows(cc, cupy, torch, xs, n: int, roof: float, repeats: int) -> lis
         def check(got, want=want, mass=mass, seg_n=seg_n):
             return within_bound(cupy.asnumpy(cupy.asarray(got)), want, mass, np.float32, seg_n)
 
-        family = f"segments m=10^{int(round(math.log10(m)))}"
+        family = f"segments m={count_label(m)}"
         impls = {
             "cub segmented_reduce": lambda starts=starts, ends=ends: cub_segmented(cc, cupy, xs[0], starts, ends),
             "multireduce": lambda starts=starts: lambda v: mr.segment_reduce(v, starts),

@@ -100,26 +100,57 @@ def buffers(make, nbytes_each: int, max_buffers: int = 4):
     return [make(i) for i in range(count)]
 
 
+_HOLD_SOURCE = r"""
+extern "C" __global__ void hold_gpu(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+"""
+_hold_kernels: dict = {}
+
+
+def hold_gpu(seconds: float) -> None:
+    """Queue a one-thread kernel that keeps the current GPU busy for ``seconds`` (work queued behind it
+    waits), so that host work done meanwhile is not counted by events recorded after it."""
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()
+    if device not in _hold_kernels:
+        _hold_kernels[device] = cupy.RawKernel(_HOLD_SOURCE, "hold_gpu")
+    _hold_kernels[device]((1,), (1,), (np.uint64(max(0, int(seconds * 1e9))),))
+
+
 def time_gpu(fn, inputs, repeats: int = 20, warmup: int = 3, min_sample_ms: float = 1.0) -> float:
     """Median device milliseconds per ``fn(input)``, rotating inputs, timed with CUDA events.
 
     Each sample times a batch of back-to-back calls (enough to last ``min_sample_ms``) and divides, so
     that short operations are timed as a pipeline of launches, as they run in a program, rather than by
-    one launch's host overhead. Every implementation is timed the same way. ``time_host`` measures the
-    latency of a single call."""
+    one launch's host overhead. A sample starts behind ``hold_gpu`` for one call's host time, during
+    which the host queues the first call: otherwise the GPU would sit idle, inside the sample, while the
+    host prepares that call, a share of one call's host time that a batch of two or three large calls
+    does not amortize (the steady state of a program's loop does). Every implementation is timed the
+    same way. ``time_host`` measures the latency of a single call."""
     import cupy
 
     for i in range(warmup):
         fn(inputs[i % len(inputs)])
+    cupy.cuda.Device().synchronize()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    t0 = time.perf_counter()
     start.record()
     fn(inputs[0])
     stop.record()
+    host = time.perf_counter() - t0  # until the call returned: its host time (and more if it waits)
     stop.synchronize()
     once = max(cupy.cuda.get_elapsed_time(start, stop), 1e-3)
     batch = max(1, min(200, int(min_sample_ms / once)))
+    lead = min(host, 2e-3)
     times = []
     for i in range(repeats):
+        hold_gpu(lead)
         start.record()
         for b in range(batch):
             fn(inputs[(i * batch + b) % len(inputs)])

@@ -74,7 +74,7 @@ if has profile; then
   grep -E "scan_lookback|reduce_vectorized|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|stall|Eligible Warps|No Eligible" "$OUT/ncu.txt" | head -60
 fi
 if has segprofile; then
-  ncu_run 300 "segment_" 0 24 ncu-segments.txt segments --profile kernels
+  ncu_run 400 "segment_" 0 30 ncu-segments.txt segments --profile kernels
   grep -E "segment_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|No Eligible" "$OUT/ncu-segments.txt" | head -150
 fi
 if has stats; then

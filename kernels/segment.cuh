@@ -264,6 +264,35 @@ __global__ void segment_tile_starts(const index_t* offsets, index_t m, index_t t
   }
 }
 
+// ---- a lane's fold through at most HEADS heads -------------------------------------------------------
+// acc folds the ITEMS elements e[], restarting at each head of ``mask`` (at most HEADS of them; from its
+// value on entry before the first): closes[h] (h < HEADS) gets the fold that head h ends (acc's value just
+// before the head), acc's value on entry where the lane has fewer heads. The heads' positions are
+// compared against each unrolled element position, so the loop has no branch and no per-element store.
+template <int ITEMS, int HEADS, class Op, class Acc, class E, int SLOTS>
+__device__ __forceinline__ void fold_at_heads(const E (&e)[ITEMS], unsigned mask, Op op, Acc& acc,
+                                              Acc (&closes)[SLOTS]) {
+  static_assert(HEADS <= SLOTS, "a slot per head");
+  int at[HEADS];
+#pragma unroll
+  for (int h = 0; h < HEADS; ++h) {
+    at[h] = mask ? __ffs(mask) - 1 : ITEMS;  // ITEMS: no such head
+    mask &= mask - 1;
+    closes[h] = acc;  // overwritten wherever the head exists
+  }
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const Acc x = load_as<Acc, Op>(e[k]);
+    bool head = false;
+#pragma unroll
+    for (int h = 0; h < HEADS; ++h) {
+      closes[h] = k == at[h] ? acc : closes[h];
+      head |= k == at[h];
+    }
+    acc = head ? x : op(acc, x);
+  }
+}
+
 // ---- 2. the tiles ------------------------------------------------------------------------------------
 // ITEMS consecutive elements per thread (a multiple of 16 / sizeof(T), so a whole aligned tile is read
 // with 16-byte loads only). Per tile: the tile's fold pair (tile_flag, tile_value) and its head
@@ -313,30 +342,45 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     }
   };
   // No repeated offsets and not the array's last element: the heads mask alone says where segments end.
-  // A warp with no head folds plainly; any other folds without branching on the heads (at 10^7 segments
-  // nearly every lane of a warp has one, each at its own element, so a branch per head would run the
-  // closing code at almost every element): a predicated store per element, the first closure kept.
+  // A warp with no head folds plainly. Any other folds without branching on the heads (a branch per head
+  // would run the closing code at almost every element wherever most lanes hold a head): where no lane of
+  // the warp holds more than two heads, each unrolled element position is compared against the lane's
+  // one or two head positions and the closures stay in registers (2^20 random segments over 2^28
+  // elements put ~4 heads in a warp's elements, and two in one lane in a fifth of the warps); otherwise a
+  // predicated store per element, the first closure kept. Every path folds op(earlier, later) from the
+  // same starts: the same bits.
   const bool by_mask = a + ITEMS < n && heads.count == __popc(heads.mask);
-  const bool warp_has_heads = __any_sync(kFullMask, heads.mask != 0);
-  if (by_mask && !warp_has_heads) {
+  const int lane_heads = __popc(heads.mask);
+  const int warp_heads = __reduce_max_sync(kFullMask, (unsigned)lane_heads);  // the most any lane holds
+  const index_t seg_before = heads.first - 1;  // the segment of element a - 1: closure j ends seg_before + j
+  if (by_mask && warp_heads == 0) {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) acc = op(acc, load_as<Acc, Op>(u.e[k]));
+  } else if (by_mask && warp_heads <= 2) {
+    Acc closes[2];
+    if (warp_heads == 1) fold_at_heads<ITEMS, 1, Op>(u.e, heads.mask, op, acc, closes);
+    else fold_at_heads<ITEMS, 2, Op>(u.e, heads.mask, op, acc, closes);
+    if (lane_heads > 0) {
+      closed = true;
+      first_seg = seg_before;
+      first_value = closes[0];
+    }
+    if (lane_heads == 2) out[seg_before + 1] = closes[1];
   } else if (by_mask) {
-    const index_t before = heads.first - 1;  // the segment of element a - 1; closure j ends segment before + j
     int j = 0;
     Acc first_close = identity;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const bool head = (heads.mask >> k) & 1u;
       const Acc x = load_as<Acc, Op>(u.e[k]);
-      if (head && j > 0) out[before + j] = acc;
+      if (head && j > 0) out[seg_before + j] = acc;
       first_close = head && j == 0 ? acc : first_close;
       j += head;
       acc = head ? x : op(acc, x);
     }
     if (j > 0) {
       closed = true;
-      first_seg = before;
+      first_seg = seg_before;
       first_value = first_close;
     }
   } else if (valid > 0) {  // repeated offsets (empty segments to fill) or the array's end: walk the offsets

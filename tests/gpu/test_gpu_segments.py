@@ -604,6 +604,62 @@ def test_scan_exact_across_tile_and_carry_group_boundaries(deterministic):
         np.testing.assert_array_equal(cupy.asnumpy(carried), want, err_msg=f"{name} carry")
 
 
+def _heads_per_lane_layout(n, itemsize):
+    """Offsets that give the warps of every tile each a different count of heads per lane, since the
+    reduction picks its closing code per warp from the most heads any lane holds (none, one, two, more):
+    warp 0 none; 1 one per lane, at varied items; 2 one in two lanes, at the first and last item; 3 one
+    per lane and two (first and last item) in one lane; 4 two adjacent heads in two lanes; 5 three heads
+    in one lane; 6 a repeated offset (an empty segment) in one lane beside single heads; 7 two per lane."""
+    from multireduce.backends import cupy_segment
+
+    items = cupy_segment.items_per_thread(itemsize)
+    tile = cupy_segment.tile_elements(itemsize)
+    span = 32 * items  # one warp's elements
+    per_warp = {
+        0: [],
+        1: [lane * items + (lane * 7) % items for lane in range(32)],
+        2: [3 * items, 17 * items + items - 1],
+        3: [lane * items + (lane * 5) % items for lane in range(32) if lane != 9] + [9 * items, 9 * items + items - 1],
+        4: [5 * items + 6, 5 * items + 7, 30 * items, 30 * items + 1, 12 * items + 3],
+        5: [11 * items + 1, 11 * items + 4, 11 * items + items - 1, 20 * items + 2],
+        6: [2 * items + 3, 8 * items + 5, 8 * items + 5, 25 * items + items - 1],
+        7: [lane * items + k for lane in range(32) for k in ((lane * 3) % items, items - 1 - lane % 4)],
+    }
+    warps = tile // span
+    starts = [t * tile + w * span + o for t in range(-(-n // tile)) for w in range(warps)
+              for o in per_warp[w % len(per_warp)]]
+    return np.array(sorted(o for o in starts if o <= n), dtype=np.int64)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_each_warps_closing_code_by_heads_per_lane(dtype):
+    """Exact results over tiles whose warps take each closing path of the reduction (no head, at most one
+    or two heads per lane, more, repeats), segments crossing lanes, warps and tiles: integer sums and
+    float maxima (exact), and a non-commutative operator, where a closure taken one element early or
+    late, or folded out of order, shows."""
+    itemsize = np.dtype(dtype).itemsize
+    from multireduce.backends import cupy_segment
+
+    n = 3 * cupy_segment.tile_elements(itemsize) + 1000
+    rng = np.random.default_rng(77)
+    host = _data(rng, n, dtype, "sum")
+    x = cupy.asarray(host)
+    offsets = _heads_per_lane_layout(n, itemsize)
+    assert np.any(np.diff(offsets) == 0) and offsets.size > 400
+    sum_dtype = np.dtype(np.int64) if np.dtype(dtype).kind == "i" else np.dtype(dtype)
+    for opname, want in (("sum", sum_dtype), ("max", np.dtype(dtype)), ("min", np.dtype(dtype))):
+        if opname == "sum" and want.kind == "f":
+            continue  # float sums: not exact; the bits test below covers them
+        got = mr.segment_reduce(x, cupy.asarray(offsets), opname)
+        _check(got, host, offsets, opname, want, f"{np.dtype(dtype)} {opname}")
+    op = matmul_operator()
+    matrices = random_matrices(rng, 3 * cupy_segment.tile_elements(8) + 500)
+    layout = _heads_per_lane_layout(matrices.size, 8)
+    got = cupy.asnumpy(mr.segment_reduce(cupy.asarray(matrices), layout, op))
+    ends = np.append(layout[1:], matrices.size)
+    assert [int(v) for v in got] == [sequential_fold(matrices[s:e]) for s, e in zip(layout, ends)]
+
+
 def test_float_results_are_the_same_bits_on_every_run():
     """The reduction (tiles, then the carry pass: fixed trees, no look-back) and the deterministic scan,
     over several carry groups: two runs, identical bits."""
