@@ -259,11 +259,26 @@ def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=No
         return out
 
 
+_flag_streams: dict = {}
+
+
+def _flag_stream(device: int):
+    """The non-blocking stream of ``device`` that the offsets checks' flag copies take. Threads may share
+    it: each copy waits for its own check's event, and its own event follows it (a copy queued by another
+    thread in between can only make that event later, never early)."""
+    stream = _flag_streams.get(device)
+    if stream is None:
+        with cupy.cuda.Device(device):
+            stream = _flag_streams.setdefault(device, cupy.cuda.Stream(non_blocking=True))
+    return stream
+
+
 class OffsetsCheck:
     """segment_check_offsets queued on the GPU: ``bad`` is its flag on the device (for the kernels queued
     after it: segment_tile_starts gives no tile an offset where it is set); the flag also travels to
-    pinned host memory behind an event, so result() waits for the check alone, not for the work queued
-    after it, and the GPU is never idle between the check and the work."""
+    pinned host memory on a side stream that waits for the check alone, so result() waits for the check,
+    not for the work queued after it, and the work's stream never waits for the copy (in the stream, the
+    4-byte copy held the next kernel back by several microseconds)."""
 
     def __init__(self, offsets, n: int, op: Operator, dtype, acc, out=None):
         m = int(offsets.shape[0])
@@ -272,17 +287,20 @@ class OffsetsCheck:
             return
         import cupyx
 
-        with cupy.cuda.Device(offsets.data.device_id):
+        device = offsets.data.device_id
+        with cupy.cuda.Device(device):
             self.bad = cupy.zeros(1, dtype=np.int32)
-            grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(offsets.data.device_id))
+            grid = min(-(-m // SEARCH_BLOCK), 16 * _sms(device))
             names = (segment_names(dtype, acc, op) if out is None
                      else scan_names(dtype, acc, out, op, deterministic=deterministic_scan()))
             _kernels_for(op, names)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), self.bad))
             self._host = cupyx.empty_pinned(1, dtype=np.int32)
-            stream = cupy.cuda.get_current_stream()
+            checked = cupy.cuda.get_current_stream().record()
+            side = _flag_stream(device)
+            side.wait_event(checked)
             cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, self.bad.data.ptr, 4,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-            self._event = stream.record()
+                                          cupy.cuda.runtime.memcpyDeviceToHost, side.ptr)
+            self._event = side.record()
 
     def result(self) -> tuple[bool, bool]:
         """(all in [0, n], ascending), once the check has run."""
