@@ -221,6 +221,10 @@ def _from_prebuilt(name: str, current_key, names: dict[str, str], device: int) -
 # Compilation, memoized per device and group
 # ------------------------------------------------------------------------------------------------
 _modules: dict = {}
+# Compiled modules kept, past which the memo starts again: (device, operator, group) is a small set for the
+# built-in operators, but a program that makes operators in a loop would otherwise keep every module it
+# ever compiled (a module dropped here is rebuilt from CuPy's disk cache or the prebuilt binaries).
+_MAX_MODULES = 1024
 _lock = threading.Lock()
 
 
@@ -250,6 +254,8 @@ def _memoized(key, make):
     if found is None:
         with _lock:
             if key not in _modules:
+                if len(_modules) >= _MAX_MODULES:
+                    _modules.clear()
                 _modules[key] = make()
             found = _modules[key]
     return found

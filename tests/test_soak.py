@@ -166,3 +166,23 @@ def test_caches_stay_bounded_under_distinct_inputs():
             assert entries <= warm.get(name, (0, None))[0], f"{name} grew from {warm.get(name)} to {entries}"
         else:
             assert entries <= bound, (name, entries, bound)
+
+
+def test_kernel_memos_are_bounded_caches(monkeypatch):
+    """The memos of compiled kernels hold one entry per (device, operator, kernel group) or (device,
+    statistic, dtype, expression): a small set for the built-in operators, loaded as a worker first meets
+    each (a Dask graph's combining tasks land where Dask puts them, so not always in the warm-up). Both
+    start again past a bound, which the soak reads as bounded; a program that makes operators in a loop
+    does not keep every module it compiled."""
+    from multireduce import kernels
+    from multireduce.backends import cupy_stats
+
+    sizes = soak.cache_sizes()
+    assert sizes["multireduce.kernels._modules"][1] == kernels._MAX_MODULES
+    assert sizes["multireduce.backends.cupy_stats._loaded"][1] == cupy_stats._MAX_LOADED
+    monkeypatch.setattr(kernels, "_modules", {})
+    monkeypatch.setattr(kernels, "_MAX_MODULES", 4)
+    made = [kernels._memoized(("device", i), lambda i=i: {"module": i}) for i in range(10)]
+    assert [m["module"] for m in made] == list(range(10))
+    assert 0 < len(kernels._modules) <= 4
+    assert kernels._memoized(("device", 9), lambda: {"module": "again"}) == {"module": 9}  # still memoized

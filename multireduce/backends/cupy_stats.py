@@ -277,6 +277,7 @@ def fold_grid(outputs: int, splits: int, sms: int) -> int:
 # launching
 # ------------------------------------------------------------------------------------------------
 _loaded: dict = {}
+_MAX_LOADED = 1024  # kernel tables kept (per device, statistic, dtype and expression), past which the memo starts again
 
 
 def _kernels_for(stat: str, dtype, device: int, steps=None) -> dict:
@@ -290,7 +291,7 @@ def _kernels_for(stat: str, dtype, device: int, steps=None) -> dict:
 
             name, source = stat_reading_steps(stat_type(stat, dtype), steps, dtype)
             found = _kernels.get_standalone_kernels(ENTRY, stat_names(stat, dtype, name), extra=source)
-        if len(_loaded) >= 1024:
+        if len(_loaded) >= _MAX_LOADED:
             _loaded.clear()
         _loaded[key] = found
     return found
