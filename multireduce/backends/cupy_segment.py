@@ -260,25 +260,29 @@ def segment_scan(x, offsets, op: Operator, acc, out_dtype, carry=None, staged=No
 
 
 _flag_streams: dict = {}
+_MAX_FLAG_STREAMS = 64  # a program that makes a stream per call would otherwise add one per stream
 
 
-def _flag_stream(device: int):
-    """The non-blocking stream of ``device`` that the offsets checks' flag copies take. Threads may share
-    it: each copy waits for its own check's event, and its own event follows it (a copy queued by another
-    thread in between can only make that event later, never early)."""
-    stream = _flag_streams.get(device)
+def _flag_stream(device: int, work_stream: int):
+    """The non-blocking stream of ``device`` that the offsets checks queued on ``work_stream`` (a stream
+    pointer) copy their flags on. One per work stream: a shared one would make a check's flag wait, in
+    stream order, for the checks of other threads' streams queued before it."""
+    key = (device, work_stream)
+    stream = _flag_streams.get(key)
     if stream is None:
+        if len(_flag_streams) >= _MAX_FLAG_STREAMS:
+            _flag_streams.clear()  # a dropped stream finishes its queued copies before CUDA releases it
         with cupy.cuda.Device(device):
-            stream = _flag_streams.setdefault(device, cupy.cuda.Stream(non_blocking=True))
+            stream = _flag_streams.setdefault(key, cupy.cuda.Stream(non_blocking=True))
     return stream
 
 
 class OffsetsCheck:
     """segment_check_offsets queued on the GPU: ``bad`` is its flag on the device (for the kernels queued
     after it: segment_tile_starts gives no tile an offset where it is set); the flag also travels to
-    pinned host memory on a side stream that waits for the check alone, so result() waits for the check,
-    not for the work queued after it, and the work's stream never waits for the copy (in the stream, the
-    4-byte copy held the next kernel back by several microseconds)."""
+    pinned host memory on a side stream of the work's stream (``_flag_stream``) that waits for the check
+    alone, so result() waits for the check, not for the work queued after it, and the work's stream never
+    waits for the copy (in the stream, the 4-byte copy held the next kernel back by several microseconds)."""
 
     def __init__(self, offsets, n: int, op: Operator, dtype, acc, out=None):
         m = int(offsets.shape[0])
@@ -295,8 +299,9 @@ class OffsetsCheck:
                      else scan_names(dtype, acc, out, op, deterministic=deterministic_scan()))
             _kernels_for(op, names)["check"](grid, SEARCH_BLOCK, (offsets, np.int64(m), np.int64(n), self.bad))
             self._host = cupyx.empty_pinned(1, dtype=np.int32)
-            checked = cupy.cuda.get_current_stream().record()
-            side = _flag_stream(device)
+            work = cupy.cuda.get_current_stream()
+            checked = work.record()
+            side = _flag_stream(device, work.ptr)
             side.wait_event(checked)
             cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, self.bad.data.ptr, 4,
                                           cupy.cuda.runtime.memcpyDeviceToHost, side.ptr)
