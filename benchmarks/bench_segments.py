@@ -52,6 +52,10 @@ TARGET = {2**10: 0.85, 10**5: 0.8, 2**20: 0.85, 10**7: 0.5}
 SCAN_TARGET = {2**10: 0.8, 10**5: 0.8, 2**20: 0.8, 10**7: 0.5}
 
 
+def target_note(ratio: float, target: float) -> str:
+    return f"; target {target} x: {'met' if ratio >= target else 'NOT met'}"
+
+
 def count_label(m: int) -> str:
     """A segment count as the tables write it: 10^k or 2^k where it is one, else the number."""
     for base in (10, 2):
@@ -163,7 +167,7 @@ def run(args, cupy, torch, env) -> list:
                         note=f"all bytes {moved / ms / 1e6 / copy:.3f} x copy")
             row.extra = {"segments": m, "target": TARGET.get(m)}
             if name.startswith("multireduce") and m in TARGET:
-                row.note += f"; target {TARGET[m]} x: {'met' if gbps / copy >= TARGET[m] else 'NOT met'}"
+                row.note += target_note(gbps / copy, TARGET[m])
             rows.append(row)
         del starts, ends
     del total
@@ -239,7 +243,7 @@ def _scan_rows(cupy, xs, n: int, copy: float) -> list:
             row = h.Row(family, name, "float32", n, ms, gbps, gbps / copy, ok, note="read + written vs copy")
             row.extra = {"segments": m, "target": SCAN_TARGET.get(m)}
             if name.startswith("multireduce") and m in SCAN_TARGET:
-                row.note += f"; target {SCAN_TARGET[m]} x: {'met' if gbps / copy >= SCAN_TARGET[m] else 'NOT met'}"
+                row.note += target_note(gbps / copy, SCAN_TARGET[m])
             rows.append(row)
         del starts, want
         cupy.get_default_memory_pool().free_all_blocks()

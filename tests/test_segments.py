@@ -451,6 +451,48 @@ def test_replayed_head_masks_skip_repeats_and_stay_inside_the_items():
     assert _thread_heads(offsets, 0, len(offsets), 12, 1) == 1
 
 
+def _closing_by_predicated_stores(items, mask, before):
+    """segment_reduce_tiles' general closing code for one lane (a head mask without repeats), replayed on
+    expressions: (the fold after the last head, the first closure, the closures stored by index)."""
+    acc, j, first, stored = "acc", 0, None, {}
+    for k in range(items):
+        head = (mask >> k) & 1
+        if head and j > 0:
+            stored[before + j] = acc
+        first = acc if head and j == 0 else first
+        j += head
+        acc = f"e{k}" if head else f"({acc}.e{k})"
+    return acc, first, stored
+
+
+def _closing_at_heads(items, mask, before, heads):
+    """The same lane through fold_at_heads<ITEMS, HEADS>: each element position compared with the lane's
+    first HEADS head positions, the closures kept, the second one stored afterwards."""
+    at, rest = [], mask
+    for _ in range(heads):
+        at.append((rest & -rest).bit_length() - 1 if rest else items)
+        rest &= rest - 1
+    acc, closes = "acc", ["acc"] * heads
+    for k in range(items):
+        hit = [k == a for a in at]
+        closes = [acc if h else c for h, c in zip(hit, closes)]
+        acc = f"e{k}" if any(hit) else f"({acc}.e{k})"
+    lane_heads = bin(mask).count("1")
+    stored = {before + 1: closes[1]} if lane_heads == 2 else {}
+    return acc, closes[0] if lane_heads else None, stored
+
+
+@pytest.mark.parametrize("items", [16, 32])
+def test_closing_at_heads_folds_as_the_predicated_stores(items):
+    """Every lane mask of at most two heads, through each fast path that admits it: the same fold after
+    the last head, the same first closure and the same closure stored, in the same order of operations."""
+    masks = [0] + [1 << a for a in range(items)] + [(1 << a) | (1 << b) for a in range(items) for b in range(a + 1, items)]
+    for mask in masks:
+        want = _closing_by_predicated_stores(items, mask, before=6)
+        for heads in (1, 2) if bin(mask).count("1") <= 1 else (2,):
+            assert _closing_at_heads(items, mask, 6, heads) == want, (mask, heads)
+
+
 def test_scan_instantiations_fit_the_kernel_shape():
     """Every built-in scan instantiation: a thread's heads fit one 32-bit mask and its items are whole
     16-byte vectors in and out (the kernel's static_asserts, checked here without nvcc)."""
