@@ -225,6 +225,48 @@ def remember(x, holder: dict, client=None) -> None:
             _seen.pop(next(iter(_seen)))
 
 
+def remember_chunks(holder: dict, client=None) -> None:
+    """Record ``holder`` (chunk key -> worker, chunks of one or more arrays, not necessarily all of any)
+    into each array's recorded placement (``remember``), kept where recorded within
+    ``multireduce.placement-reuse``: an expression over held arrays reads some of their chunks, and a
+    bare call over one of them may read them all."""
+    client = client or default_client()
+    if client is None:
+        return
+    reuse = setting("multireduce.placement-reuse")
+    by_name: dict = {}
+    for k, w in holder.items():
+        by_name.setdefault(k[0] if isinstance(k, tuple) and k else k, {})[k] = w
+    now = time.monotonic()
+    with _seen_lock:
+        for name, part in by_name.items():
+            entry = _seen.pop((client.id, name), None)
+            kept = entry[1] if entry is not None and reuse and now - entry[0] <= reuse else {}
+            _seen[(client.id, name)] = (now, {**kept, **part})
+        while len(_seen) > _SEEN_MAX:
+            _seen.pop(next(iter(_seen)))
+
+
+def recently_seen_chunks(keys, client=None) -> dict | None:
+    """Chunk key -> worker for every one of ``keys`` (chunks of persisted arrays) from the placements
+    recorded within ``multireduce.placement-reuse`` (``remember``, ``remember_chunks``); None where some
+    key is not covered. A placement gone stale costs the caller a lookup, never a wrong value: a worker
+    answers for chunks it no longer holds with a request to look them up."""
+    reuse = setting("multireduce.placement-reuse")
+    client = client or default_client()
+    if not reuse or client is None:
+        return None
+    now = time.monotonic()
+    found = {}
+    with _seen_lock:
+        for k in keys:
+            entry = _seen.get((client.id, k[0] if isinstance(k, tuple) and k else k))
+            if entry is None or now - entry[0] > reuse or k not in entry[1]:
+                return None
+            found[k] = entry[1][k]
+    return found
+
+
 def recently_seen(x, client=None) -> dict | None:
     """``x``'s placement as recorded by ``remember`` within ``multireduce.placement-reuse`` (default
     10 s; 0: never), if it covers every chunk of ``x``; else None."""
@@ -332,9 +374,12 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     if not sources.ok:
         return None
     if sources.held_only:
-        found = holders_of(sources.futures, client)
+        found = recently_seen_chunks(sources.futures, client)
         if found is None:
-            return None
+            found = holders_of(sources.futures, client)
+            if found is None:
+                return None
+            remember_chunks(found, client)
         chunk_worker = {}
         for k in sources.keys:
             workers = {found[f] for f in sources.reads[k]}

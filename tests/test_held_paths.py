@@ -12,7 +12,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import multireduce as mr  # noqa: E402
-from multireduce import direct  # noqa: E402
+from multireduce import direct, placement  # noqa: E402
 
 from .helpers import persist_spread, task_graphs  # noqa: E402
 
@@ -256,12 +256,12 @@ def _stale_first_plan(monkeypatch):
     reads (as if a replica were dropped between the lookup and the call); later plans are right."""
     real, calls = direct._recipes_by_worker, []
 
-    def planner(sources, client):
+    def planner(sources, found):
         calls.append(1)
-        recipes, where = real(sources, client)
+        recipes, where = real(sources, found)
         if len(calls) > 1:
             return recipes, where
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(placement.default_client().scheduler_info()["workers"])
         moved = {workers[(workers.index(w) + 1) % len(workers)]: r for w, r in recipes.items()}
         return moved, {k: workers[(workers.index(w) + 1) % len(workers)] for k, w in where.items()}
 
@@ -281,6 +281,44 @@ def test_expressions_planned_again_where_a_chunk_moved_after_the_lookup(cpu_clie
     out, stream = _no_tasks(cpu_client, lambda: mr.cumsum(x * 2 - 1, axis=0).persist())
     assert stream == [] and len(calls) == 2 and direct.last_decline is None
     assert np.array_equal(out.compute(), _graph(lambda v: mr.cumsum(v, axis=0), x * 2 - 1), equal_nan=True)
+
+
+def test_expressions_reuse_the_placement_seen_last_and_look_it_up_when_stale(cpu_client, field, monkeypatch):
+    """An expression over held chunks plans its recipes from where the chunks were seen last: a second call
+    asks the scheduler nothing (no ``who_has``), and a recorded placement gone stale (every chunk said to be
+    on another worker) costs one lookup, never a task or a wrong value."""
+    a, x = field
+    lookups = []
+    real = placement.holders_of
+
+    def counted(futures, client):
+        lookups.append(len(futures))
+        return real(futures, client)
+
+    monkeypatch.setattr(placement, "holders_of", counted)
+    want = _graph(lambda v: mr.sum(v, axis=0), x * 2 - 1)
+    expression = x * 2 - 1
+    for _ in range(2):
+        value, stream = _no_tasks(cpu_client, lambda: mr.sum(expression, axis=0).compute())
+        assert stream == [] and direct.last_decline is None
+        assert np.array_equal(value, want, equal_nan=True)
+    assert len(lookups) <= 1  # the first call may look up; the second reads what the first saw
+    keys = [k for k in placement.chunk_keys(x)]
+    seen = placement.recently_seen_chunks(keys, cpu_client)
+    assert seen is not None and set(seen) == set(keys)
+    workers = sorted(cpu_client.scheduler_info()["workers"])
+    assert len(workers) > 1
+    placement.remember_chunks({k: workers[(workers.index(w) + 1) % len(workers)] for k, w in seen.items()},
+                              cpu_client)
+    lookups.clear()
+    value, stream = _no_tasks(cpu_client, lambda: mr.sum(expression, axis=0).compute())
+    assert stream == [] and direct.last_decline is None and len(lookups) == 1
+    assert np.array_equal(value, want, equal_nan=True)
+    assert placement.recently_seen_chunks(keys, cpu_client) == seen  # the lookup's placement recorded
+    with dask.config.set({"multireduce.placement-reuse": 0}):
+        lookups.clear()
+        value, _ = _no_tasks(cpu_client, lambda: mr.sum(expression, axis=0).compute())
+        assert lookups and np.array_equal(value, want, equal_nan=True)  # looked up, not reused
 
 
 CHUNK_WHOLE = {
