@@ -117,7 +117,10 @@ def parse(argv=None):
                            "axes": "the field's mean over time, float32 and float64, split into the direct call, "
                                    "the busiest worker's work and the client's own time",
                            "expr": "expressions over a held array (sum(x * 2), argmax(abs(x)), var(x + 1)), "
-                                   "split as axes"})
+                                   "split as axes",
+                           "tall": "the tall matrix's row sums persisted, split into the direct call, the "
+                                   "outputs' registration, their lineage and the wait, beside no lineage and "
+                                   "dask.array"})
     p.add_argument("--cpu", action="store_true", help="a CPU LocalCluster with NumPy chunks, tiny sizes")
     p.add_argument("--scaling", action="store_true", help="the scaling table: worker counts x sizes x placements")
     p.add_argument("--paths", help=f"comma-separated, any of {', '.join(PATHS)} or all (default all)")

@@ -25,6 +25,14 @@ computes every held chunk's partial where it is (no task).
 the workers (``client.run``: the workers' work, their replies and the transfer to the client), the busiest
 worker's own work inside it, and the client's own time (planning, combining, the result on its GPU).
 
+``tall``: ``mr.sum(m, axis=1).persist()`` of the tall matrix of ``--paths axes`` (``--tall-cols`` columns,
+x's bytes, Dask's placement), every size of ``--chunk-log2``, from the call to every output key in memory,
+split into the direct call to the workers (each reduces and keeps its chunks' row sums), the busiest
+worker's own work inside it, the scheduler's registration of the outputs as data (``update_data``), the
+lineage graph's registration (``client.persist`` of one task per output, the client's part) and the wait
+for the keys; beside the same call with outputs registered as data only (no lineage: what lineage costs)
+and ``da.sum(m, axis=1).persist()``.
+
 ``expr``: whole reductions and statistics of a held 1-D float32 array and of expressions over it
 (``sum(x * 2)``, ``argmax(abs(x))``, ``var(x + 1)``), Dask's placement, the first size and chunk of
 ``--per-gpu-gib``/``--chunk-log2``, split as ``axes``.
@@ -49,7 +57,7 @@ def main(args, setting: h.Setting):
     n_workers = worker_counts(args.gpus, 4 if setting.cpu else setting.available)[-1]
     with setting.cluster(n_workers) as cluster, distributed.Client(cluster) as client:
         return {"phases": phases, "held": held, "groupby": groupby, "axes": axes,
-                "expr": expressions}[args.profile](args, setting, client, n_workers)
+                "expr": expressions, "tall": tall}[args.profile](args, setting, client, n_workers)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -649,3 +657,119 @@ def expressions(args, setting: h.Setting, client, n_workers: int) -> dict:
 HEADER_AXES = ("call", "wall ms", "direct calls ms", "busiest worker's work ms", "client's own ms", "direct calls",
                "declined")
 
+
+
+# ------------------------------------------------------------------------------------------------
+# tall
+# ------------------------------------------------------------------------------------------------
+HEADER_TALL = ("chunk", "chunks/worker", "call", "wall ms", "direct call ms", "busiest worker's work ms",
+               "update_data ms", "lineage ms", "wait ms", "other client ms", "declined")
+
+
+def _time_scans(dask_worker=None):
+    """Wraps multireduce.direct._scans_here in this worker (once) with a log of its durations; clears it."""
+    from multireduce import direct
+
+    fn = direct._scans_here
+    if not hasattr(fn, "log"):
+        def timed(*args, _real=fn, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                timed.log.append(time.perf_counter() - start)
+
+        timed.log = []
+        direct._scans_here = timed
+    direct._scans_here.log.clear()
+
+
+def _scans_log(dask_worker=None) -> float:
+    from multireduce import direct
+
+    return sum(direct._scans_here.log)
+
+
+def _data_only(client, x, kept, name, work, sources=None, chunks=None):
+    """``direct._register_with_lineage`` without the lineage: the outputs, registered as data by
+    ``update_data``, as a persisted array of bare futures (what a scatter gives)."""
+    import dask.array as da
+    import distributed
+    from dask.array.utils import meta_from_array
+    from dask.highlevelgraph import HighLevelGraph
+
+    futures = {k: distributed.Future(k, client) for per in work.values() for _, k, _ in per}
+    chunks = x.chunks if chunks is None else chunks
+    meta = meta_from_array(x._meta, ndim=len(chunks), dtype=kept.out_dtype)
+    return da.Array(HighLevelGraph.from_collections(name, futures, dependencies=[]), name, chunks, meta=meta)
+
+
+def tall(args, setting: h.Setting, client, n_workers: int) -> dict:
+    """``--profile tall``: see the module docstring."""
+    import dask.array as da
+    import distributed
+
+    import multireduce as mr
+    from benchmarks.multigpu import SEED, float32_sizes
+    from multireduce import direct
+
+    clocks: dict = {}
+
+    def clocked(label, fn):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                clocks[label] = clocks.get(label, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    real = {n: getattr(direct, n) for n in ("_run", "_keep_where_held", "_register_with_lineage")}
+    rows = []
+    for gib, log2, chunk, total in float32_sizes(args, n_workers):
+        cols = args.tall_cols
+        rows_per_chunk = max(chunk // cols, 1)
+        n_chunks = max(total // cols // rows_per_chunk, 1)
+        m, layout = place(client, setting, ((rows_per_chunk,) * n_chunks, (cols,)), "dask", seed=SEED + 1)
+        ref64 = client.persist(m.astype(np.float64).sum(axis=1))
+        tol = 4 * np.finfo(np.float32).eps * cols * cols
+        for label, register in (("mr.sum(m, axis=1).persist()", real["_register_with_lineage"]),
+                                ("the same, outputs registered as data only (no lineage)", _data_only),
+                                ("da.sum(m, axis=1).persist()", None)):
+            cells = []
+            for rep in range(args.repeats + 1):
+                client.run(_time_scans)
+                clocks.clear()
+                direct.last_decline = None
+                direct._run = clocked("run", real["_run"])
+                direct._keep_where_held = clocked("keep", real["_keep_where_held"])
+                direct._register_with_lineage = clocked("lineage", register or real["_register_with_lineage"])
+                try:
+                    start = time.perf_counter()
+                    out = mr.sum(m, axis=1).persist() if register else da.sum(m, axis=1).persist()
+                    returned = time.perf_counter()
+                    distributed.wait(out)
+                    wall = time.perf_counter() - start
+                finally:
+                    for n, fn in real.items():
+                        setattr(direct, n, fn)
+                work = max(client.run(_scans_log).values())
+                if rep == 0:  # every row sum against float64's, on the workers
+                    diff = h.to_float(da.max(abs(out.astype(np.float64) - ref64)).compute())
+                    assert diff <= tol, f"{label}: off by {diff} (tolerance {tol})"
+                run, keep, lineage = clocks.get("run", 0), clocks.get("keep", 0), clocks.get("lineage", 0)
+                cells.append((wall, run, work, keep - run - lineage, lineage, wall - (returned - start),
+                              (returned - start) - keep))
+                names = [out.name]
+                del out
+                h.wait_released(client, names)
+            med = [statistics.median(c[i] for c in cells[1:]) for i in range(7)]
+            rows.append((f"{rows_per_chunk}x{cols}", str(layout.per_worker), label,
+                         *(f"{v * 1e3:.1f}" for v in med), direct.last_decline or "-"))
+            print(h.md_table(HEADER_TALL, rows[-1:]).splitlines()[-1], flush=True)
+        names = [m.name, ref64.name]
+        del m, ref64
+        h.wait_released(client, names)
+        setting.free(client)
+    print(h.md_table(HEADER_TALL, rows), flush=True)
+    return {"rows": rows}

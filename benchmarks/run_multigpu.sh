@@ -9,9 +9,9 @@
 # --exact), paths (multigpu --paths all on every GPU: expressions, some axes, lazy sources, the graph, peak
 # memory, beside the held rows), axes (multigpu --paths axes on every GPU: the field's time mean, monthly
 # climatology, daily maximum and total, and the tall matrix), scaling (multigpu --scaling), profile (multigpu
-# --profile phases, --profile held), calls (multigpu --profile expr and --profile axes: expressions over a held
-# array and the field's mean over time, each call split into the workers' work, the replies and the client's
-# own time), notebook (notebooks/xarray_climatology.ipynb through tools/run_notebook.py).
+# --profile phases, --profile held), calls (multigpu --profile expr, --profile axes and --profile tall: expressions
+# over a held array, the field's mean over time and the tall matrix's persisted row sums, each call split into
+# the workers' work, the replies, the registration of outputs and the client's own time), notebook (notebooks/xarray_climatology.ipynb through tools/run_notebook.py).
 # Each phase fits one device call (<= 10 minutes); soakfull, bench, paths and scaling take one each. Every
 # benchmark is `python -m benchmarks SUITE` (--help lists the options).
 set -uo pipefail
@@ -93,7 +93,8 @@ fi
 if has calls; then
 timeout 240 python3 -m benchmarks multigpu --profile expr "$@" > "$OUT/profile-expr.log" 2>&1 || rc=1
 timeout 240 python3 -m benchmarks multigpu --profile axes "$@" > "$OUT/profile-axes.log" 2>&1 || rc=1
-grep -h "^x:\|^field\|^|" "$OUT/profile-expr.log" "$OUT/profile-axes.log" | awk '!seen[$0]++'
+timeout 240 python3 -m benchmarks multigpu --profile tall "$@" > "$OUT/profile-tall.log" 2>&1 || rc=1
+grep -h "^x:\|^field\|^|" "$OUT/profile-expr.log" "$OUT/profile-axes.log" "$OUT/profile-tall.log" | awk '!seen[$0]++'
 fi
 if has notebook; then
 # notebooks/xarray_climatology.ipynb as a script (the image has no Jupyter): a year of a 0.25-degree grid on
