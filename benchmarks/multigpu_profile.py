@@ -21,9 +21,10 @@ end and, from its transfer log, what came in (count, MB, seconds); beside one ``
 computes every held chunk's partial where it is (no task).
 
 ``axes``: the same field's mean over time, float32 (the chunk-ordered fold of float32 partials) and float64
-(summed per worker where the sums are exact in any order), each ``.compute()`` split into the direct call to
-the workers (``client.run``: the workers' work, their replies and the transfer to the client), the busiest
-worker's own work inside it, and the client's own time (planning, combining, the result on its GPU).
+(summed per worker where the sums are exact in any order): the lazy result's making timed, then each
+``.compute()`` split into the direct call to the workers (``client.run``: the workers' work, their replies
+and the transfer to the client), the busiest worker's own work inside it, and the client's own time
+(planning, combining, the result on its GPU).
 
 ``tall``: ``mr.sum(m, axis=1).persist()`` of the tall matrix of ``--paths axes`` (``--tall-cols`` columns,
 x's bytes, Dask's placement), every size of ``--chunk-log2``, from the call to every output key in memory,
@@ -542,8 +543,9 @@ def _worker_work_log(dask_worker=None) -> float:
 
 
 def _split_calls(client, calls, repeats: int, cprofile: bool = False) -> list:
-    """Each (label, make) of ``calls``: ``make().compute()`` timed whole and split into the direct calls to
-    the workers (``direct._run``), the busiest worker's own work inside them and the client's own time;
+    """Each (label, make) of ``calls``: ``make()`` (the lazy result, as a notebook's line makes it) timed,
+    then its ``.compute()`` timed whole and split into the direct calls to the workers (``direct._run``),
+    the busiest worker's own work inside them and the client's own time;
     median ms over ``repeats`` after a warm-up, each repetition after the previous result's keys left.
     ``cprofile``: then three more calls under cProfile (the client's main thread, by own time)."""
     from multireduce import direct
@@ -567,18 +569,20 @@ def _split_calls(client, calls, repeats: int, cprofile: bool = False) -> list:
                 client.run(_time_worker_work)
                 runs.clear()
                 direct.last_decline = None
+                made = time.perf_counter()
                 result = make()
                 start = time.perf_counter()
                 result.compute()
                 wall = time.perf_counter() - start
                 work = max(client.run(_worker_work_log).values())
-                cells.append((wall, sum(runs), work, len(runs)))
+                cells.append((wall, sum(runs), work, start - made, len(runs)))
                 names = [result.name]
                 del result
                 h.wait_released(client, names)  # the next repetition may not reuse this one's keys
-            med = [statistics.median(c[i] for c in cells[1:]) for i in range(3)]
-            rows.append((label, f"{med[0] * 1e3:.1f}", f"{med[1] * 1e3:.1f}", f"{med[2] * 1e3:.1f}",
-                         f"{(med[0] - med[1]) * 1e3:.1f}", str(cells[-1][3]), direct.last_decline or "-"))
+            med = [statistics.median(c[i] for c in cells[1:]) for i in range(4)]
+            rows.append((label, f"{med[3] * 1e3:.2f}", f"{med[0] * 1e3:.1f}", f"{med[1] * 1e3:.1f}",
+                         f"{med[2] * 1e3:.1f}", f"{(med[0] - med[1]) * 1e3:.1f}", str(cells[-1][4]),
+                         direct.last_decline or "-"))
             print(h.md_table(HEADER_AXES, rows[-1:]).splitlines()[-1], flush=True)
             if cprofile:
                 print(f"## client: cProfile of 3 x {label}.compute() (main thread)\n{_cprofiled_calls(client, make)}",
@@ -654,8 +658,8 @@ def expressions(args, setting: h.Setting, client, n_workers: int) -> dict:
         ("mr.var(x + 1)", lambda: mr.var(x + 1))), args.repeats, args.cprofile)}
 
 
-HEADER_AXES = ("call", "wall ms", "direct calls ms", "busiest worker's work ms", "client's own ms", "direct calls",
-               "declined")
+HEADER_AXES = ("call", "making the result ms", "wall ms", "direct calls ms", "busiest worker's work ms",
+               "client's own ms", "direct calls", "declined")
 
 
 
