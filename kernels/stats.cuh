@@ -564,25 +564,44 @@ __device__ __forceinline__ S load_from_l2(const S* p) {
   return u.state;
 }
 
+template <bool FromThisGrid, class S>
+__device__ __forceinline__ S load_state(const S* p) {
+  if constexpr (FromThisGrid) {
+    return load_from_l2(p);
+  } else {
+    return *p;
+  }
+}
+
 // p[k * stride] for k < splits merged by one block in a fixed order: thread t merges k = t, t + Block, ...
-// in turn, then the threads merge as block_merge does (thread 0's result); every thread calls it.
+// in turn, then the threads merge as block_merge does (thread 0's result); every thread calls it. A
+// thread's States are loaded up to four at a time, all in flight before its first merge: stats_whole's
+// last block merges a few States per thread (528 at 2^26 elements on 132 SMs: two or three each), and
+// one L2 load after another is part of the tail that the one launch adds after its streaming part
+// (argmax / any of float32 at 2^26: 0.910-0.911 / 0.991-0.992 -> 0.919-0.920 / 0.995-0.998 x copy, H200). Except
+// stats_whole's moments (32-byte States): four of them in flight spilled in its last block (ptxas,
+// sm_90, 64 registers) and var of float32 at 2^26 fell 0.894 -> 0.882 x copy, so they load one at a time.
 // ``FromThisGrid`` (stats_whole's last block): the States were written by other blocks of the running
-// grid, so they are loaded one at a time from L2, which also leaves the registers to the loads of its
-// streaming part; otherwise (stats_fold) four loads at a time. The order is the same either way.
+// grid, so they are loaded from L2. The order is the same either way.
 template <class Stat, int Block, bool FromThisGrid>
 __device__ __forceinline__ typename Stat::State merge_in_block(const typename Stat::State* p, index_t splits,
                                                                index_t stride) {
-  typename Stat::State s = Stat::start();
-  index_t k = threadIdx.x;
-  if constexpr (FromThisGrid) {
-    for (; k < splits; k += Block) s = Stat::merge(s, load_from_l2(p + k * stride));
-  } else {
-    for (; k + 3 * Block < splits; k += 4 * Block) {
-      const typename Stat::State a = p[k * stride], b = p[(k + Block) * stride];
-      const typename Stat::State c = p[(k + 2 * Block) * stride], d = p[(k + 3 * Block) * stride];
-      s = Stat::merge(Stat::merge(Stat::merge(Stat::merge(s, a), b), c), d);
-    }
-    for (; k < splits; k += Block) s = Stat::merge(s, p[k * stride]);
+  typedef typename Stat::State State;
+  State s = Stat::start();
+  if constexpr (FromThisGrid && sizeof(State) > 16) {
+    for (index_t k = threadIdx.x; k < splits; k += Block) s = Stat::merge(s, load_from_l2(p + k * stride));
+    return block_merge<Stat, Block>(s);
+  }
+  for (index_t k = threadIdx.x; k < splits; k += 4 * Block) {
+    const bool has_b = k + Block < splits, has_c = k + 2 * Block < splits, has_d = k + 3 * Block < splits;
+    const State a = load_state<FromThisGrid>(p + k * stride);
+    const State b = has_b ? load_state<FromThisGrid>(p + (k + Block) * stride) : a;
+    const State c = has_c ? load_state<FromThisGrid>(p + (k + 2 * Block) * stride) : a;
+    const State d = has_d ? load_state<FromThisGrid>(p + (k + 3 * Block) * stride) : a;
+    s = Stat::merge(s, a);
+    if (has_b) s = Stat::merge(s, b);
+    if (has_c) s = Stat::merge(s, c);
+    if (has_d) s = Stat::merge(s, d);
   }
   return block_merge<Stat, Block>(s);
 }
