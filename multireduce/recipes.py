@@ -18,6 +18,9 @@ whose one output feeds many chunks) is not split (``None``): its tasks stay Dask
 
 from __future__ import annotations
 
+import copy
+import threading
+import weakref
 from collections import Counter
 from typing import Hashable, Iterable, Iterator, Mapping, Sequence
 
@@ -184,8 +187,19 @@ class ChunkSources:
     @classmethod
     def of(cls, x) -> "ChunkSources":
         """``ChunkSources(x)``, read once per array: a dask array's graph never changes, and one call may
-        ask several times (is it held? how is it grouped?)."""
-        return read_once(x, "_multireduce_sources", cls)
+        ask several times (is it held? how is it grouped?). An expression over held chunks read before
+        under the same name, over the same futures, is not read again (``_seen_over_held``)."""
+        return read_once(x, "_multireduce_sources", _seen_over_held)
+
+    def _without_futures(self) -> "ChunkSources":
+        kept = copy.copy(self)
+        kept.futures = {}
+        return kept
+
+    def _with_futures(self, futures: dict) -> "ChunkSources":
+        found = copy.copy(self)
+        found.futures = futures
+        return found
 
     @property
     def held_only(self) -> bool:
@@ -213,6 +227,55 @@ class ChunkSources:
                             | {k for k in group if k not in tasks}, key=str)
             out.append(Recipe(tasks, list(group), inputs))
         return out, shared
+
+
+# What the graphs of expressions over held chunks were read as, per held future (weakly: an entry goes
+# with the persisted array whose future it is) and expression name, without the futures themselves (an
+# entry holding its own key would never go). A notebook writes the same expression again (``mr.sum(x *
+# 2)`` in a loop, cell after cell), and each ``x * 2`` is a new dask array of the same name whose graph
+# Dask lays out again to be read: 3.4 ms of making ``mr.sum(x * 2)`` over 32 held chunks on 4 x H200,
+# against 0.6 ms for ``mr.sum(x)`` (2026-11-27). The same name over the same futures is the same graph.
+_read_over_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_read_over_held_lock = threading.Lock()
+_READ_PER_FUTURE = 16
+
+
+def _futures_laid_out(x) -> dict | None:
+    """{key: Future} in the layers of ``x``'s graph already laid out (a persisted array's own), read
+    without laying out the others; None without distributed or a layered graph."""
+    try:
+        from distributed import Future
+    except ImportError:
+        return None
+    layers = getattr(x.__dask_graph__(), "layers", None)
+    if layers is None:
+        return None
+    found = {}
+    for layer in layers.values():
+        if getattr(layer, "is_materialized", lambda: False)():
+            found.update((k, v) for k, v in layer.items() if isinstance(v, Future))
+    return found
+
+
+def _seen_over_held(x) -> ChunkSources:
+    """``ChunkSources(x)``, or what it was read as under ``x``'s name over the same futures."""
+    held = _futures_laid_out(x)
+    if not held:
+        return ChunkSources(x)
+    anchor = held[min(held, key=str)]
+    with _read_over_held_lock:
+        seen = _read_over_held.get(anchor, {}).get(x.name)
+    if seen is not None and seen[0] == frozenset(held):
+        return seen[1]._with_futures(held)
+    found = ChunkSources(x)
+    if set(found.futures) == set(held):  # every future it reads was found without laying out the graph
+        with _read_over_held_lock:
+            per = _read_over_held.setdefault(anchor, {})
+            per.pop(x.name, None)
+            per[x.name] = (frozenset(held), found._without_futures())
+            while len(per) > _READ_PER_FUTURE:
+                per.pop(next(iter(per)))
+    return found
 
 
 __all__ = ["Recipe", "ChunkSources", "read_once"]

@@ -166,6 +166,45 @@ def test_expressions_over_persisted_arrays_run_where_the_chunks_are(cpu_client):
     assert np.array_equal(mr.sum(y).compute(), _graph_bits(mr.sum, y))
 
 
+def test_an_expression_over_held_chunks_is_read_once_per_name_and_futures(cpu_client, monkeypatch):
+    """The same expression made again over the same persisted array (a new ``x * 2`` of the same name) is
+    not read from its graph again, and gives the same bits; the array persisted again (new futures under
+    the same keys) is read anew; what was read goes with the persisted array."""
+    import gc
+
+    from multireduce import recipes
+
+    reads = []
+    real_init = ChunkSources.__init__
+
+    def counted(self, x):
+        reads.append(x.name)
+        real_init(self, x)
+
+    monkeypatch.setattr(ChunkSources, "__init__", counted)
+    a = _data(seed=8)
+    x = cpu_client.persist(da.from_array(a, chunks=997))
+    distributed.wait(x)
+    want = _graph_bits(lambda v: mr.sum(v * 2), x)
+    values = [mr.sum(x * 2).compute() for _ in range(3)]
+    assert all(np.array_equal(v, want) for v in values)
+    assert reads.count((x * 2).name) == 1
+    assert np.array_equal(mr.var(x + 1).compute(), _graph_bits(lambda v: mr.var(v + 1), x))
+    assert reads.count((x + 1).name) == 1
+    entries = len(recipes._read_over_held)
+    assert entries >= 1
+    name = x.name
+    del x, values
+    gc.collect()
+    assert len(recipes._read_over_held) == entries - 1  # gone with the persisted array's futures
+    x = cpu_client.persist(da.from_array(a, chunks=997))  # the same keys, new futures
+    distributed.wait(x)
+    assert x.name == name
+    reads.clear()
+    assert np.array_equal(mr.sum(x * 2).compute(), want)
+    assert reads.count((x * 2).name) == 1
+
+
 SCANS = {
     "cumsum": mr.cumsum, "cumprod": lambda x: mr.cumprod(x / 8 + 1), "exact": lambda x: mr.cumsum(x, exact=True),
     "nancumsum": mr.nancumsum, "axis0": lambda x: mr.cumsum(x.reshape(-1, 3), axis=0),
