@@ -325,12 +325,37 @@ class _NotFusable(Exception):
 
 
 def split_steps(x, any_input: bool = False):
-    """``read_steps(x, any_input)``, read once per array."""
-    from .recipes import read_once
+    """``read_steps(x, any_input)``, read once per array, and once per name over the same held chunks
+    (``recipes.read_over_held``: a notebook makes the same expression again as a new array)."""
+    from .recipes import read_once, read_over_held
 
-    if any_input:
-        return read_once(x, "_multireduce_steps_any_input", lambda a: read_steps(a, any_input=True))
-    return read_once(x, "_multireduce_steps", read_steps)
+    def read(a):
+        return read_over_held(a, f"steps-{any_input}", lambda b: read_steps(b, any_input=any_input),
+                              _steps_kept, _steps_remade)
+
+    return read_once(x, "_multireduce_steps_any_input" if any_input else "_multireduce_steps", read)
+
+
+_NO_STEPS = ("no steps",)
+
+
+def _steps_kept(found, held):
+    """What ``read_steps`` found, without the array it returns (which holds the futures): the input's
+    name and the steps."""
+    return _NO_STEPS if found is None else (found[0].name, found[1])
+
+
+def _steps_remade(x, kept, held):
+    """``read_steps``' value from what ``_steps_kept`` kept, the input array made again from ``x``'s graph."""
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+
+    if kept is _NO_STEPS:
+        return None
+    name, steps = kept
+    graph = x.__dask_graph__()
+    meta = meta_from_array(x._meta, ndim=x.ndim, dtype=np.dtype(x.dtype))
+    return da.Array(graph.cull_layers([name]), name, x.chunks, meta=meta), steps
 
 
 def read_steps(x, any_input: bool = False):

@@ -161,6 +161,38 @@ def test_held_chunks_are_reduced_and_scanned_through_the_steps_on_a_cluster(fusi
         assert [_bits(g) for g in got] == [_bits(w) for w in want]
 
 
+def test_the_steps_of_an_expression_over_held_chunks_are_read_once_per_name(fusing, monkeypatch):
+    """The same expression made again as a new array over the same persisted chunks is not read again:
+    its steps and the array they read come back as read the first time (no future kept in between), and
+    the reductions through them give the bits read anew; an expression without steps is remembered as
+    such."""
+    distributed = pytest.importorskip("distributed")
+    reads = []
+    real = fusion.read_steps
+    monkeypatch.setattr(fusion, "read_steps", lambda x, any_input=False: reads.append(x.name)
+                        or real(x, any_input=any_input))
+    xn = _data()
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                                  scheduler_port=0) as cluster, distributed.Client(cluster) as client:
+        x = client.persist(da.from_array(xn, chunks=(CHUNKS,)))
+        distributed.wait(x)
+        first = fusion.split_steps(x * 2 + 1)
+        again = fusion.split_steps(x * 2 + 1)
+        assert reads == [(x * 2 + 1).name]
+        assert again[0].name == first[0].name == x.name and again[1] == first[1]
+        assert again[0].chunks == x.chunks and again[0].dtype == x.dtype
+        assert dict(again[0].__dask_graph__()) == dict(x.__dask_graph__())  # the held futures themselves
+        got = [mr.sum(x * 2 + 1).compute() for _ in range(2)]
+        with dask.config.set({"multireduce.fuse-elementwise": False}):
+            want = mr.sum(x * 2 + 1).compute()
+        assert all(_bits(g) == _bits(want) for g in got)
+        reads.clear()
+        stacked = da.concatenate([x, x])  # no steps at the top
+        assert fusion.split_steps(stacked) is None and fusion.split_steps(da.concatenate([x, x])) is None
+        assert len(reads) == 1
+        assert fusion.split_steps(x * 2 + 1, any_input=True) is not None and len(reads) == 2  # read apart
+
+
 STATISTICS = {
     "var": lambda e: mr.var(e).compute(), "std_axis0": lambda e: mr.std(e, axis=0, ddof=1).compute(),
     "nanvar": lambda e: mr.nanvar(e).compute(), "nanmean": lambda e: mr.nanmean(e).compute(),
