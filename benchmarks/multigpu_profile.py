@@ -41,6 +41,7 @@ and ``da.sum(m, axis=1).persist()``.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -350,6 +351,17 @@ def held(args, setting: h.Setting, client, n_workers: int) -> dict:
     return tables
 
 
+def _clocked(spent: dict, label, fn):
+    """``fn``, adding the seconds each call of it takes to ``spent[label]``."""
+    def wrapper(*a, **k):
+        start = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+    return wrapper
+
+
 def _scan_phases(client, x, repeats: int) -> list:
     """The held scan (``direct.scan_persisted``) split into its phases by timing the functions it calls:
     the chunks' totals (one ``client.run``), the scans kept on the workers (the second), the outputs
@@ -359,15 +371,7 @@ def _scan_phases(client, x, repeats: int) -> list:
     from multireduce import direct
 
     spent: dict = {}
-
-    def clocked(label, fn):
-        def run(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
-        return run
+    clocked = functools.partial(_clocked, spent)
 
     real_run, real_values, real_register = direct._run, direct.held_values, direct._register_with_lineage
 
@@ -516,11 +520,11 @@ def groupby(args, setting: h.Setting, client, n_workers: int) -> dict:
 _TIMED = ("_totals_here", "values_here")  # the workers' share of the direct paths over some axes
 
 
-def _time_worker_work(dask_worker=None):
-    """Wraps ``_TIMED`` of multireduce.direct in this worker (once) with a log of their durations; clears it."""
+def _time_worker_work(names=_TIMED, dask_worker=None):
+    """Wraps ``names`` of multireduce.direct in this worker (once) with a log of their durations; clears it."""
     from multireduce import direct
 
-    for name in _TIMED:
+    for name in names:
         fn = getattr(direct, name)
         if not hasattr(fn, "log"):
             def timed(*args, _real=fn, **kwargs):
@@ -536,10 +540,10 @@ def _time_worker_work(dask_worker=None):
         getattr(direct, name).log.clear()
 
 
-def _worker_work_log(dask_worker=None) -> float:
+def _worker_work_log(names=_TIMED, dask_worker=None) -> float:
     from multireduce import direct
 
-    return sum(sum(getattr(direct, name).log) for name in _TIMED)
+    return sum(sum(getattr(direct, name).log) for name in names)
 
 
 def _split_calls(client, calls, repeats: int, cprofile: bool = False) -> list:
@@ -670,30 +674,6 @@ HEADER_TALL = ("chunk", "chunks/worker", "call", "wall ms", "direct call ms", "b
                "update_data ms", "lineage ms", "wait ms", "other client ms", "declined")
 
 
-def _time_scans(dask_worker=None):
-    """Wraps multireduce.direct._scans_here in this worker (once) with a log of its durations; clears it."""
-    from multireduce import direct
-
-    fn = direct._scans_here
-    if not hasattr(fn, "log"):
-        def timed(*args, _real=fn, **kwargs):
-            start = time.perf_counter()
-            try:
-                return _real(*args, **kwargs)
-            finally:
-                timed.log.append(time.perf_counter() - start)
-
-        timed.log = []
-        direct._scans_here = timed
-    direct._scans_here.log.clear()
-
-
-def _scans_log(dask_worker=None) -> float:
-    from multireduce import direct
-
-    return sum(direct._scans_here.log)
-
-
 def _data_only(client, x, kept, name, work, sources=None, chunks=None):
     """``direct._register_with_lineage`` without the lineage: the outputs, registered as data by
     ``update_data``, as a persisted array of bare futures (what a scatter gives)."""
@@ -718,15 +698,7 @@ def tall(args, setting: h.Setting, client, n_workers: int) -> dict:
     from multireduce import direct
 
     clocks: dict = {}
-
-    def clocked(label, fn):
-        def wrapper(*a, **k):
-            start = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                clocks[label] = clocks.get(label, 0.0) + time.perf_counter() - start
-        return wrapper
+    clocked = functools.partial(_clocked, clocks)
 
     real = {n: getattr(direct, n) for n in ("_run", "_keep_where_held", "_register_with_lineage")}
     rows = []
@@ -742,7 +714,7 @@ def tall(args, setting: h.Setting, client, n_workers: int) -> dict:
                                 ("da.sum(m, axis=1).persist()", None)):
             cells = []
             for rep in range(args.repeats + 1):
-                client.run(_time_scans)
+                client.run(_time_worker_work, ("_scans_here",))
                 clocks.clear()
                 direct.last_decline = None
                 direct._run = clocked("run", real["_run"])
@@ -757,7 +729,7 @@ def tall(args, setting: h.Setting, client, n_workers: int) -> dict:
                 finally:
                     for n, fn in real.items():
                         setattr(direct, n, fn)
-                work = max(client.run(_scans_log).values())
+                work = max(client.run(_worker_work_log, ("_scans_here",)).values())
                 if rep == 0:  # every row sum against float64's, on the workers
                     diff = h.to_float(da.max(abs(out.astype(np.float64) - ref64)).compute())
                     assert diff <= tol, f"{label}: off by {diff} (tolerance {tol})"
