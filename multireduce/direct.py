@@ -1166,8 +1166,10 @@ def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None,
         return work
 
     if sources is not None:  # the chunks made where what they read is: the recipes, planned again if moved
-        for found, _ in _sources_placements(sources, client):
+        for found, fresh in _sources_placements(sources, client):
             planned = _recipes_by_worker(sources, found)
+            if planned is None and not fresh:
+                continue  # the placement recorded may be stale: look it up
             if planned is None:
                 return _declined(f"some chunk of {x.name} reads chunks no one worker holds all of")
             recipes, where = planned
@@ -1602,15 +1604,11 @@ def _recipes_by_worker(sources, found: dict | None):
     held chunk key -> worker; the shared constants made on each worker that needs them), and {chunk key:
     worker}; None where ``found`` is None (some held chunk is in no worker's memory) or a chunk reads
     chunks held by several workers."""
-    if found is None:
+    where = None if found is None else placement.one_worker_each(sources, found)
+    if where is None:
         return None
     chunks: dict = {}
-    where = {}
     for k in sources.keys:
-        workers = {found[f] for f in sources.reads[k]}
-        if len(workers) != 1:
-            return None
-        where[k] = workers.pop()
         chunks.setdefault(where[k], []).append(k)
     recipes, shared = sources.recipes(list(chunks.values()))
     return {worker: _reading_held_only(recipe, shared) for worker, recipe in zip(chunks, recipes)}, where
@@ -1673,6 +1671,8 @@ def _recipe_replies(sources, fn, arguments):
     client = placement.default_client()
     for found, fresh in _sources_placements(sources, client):
         planned = _recipes_by_worker(sources, found)
+        if planned is None and not fresh:
+            continue  # the placement recorded may be stale: look it up
         if planned is None:
             return _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
         recipes, where = planned

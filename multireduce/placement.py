@@ -378,18 +378,19 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
     if not sources.ok:
         return None
     if sources.held_only:
-        found = recently_seen_chunks(sources.futures, client)
-        if found is None:
-            found = holders_of(sources.futures, client)
+        found = chunk_worker = None
+        for seen in (recently_seen_chunks(sources.futures, client), None):
+            found = seen
             if found is None:
-                return None
-            remember_chunks(found, client)
-        chunk_worker = {}
-        for k in sources.keys:
-            workers = {found[f] for f in sources.reads[k]}
-            if len(workers) != 1:  # a chunk made from chunks held apart: Dask moves them, as it would
-                return None
-            chunk_worker[k] = workers.pop()
+                found = holders_of(sources.futures, client)
+                if found is None:
+                    return None
+                remember_chunks(found, client)
+            chunk_worker = one_worker_each(sources, found)
+            if chunk_worker is not None or seen is None:
+                break  # else the placement recorded may be stale: look it up
+        if chunk_worker is None:  # a chunk made from chunks held apart: Dask moves them, as it would
+            return None
         split = by_worker(chunk_worker, commutative)
         split.holder = {f: found[f] for f in sources.futures}
     elif n <= tasks:
@@ -398,6 +399,18 @@ def grouping_of_sources(x, commutative: bool, client, sources=None) -> Grouping 
         split = even_groups(tasks)
     split.sources = sources
     return split
+
+
+def one_worker_each(sources, found: dict) -> dict | None:
+    """Chunk key -> the one worker holding every held chunk it reads (``found``: held key -> worker), or
+    None where some chunk reads chunks held apart."""
+    chunk_worker = {}
+    for k in sources.keys:
+        workers = {found[f] for f in sources.reads[k]}
+        if len(workers) != 1:
+            return None
+        chunk_worker[k] = workers.pop()
+    return chunk_worker
 
 
 def kept_groups_at_least() -> int:

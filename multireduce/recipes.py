@@ -19,6 +19,7 @@ whose one output feeds many chunks) is not split (``None``): its tasks stay Dask
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import weakref
 from collections import Counter
@@ -43,16 +44,20 @@ _UNREAD = object()
 
 
 def read_once(x, attribute: str, read):
-    """``read(x)``, kept on the dask array ``x`` as ``attribute``: its graph never changes, so what is read
-    from it holds for its lifetime (an array type without room for it is read again each time)."""
+    """``read(x)``, kept on the dask array ``x`` as ``attribute`` with the name it was read under: a graph
+    never changes under one name, so what is read from it holds while the name does. An array written
+    into (``x[i] = v``) is the same Python object under a new name and graph, and is read again (an array
+    type without room for it is read again each time)."""
     found = getattr(x, attribute, _UNREAD)
-    if found is _UNREAD:
-        found = read(x)
-        try:
-            setattr(x, attribute, found)
-        except AttributeError:
-            pass
-    return found
+    name = getattr(x, "name", None)
+    if found is not _UNREAD and found[0] == name:
+        return found[1]
+    value = read(x)
+    try:
+        setattr(x, attribute, (name, value))
+    except AttributeError:
+        pass
+    return value
 
 
 _DONE = object()
@@ -283,13 +288,50 @@ def read_over_held(x, what: str, read, keep, remake):
     return found
 
 
+# Literal arrays of more than this many bytes in all of an expression's tasks (``x + da.from_array(big)``)
+# are not kept by ``_read_over_held``: the entry would keep them alive after the caller let them go.
+_KEPT_LITERAL_BYTES = 1 << 20
+
+
+def _literal_bytes(node, future_type, depth: int = 0) -> float:
+    """The bytes of the literal arrays a graph node holds; infinite where it holds a Future anywhere (a
+    Future given as a task's argument is in no laid-out layer, and kept it would never be released) or is
+    too deep to tell."""
+    if isinstance(node, future_type) or depth > 12:
+        return math.inf
+    if isinstance(node, (str, bytes, int, float, complex, bool, type(None))):
+        return 0
+    nbytes = getattr(node, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(node, (list, tuple, set, frozenset)):
+        return sum(_literal_bytes(v, future_type, depth + 1) for v in node)
+    if isinstance(node, dict):
+        return sum(_literal_bytes(v, future_type, depth + 1) for v in node.values())
+    parts = (getattr(node, attribute, None) for attribute in ("func", "args", "kwargs", "value", "keywords"))
+    return sum(_literal_bytes(v, future_type, depth + 1) for v in parts if v is not None and v is not node)
+
+
+def _sources_kept(found: ChunkSources, held: dict):
+    """What ``_read_over_held`` keeps of ``found``: it without its futures, where every future it reads was
+    found without laying out the graph and its tasks hold nothing that must not outlive the caller's use."""
+    try:
+        from distributed import Future
+    except ImportError:
+        return None
+    if set(found.futures) != set(held):
+        return None
+    held_bytes = 0
+    for node in found.graph.values():
+        held_bytes += _literal_bytes(node, Future)
+        if held_bytes > _KEPT_LITERAL_BYTES:
+            return None
+    return found._without_futures()
+
+
 def _seen_over_held(x) -> ChunkSources:
     """``ChunkSources(x)``, or what it was read as under ``x``'s name over the same futures."""
-    return read_over_held(
-        x, "sources", ChunkSources,
-        # kept where every future it reads was found without laying out the graph
-        lambda found, held: found._without_futures() if set(found.futures) == set(held) else None,
-        lambda x, kept, held: kept._with_futures(held))
+    return read_over_held(x, "sources", ChunkSources, _sources_kept, lambda x, kept, held: kept._with_futures(held))
 
 
 __all__ = ["Recipe", "ChunkSources", "read_once"]

@@ -321,6 +321,23 @@ def test_expressions_reuse_the_placement_seen_last_and_look_it_up_when_stale(cpu
         assert lookups and np.array_equal(value, want, equal_nan=True)  # looked up, not reused
 
 
+def test_a_recorded_placement_holding_operands_apart_is_looked_up_again(cpu_client):
+    """Two held operands recorded on different workers (as they were, before one was replicated) are
+    looked up again, not sent to the graph: the expression then runs where the chunks are, no task."""
+    a = np.random.default_rng(12).standard_normal((60, 10))
+    b = a[::-1].copy()
+    workers = sorted(cpu_client.scheduler_info()["workers"])
+    x = cpu_client.persist(da.from_array(a, chunks=(10, 10)), workers=[workers[0]])
+    y = cpu_client.persist(da.from_array(b, chunks=(10, 10)), workers=[workers[1]])
+    distributed.wait([x, y])
+    _, stream = _no_tasks(cpu_client, lambda: mr.sum(x * y).compute())
+    assert stream and direct.last_decline is not None  # held apart: the graph
+    cpu_client.replicate(y, n=len(workers))
+    value, stream = _no_tasks(cpu_client, lambda: mr.sum(x * y).compute())
+    assert stream == [] and direct.last_decline is None
+    assert np.array_equal(value, _graph(mr.sum, x * y))
+
+
 CHUNK_WHOLE = {
     "sum1": lambda v: mr.sum(v, axis=1), "mean1k": lambda v: mr.mean(v, axis=1, keepdims=True),
     "var1": lambda v: mr.var(v, axis=1), "argmax1": lambda v: mr.argmax(v, axis=1),

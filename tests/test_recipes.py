@@ -209,6 +209,43 @@ def test_an_expression_over_held_chunks_is_read_once_per_name_and_futures(cpu_cl
     assert reads.count((x * 2).name) == 1
 
 
+def test_what_outlives_an_expression_is_not_kept_and_a_written_array_is_read_again(cpu_client):
+    """An expression whose tasks hold a future (``map_blocks(f, future)``) or more than a little literal
+    data (``x + da.from_array(big)``) is read again each time, so nothing keeps them once the caller lets
+    them go; an array written into (``x[i] = v``: the same object under a new name) is read again and
+    reduced as written."""
+    import gc
+
+    from multireduce import recipes
+
+    a = _data(n=400_003, seed=9)  # float32: 1.6 MB, more literal data than is kept
+    x = cpu_client.persist(da.from_array(a, chunks=50_000))
+    distributed.wait(x)
+    future = cpu_client.scatter(np.float32(5.0))
+    key = future.key
+    y = x.map_blocks(lambda b, f: b + f, future, dtype=np.float32)
+    assert np.array_equal(mr.sum(y).compute(), _graph_bits(mr.sum, y))
+    big = np.arange(a.size, dtype=np.float32)
+    alive = weakref.ref(big)
+    z = x + da.from_array(big, chunks=50_000)
+    assert np.array_equal(mr.sum(z).compute(), _graph_bits(mr.sum, z))
+    del y, future, z, big
+    gc.collect()
+    assert alive() is None
+    assert key not in cpu_client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+    assert not any(name.startswith(("lambda", "add")) for per in recipes._read_over_held.values()
+                   for _, name in per)
+    w = x * 2
+    assert np.array_equal(mr.sum(w).compute(), _graph_bits(mr.sum, w))
+    w[3] = 1e6
+    assert np.array_equal(mr.sum(w).compute(), _graph_bits(mr.sum, w))
+    x[0] = -7.0
+    want = a.copy()
+    want[0] = -7.0
+    with dask.config.set({"multireduce.placement": False}):
+        assert np.array_equal(mr.sum(x).compute(), mr.sum(want))
+
+
 SCANS = {
     "cumsum": mr.cumsum, "cumprod": lambda x: mr.cumprod(x / 8 + 1), "exact": lambda x: mr.cumsum(x, exact=True),
     "nancumsum": mr.nancumsum, "axis0": lambda x: mr.cumsum(x.reshape(-1, 3), axis=0),
