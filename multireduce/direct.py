@@ -1166,7 +1166,7 @@ def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None,
         return work
 
     if sources is not None:  # the chunks made where what they read is: the recipes, planned again if moved
-        for found, fresh in _sources_placements(sources, client):
+        for found, fresh in placement.sources_placements(sources, client):
             planned = _recipes_by_worker(sources, found)
             if planned is None and not fresh:
                 continue  # the placement recorded may be stale: look it up
@@ -1224,8 +1224,8 @@ class _GraphOnDemand:
     """A result whose task graph is built when something first asks for it (``.dask``): laying out the
     per-worker tasks is work the direct paths of ``.compute()`` / ``.persist()`` never need (a few ms
     on a GPU box, 2026-11-25). Placement is still read when the result is made (where the chunks were
-    seen last, else one ``who_has``, ~1 ms): the name follows the grouping, as the graph's always did, so two results under one name
-    never carry different tasks (Dask warns of that, and it happened when a worker died between two
+    seen last, else one ``who_has``, ~1 ms): the name follows the grouping, as the graph's always did,
+    so two results under one name never carry different tasks (Dask warns of that, and it happened when a worker died between two
     builds). First in the bases: the property shadows Dask's slot.
 
     Read by ``dask.compute`` / ``dask.persist`` / ``client.compute`` / ``client.persist`` to run it
@@ -1581,24 +1581,6 @@ def _totals_here(plan, keys: list, blocks, lane_of: dict) -> _Packed:
     return _Packed((host, merged))
 
 
-def _sources_placements(sources, client):
-    """Where the held chunks ``sources`` reads are, as (chunk key -> worker, looked up now), to plan its
-    recipes by: the placement recorded last (``placement.recently_seen_chunks``: no scheduler round trip,
-    1.6 ms on 4 x H200), then looked up (one ``who_has``, recorded) at most twice; (None, True) where some
-    held chunk is in no worker's memory. A caller takes the next where the workers found a chunk it read
-    gone (``_Moved``) or a worker of a recorded placement left."""
-    seen = placement.recently_seen_chunks(sources.futures, client)
-    if seen is not None:
-        yield seen, False
-    for _ in range(2):
-        found = placement.holders_of(sources.futures, client)
-        if found is None:
-            yield None, True
-            return
-        placement.remember_chunks(found, client)
-        yield found, True
-
-
 def _recipes_by_worker(sources, found: dict | None):
     """{worker: Recipe} making every chunk of ``sources`` on the worker holding what it reads (``found``:
     held chunk key -> worker; the shared constants made on each worker that needs them), and {chunk key:
@@ -1667,9 +1649,9 @@ def _recipe_replies(sources, fn, arguments):
     worker making chunks of ``sources`` (``_recipes_by_worker``), or None where the graph must run. The
     recipes are planned from where the chunks were seen last, and again from a lookup where a chunk they
     read is not there (a replica the Active Memory Manager dropped, a placement gone stale) or a worker
-    of that placement left (``_sources_placements``)."""
+    of that placement left (``placement.sources_placements``)."""
     client = placement.default_client()
-    for found, fresh in _sources_placements(sources, client):
+    for found, fresh in placement.sources_placements(sources, client):
         planned = _recipes_by_worker(sources, found)
         if planned is None and not fresh:
             continue  # the placement recorded may be stale: look it up

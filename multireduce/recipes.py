@@ -248,7 +248,12 @@ _READ_PER_FUTURE = 16
 
 def _futures_laid_out(x) -> dict | None:
     """{key: Future} in the layers of ``x``'s graph already laid out (a persisted array's own), read
-    without laying out the others; None without distributed or a layered graph."""
+    without laying out the others, once per array (its sources and its steps both ask); None without
+    distributed or a layered graph."""
+    return read_once(x, "_multireduce_futures_laid_out", _read_futures_laid_out)
+
+
+def _read_futures_laid_out(x) -> dict | None:
     try:
         from distributed import Future
     except ImportError:
