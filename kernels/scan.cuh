@@ -198,6 +198,69 @@ __device__ Acc look_back_fixed(const LookbackState<Acc>& st, index_t tile, index
   return op(op(before_super, e1), e0);
 }
 
+// ---- thread-block clusters (sm_90): the tiles of a cluster look back once -------------------------------
+// A cluster of CLUSTER consecutive tiles of one row: every block writes its aggregate into every block of
+// the cluster (distributed shared memory) and the cluster synchronizes; the first block folds the CLUSTER
+// aggregates, runs the fixed look-back over the row's clusters (one descriptor each, the same windows and
+// trees as for tiles: look_back_fixed), hands the fold before the cluster to every block, and the cluster
+// synchronizes again. Block r's exclusive prefix is then (before the cluster) op aggregate_0 op ... op
+// aggregate_{r-1}: fixed functions of the input, the same bits on every run, element order kept. Measured
+// on an H200 (float32 2^28: 0.85 -> 0.89 x copy, docs/profiles.md): one look-back through L2 per cluster
+// instead of one per tile. Every thread of the block calls it; it returns the tile's exclusive prefix in
+// every thread, and leaves the cluster free of remote accesses (a block may exit after it).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// *local's place in the shared memory of block ``rank`` of this cluster gets ``v``
+template <class Acc>
+__device__ __forceinline__ void store_in_block(Acc* local, unsigned rank, const Acc& v) {
+  static_assert(sizeof(Acc) == 4 || sizeof(Acc) == 8, "4- or 8-byte accumulators");
+  const unsigned here = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned there;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(there) : "r"(here), "r"(rank));
+  if constexpr (sizeof(Acc) == 4) {
+    asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(there), "r"(bits_as<unsigned>(v)) : "memory");
+  } else {
+    asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(there), "l"(bits_as<unsigned long long>(v)) : "memory");
+  }
+}
+
+template <class Acc, class Op, int CLUSTER>
+__device__ __forceinline__ Acc cluster_before_tile(const LookbackState<Acc>& st, index_t tile, index_t tiles_per_row,
+                                                   const Acc* carry_in, const Acc& aggregate, Acc identity, Op op) {
+  __shared__ Acc peer[CLUSTER];   // peer[r]: the aggregate of the cluster's block r
+  __shared__ Acc cluster_before;  // the fold of the row before the cluster
+  const int t = threadIdx.x;
+  const unsigned rank = static_cast<unsigned>(tile % CLUSTER);  // a 1-d cluster's blocks: consecutive indices
+  if (t < CLUSTER) store_in_block(&peer[rank], static_cast<unsigned>(t), aggregate);
+  cluster_barrier();
+  const index_t row = tile / tiles_per_row, clusters_per_row = tiles_per_row / CLUSTER;
+  const index_t cluster = tile / CLUSTER, row_first_cluster = row * clusters_per_row;
+  if (rank == 0 && t < kWarp) {
+    Acc all = peer[0];
+#pragma unroll
+    for (int r = 1; r < CLUSTER; ++r) all = op(all, peer[r]);
+    const Acc row_carry = carry_in ? carry_in[row] : identity;
+    Acc before = look_back_fixed(st, cluster, row_first_cluster, clusters_per_row, row_carry, all, identity, op);
+    if (cluster == row_first_cluster) before = row_carry;  // the carry itself, no identity folded in (keeps -0.0)
+    if (t < CLUSTER) store_in_block(&cluster_before, static_cast<unsigned>(t), before);
+  }
+  cluster_barrier();
+  Acc before = cluster_before;
+  for (unsigned r = 0; r < rank; ++r) before = op(before, peer[r]);
+  return before;
+}
+#else
+template <class Acc, class Op, int CLUSTER>
+__device__ __forceinline__ Acc cluster_before_tile(const LookbackState<Acc>&, index_t, index_t, const Acc*, const Acc&,
+                                                   Acc identity, Op) {
+  __trap();
+  return identity;
+}
+#endif
+
 // ---- asynchronous global -> shared copies (sm_80+; a plain copy through registers before) ---------
 __device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
 #if __CUDA_ARCH__ >= 800
@@ -251,10 +314,12 @@ struct LookbackTile {
                 "held layers are stored as whole output vectors");
 };
 
-template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS = 0, bool DETERMINISTIC = false>
-__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
-    scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity, const Acc* carry_in,
-                  unsigned long long* words, int inclusive) {
+// One tile of scan_lookback / scan_lookback_clustered (below): CLUSTER = 1, each tile looks back for
+// itself; CLUSTER > 1 (sm_90 thread-block clusters, the fixed look-back), the cluster's tiles hand their
+// aggregates to each other in distributed shared memory and one of them looks back for the cluster.
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS, bool DETERMINISTIC, int CLUSTER>
+__device__ __forceinline__ void lookback_tile(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity,
+                                              const Acc* carry_in, unsigned long long* words, int inclusive) {
   using Shape = LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>;
   constexpr int kTile = Shape::kTile, kShared = Shape::kShared, kVector = Shape::kVector;
   constexpr int kParts = 1 + REG_ROWS;
@@ -329,7 +394,10 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS
   block_exclusive_scan_parts<BLOCK>(part, op, identity, scratch, &aggregate);
 
   // the fold of everything before this tile
-  if (t < kWarp) {
+  if constexpr (CLUSTER > 1) {
+    const Acc before = cluster_before_tile<Acc, Op, CLUSTER>(st, tile, tiles_per_row, carry_in, aggregate, identity, op);
+    if (t == 0) tile_exclusive = before;
+  } else if (t < kWarp) {
     const Acc row_carry = carry_in ? carry_in[row] : identity;
     Acc before;
     if constexpr (DETERMINISTIC) {
@@ -406,6 +474,35 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS
     }
   }
 }
+
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS = 0, bool DETERMINISTIC = false>
+__global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
+    scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity, const Acc* carry_in,
+                  unsigned long long* words, int inclusive) {
+  lookback_tile<T, Acc, Out, Op, BLOCK, ITEMS, REG_ROWS, DETERMINISTIC, 1>(in, out, K, tiles_per_row, identity, carry_in,
+                                                                         words, inclusive);
+}
+
+// The fixed look-back with tiles in thread-block clusters of CLUSTER (sm_90 and later; the launcher asks for
+// it only there: tuning.Policy.scan_cluster). ``tiles_per_row`` is a whole number of clusters (the row's
+// last ones may hold no element); one descriptor per cluster. Below sm_90 it compiles to a trap.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MR_CLUSTER_DIMS(n)
+#else
+#define MR_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#endif
+template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS, int CLUSTER>
+__global__ void MR_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
+    scan_lookback_clustered(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity,
+                            const Acc* carry_in, unsigned long long* words, int inclusive) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();
+#else
+  lookback_tile<T, Acc, Out, Op, BLOCK, ITEMS, REG_ROWS, true, CLUSTER>(in, out, K, tiles_per_row, identity, carry_in,
+                                                                      words, inclusive);
+#endif
+}
+#undef MR_CLUSTER_DIMS
 
 // ---- one axis with inner > 1: one thread per (outer, inner) column, in order ---------------------
 template <class T, class Acc, class Out, class Op>

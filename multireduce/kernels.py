@@ -129,15 +129,43 @@ def reduce_catalogue_names(T: str, Acc: str, Op: str, p: Policy) -> Group:
 
 
 @functools.lru_cache(maxsize=None)
-def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, shape: ScanShape, deterministic: bool = False) -> Group:
+def scan_names(T: str, Acc: str, Out: str, Op: str, p: Policy, shape: ScanShape, deterministic: bool = False,
+               cluster: int = 0) -> Group:
     """The production scans for element type T, accumulator Acc and output Out, by role; ``shape`` is the
-    look-back kernel's tile, ``deterministic`` its fixed (timing-independent) look-back."""
+    look-back kernel's tile, ``deterministic`` its fixed (timing-independent) look-back; ``cluster`` > 1
+    adds that look-back with tiles in thread-block clusters of ``cluster`` ("lookback_clustered")."""
     flag = "true" if deterministic else "false"
-    return _group(ENTRY, {
+    names = {
         "lookback": (f"mr::scan_lookback<{T}, {Acc}, {Out}, {Op}, {shape.block}, {shape.items}, {shape.held}, "
                      f"{flag}>"),
         "columns": f"mr::scan_columns<{T}, {Acc}, {Out}, {Op}>",
-    })
+    }
+    if cluster > 1:
+        names["lookback_clustered"] = (f"mr::scan_lookback_clustered<{T}, {Acc}, {Out}, {Op}, {shape.block}, "
+                                       f"{shape.items}, {shape.held}, {cluster}>")
+    return _group(ENTRY, names)
+
+
+#: A row of fewer tiles than this many clusters' worth runs the plain look-back: a cluster pads its row to a
+#: whole number of clusters, and a short row would launch mostly empty blocks.
+CLUSTERS_PER_ROW_MIN = 2
+
+
+def lookback_geometry(rows: int, tiles_per_row: int, cluster: int) -> tuple[int, int, int]:
+    """(tiles per row as launched, blocks, look-back descriptors) of a look-back scan of ``rows`` rows of
+    ``tiles_per_row`` tiles: one descriptor per tile, or with clusters of ``cluster`` > 1 the row padded
+    to whole clusters (the padding tiles hold no element) and one descriptor per cluster."""
+    if cluster > 1:
+        padded = -(-tiles_per_row // cluster) * cluster
+        return padded, rows * padded, rows * (padded // cluster)
+    return tiles_per_row, rows * tiles_per_row, rows * tiles_per_row
+
+
+def scan_cluster(p: Policy, in_size: int, acc_size: int, out_size: int, deterministic: bool) -> int:
+    """Tiles per thread-block cluster of the look-back scan for these element sizes, 0 for none: the
+    policy's clusters serve the fixed look-back of scans whose input, accumulator and output are all 4
+    bytes wide (float32: measured faster; float64 was not, float16 was not measured)."""
+    return p.scan_cluster if deterministic and in_size == acc_size == out_size == 4 else 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -367,10 +395,12 @@ def _scan_passes(op: Operator, dtype: np.dtype, acc: np.dtype, out: np.dtype, po
     """The production scans of one (input, accumulator, result) triple, each with the policy's tile: the
     scan itself, the carries (totals scanned in the accumulator) and the passes over accumulator data."""
     names: set[str] = set()
+    fixed = fixed_lookback(op, acc)
     for t_in, t_out in [(dtype, out), (dtype, acc), (acc, acc), (acc, out)]:
         shape = policy.scan_shape(t_in.itemsize, acc.itemsize, t_out.itemsize)
-        names.update(scan_names(ctype(t_in), ctype(acc), ctype(t_out), op.cuda_functor, policy, shape,
-                                fixed_lookback(op, acc)).names.values())
+        cluster = scan_cluster(policy, t_in.itemsize, acc.itemsize, t_out.itemsize, fixed)
+        names.update(scan_names(ctype(t_in), ctype(acc), ctype(t_out), op.cuda_functor, policy, shape, fixed,
+                                cluster).names.values())
     return names
 
 

@@ -56,6 +56,12 @@ class Policy:
     # float32 accumulated in float64 (dtypes.WIDE_FLOAT32_ON_GPU, accumulate="wide"): not measured yet; the
     # 4-byte tile with 2 held layers is the largest that ptxas (sm_90) fits without spilling double prefixes
     scan_4byte_wide: ScanShape = ScanShape(128, 61, 2)
+    # the fixed look-back of float32 scans (4-byte input, accumulator and output) in thread-block clusters
+    # of this many tiles (kernels/scan.cuh, scan_lookback_clustered; sm_90 only, so 0 here and 8 in sm_90's
+    # entry below: kernels.scan_cluster). H200, float32 at 2^28, one run: 0.849 -> 0.894 x copy with
+    # clusters of 8, 0.874 with 4; float64 gained nothing (0.896 -> 0.899) and keeps one look-back per
+    # tile (docs/profiles.md)
+    scan_cluster: int = 0
     # other mixes (int8 -> int64, float16 -> float32 in the catalogue scans, float64 -> float32 with dtype=):
     # no held layers (a narrow input's vector widens into 16-32 registers of results; or the output is
     # narrower than the input), and in + out staged in shared memory
@@ -114,8 +120,9 @@ SCAN_SHAPE_CANDIDATES = {
 
 # One policy for every architecture: its numbers were measured on an H200 (sm_90) and no other GPU was
 # available to measure; an architecture that needs other numbers gets its own entry here, keyed by the
-# compute capability's major version.
-_POLICIES: dict[int, Policy] = {}
+# compute capability's major version. sm_90 adds the look-back's clusters (Hopper's thread-block clusters;
+# not measured on later GPUs, which keep the plain look-back).
+_POLICIES: dict[int, Policy] = {9: Policy(scan_cluster=8)}
 
 
 def policy(compute_capability_major: int) -> Policy:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from multireduce import kernels
+
 WARP = 32
 AGGREGATE, PREFIX, WINDOW = 1, 2, 3
 P = 1_000_003
@@ -149,3 +151,78 @@ def test_fixed_lookback_folds_in_order_under_any_schedule(tiles_per_row, residen
             t = r * tiles_per_row + k
             assert got[t] == running, (r, k)
             running = op(running, aggregates[t])
+
+
+def clustered_exclusive(aggregates, tiles_per_row, carries, cluster, resident, rng):
+    """The tiles' exclusive prefixes as scan_lookback_clustered forms them (kernels/scan.cuh,
+    cluster_before_tile): each row padded to whole clusters (a padding tile's aggregate is the identity),
+    a cluster's aggregate its tiles' in order, the fixed look-back above over the row's clusters, then
+    tile r of a cluster: (the fold before the cluster) op its earlier peers' aggregates; the row's carry
+    itself before its first cluster."""
+    rows = len(carries)
+    padded, blocks, descriptors = kernels.lookback_geometry(rows, tiles_per_row, cluster)
+    assert blocks == rows * padded and descriptors * cluster == blocks
+    tiles = []
+    for r in range(rows):
+        tiles += aggregates[r * tiles_per_row:(r + 1) * tiles_per_row] + [IDENTITY] * (padded - tiles_per_row)
+    clustered = []
+    for c in range(descriptors):
+        fold = tiles[c * cluster]
+        for a in tiles[c * cluster + 1:(c + 1) * cluster]:
+            fold = op(fold, a)
+        clustered.append(fold)
+    before_cluster = run(clustered, padded // cluster, carries, resident, rng)
+    out = []
+    for r in range(rows):
+        for k in range(tiles_per_row):
+            t = r * padded + k
+            before = before_cluster[t // cluster]
+            for a in tiles[t - t % cluster:t]:
+                before = op(before, a)
+            out.append(before)
+    return out
+
+
+@pytest.mark.parametrize("tiles_per_row", [16, 17, 8 * 32 + 3, 8 * 1024 + 9])
+@pytest.mark.parametrize("resident", [1, 50])
+def test_clustered_lookback_folds_in_order(tiles_per_row, resident):
+    """Clusters of 8 tiles: every tile's exclusive prefix equals the sequential fold of the row before it,
+    for a non-commutative operator, rows not a whole number of clusters included."""
+    rng = np.random.default_rng(tiles_per_row + resident)
+    rows = 2 if tiles_per_row < 1024 else 1
+    aggregates = [tuple(int(v) for v in rng.integers(1, P, 2)) for _ in range(rows * tiles_per_row)]
+    carries = [tuple(int(v) for v in rng.integers(1, P, 2)) for _ in range(rows)]
+    got = clustered_exclusive(aggregates, tiles_per_row, carries, 8, resident, rng)
+    for r in range(rows):
+        running = carries[r]
+        for k in range(tiles_per_row):
+            assert got[r * tiles_per_row + k] == running, (r, k)
+            running = op(running, aggregates[r * tiles_per_row + k])
+
+
+def test_clusters_serve_the_fixed_four_byte_scans_on_sm90_only():
+    """The policy's clusters: sm_90 alone, the fixed look-back of 4-byte scans alone, and the launch pads
+    each row to whole clusters with one descriptor per cluster."""
+    from multireduce.tuning import ScanShape, policy
+
+    hopper = policy(9)
+    assert hopper.scan_cluster == 8 and policy(8).scan_cluster == 0 and policy(10).scan_cluster == 0
+    assert kernels.scan_cluster(hopper, 4, 4, 4, True) == 8
+    assert kernels.scan_cluster(hopper, 4, 4, 4, False) == 0  # the free look-back keeps one per tile
+    assert kernels.scan_cluster(hopper, 8, 8, 8, True) == 0  # float64: measured no faster
+    assert kernels.scan_cluster(hopper, 4, 8, 4, True) == 0  # float32 accumulated in float64
+    assert kernels.scan_cluster(hopper, 2, 4, 2, True) == 0  # float16 in float32: not measured
+    assert kernels.scan_cluster(policy(8), 4, 4, 4, True) == 0
+    shape = ScanShape(128, 61, 6)
+    names = kernels.scan_names("float", "float", "float", "mr::Sum", hopper, shape, True, 8).names
+    assert names["lookback_clustered"] == "mr::scan_lookback_clustered<float, float, float, mr::Sum, 128, 61, 6, 8>"
+    assert "lookback_clustered" not in kernels.scan_names("float", "float", "float", "mr::Sum", hopper, shape,
+                                                          True).names
+    assert kernels.lookback_geometry(3, 17, 8) == (24, 72, 9)
+    assert kernels.lookback_geometry(2, 16, 8) == (16, 32, 4)
+    assert kernels.lookback_geometry(3, 17, 0) == (17, 51, 51)
+    # the production list (prebuilt binaries, CI's nvcc check) holds the clustered scans of float32 sums
+    exprs = {e for name, _, group in kernels.all_instantiations(hopper, candidates=False) if name == "sum"
+             for e in group}
+    assert "mr::scan_lookback_clustered<float, float, float, mr::Sum, 128, 61, 6, 8>" in exprs
+    assert not any("clustered" in e and ("double" in e or "half" in e) for e in exprs)

@@ -4,8 +4,10 @@ Dispatch (written down, as CUB does):
 - reduce, 1-d or a few long rows: commutative -> ``reduce_vectorized`` (one launch; one block when the
   input is small), otherwise ``reduce_ordered_multi_block``; many rows -> ``reduce_rows``; an axis that
   is not the last -> ``reduce_columns``, split along K when there are too few columns to fill the GPU.
-- scan: rows -> ``scan_lookback`` (one pass, carry-in per row from device memory); an axis that is not
-  the last -> ``scan_columns`` when there are enough columns, else transposed to rows and back.
+- scan: rows -> ``scan_lookback`` (one pass, carry-in per row from device memory), or on sm_90 for the
+  fixed look-back of float32 ``scan_lookback_clustered`` (one look-back per thread-block cluster of
+  tiles: ``kernels.scan_cluster``); an axis that is not the last -> ``scan_columns`` when there are
+  enough columns, else transposed to rows and back.
 - ``algorithm=`` names a catalogue kernel instead; the catalogue runs on rows, from its own modules
   (``kernels.reduce_catalogue_names`` / ``scan_catalogue_names``), compiled only when first asked for.
 Nothing here synchronises with the host: results stay on the device.
@@ -449,11 +451,15 @@ def combine(op: Operator, values: list):
 # ------------------------------------------------------------------------------------------------
 def _scan_kernels(op, T, acc, out_dtype, shape=None, deterministic=False):
     """The production scan group for these types; ``shape`` the look-back kernel's tile, else the policy's;
-    ``deterministic`` the look-back's fixed variant."""
+    ``deterministic`` the look-back's fixed variant (and its clustered form where the policy has one)."""
     sms, p = _facts()
-    shape = shape or p.scan_shape(np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
-    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, shape, deterministic)
+    sizes = (np.dtype(T).itemsize, acc.itemsize, np.dtype(out_dtype).itemsize)
+    shape = shape or p.scan_shape(*sizes)
+    cluster = _k.scan_cluster(p, *sizes, deterministic)
+    names = _k.scan_names(_k.ctype(T), _k.ctype(acc), _k.ctype(out_dtype), op.cuda_functor, p, shape, deterministic,
+                          cluster)
     return _k.get_kernels(op, names), sms, p, shape
+
 
 
 def _scan_catalogue_kernels(op, T, acc, out_dtype):
@@ -524,15 +530,18 @@ def lookback_scan(rows, out_rows, op, acc, identity, carry, inclusive: bool, sha
     R, K = rows.shape
     deterministic = _deterministic(op, acc, deterministic)
     ks, sms, p, shape = _scan_kernels(op, rows.dtype, acc, out_rows.dtype, shape, deterministic)
-    kernel = ks["lookback"]
+    tiles_per_row = -(-K // shape.tile(rows.dtype.itemsize))
+    cluster = _k.scan_cluster(p, rows.dtype.itemsize, acc.itemsize, out_rows.dtype.itemsize, deterministic)
+    if tiles_per_row < _k.CLUSTERS_PER_ROW_MIN * cluster:
+        cluster = 0
+    kernel = ks["lookback_clustered" if cluster else "lookback"]
     if scan_occupancy(kernel, shape.block) == 0:
         raise _k.KernelError(f"{kernel.expression}: the driver fits no block of {shape.block} threads on an SM of "
                              f"this GPU (registers or shared memory); pick a smaller tuning.ScanShape")
-    tiles_per_row = -(-K // shape.tile(rows.dtype.itemsize))
-    grid = R * tiles_per_row  # one block per tile
-    per_tile = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
-    words = cupy.zeros(grid * per_tile, np.uint64)
-    kernel(grid, shape.block, (rows, out_rows, _i64(K), _i64(tiles_per_row), identity,
+    launched_per_row, grid, descriptors = _k.lookback_geometry(R, tiles_per_row, cluster)  # one block per tile
+    per_descriptor = 1 if acc.itemsize <= 4 else 2  # 8- or 16-byte descriptors (kernels/scan.cuh)
+    words = cupy.zeros(descriptors * per_descriptor, np.uint64)
+    kernel(grid, shape.block, (rows, out_rows, _i64(K), _i64(launched_per_row), identity,
                                NULL if carry is None else carry, words, np.int32(inclusive)))
 
 

@@ -197,3 +197,48 @@ def test_wide_float32_reduce_and_scan_kernels_round_once():
     assert np.max(np.abs(got - ref) / np.spacing(ref.astype(np.float32))) <= 0.5 + 1e-3
     total = cb.reduce(cupy.asarray(x), op, (0,), np.float64)
     assert abs(float(total[0]) - ref[-1]) <= 1e-9 * ref[-1]
+
+
+def test_clustered_lookback_at_cluster_boundaries():
+    """sm_90: the fixed look-back of float32 scans runs in thread-block clusters of 8 tiles, one descriptor
+    per cluster (kernels/scan.cuh, scan_lookback_clustered). Rows of tile counts around the smallest
+    clustered row (16), a cluster's window (8 x 32 tiles) and super-window (8 x 1024 tiles), with carries,
+    inclusive and exclusive, against a long double reference within the bound above, and the same bits
+    over repeated calls."""
+    from multireduce import kernels
+    from multireduce.backends import cupy_backend as cb
+    from multireduce.operators import get_operator
+
+    sms, p = cb._facts()
+    cluster = kernels.scan_cluster(p, 4, 4, 4, True)
+    if cluster == 0:
+        pytest.skip("thread-block clusters serve sm_90 only (tuning.Policy.scan_cluster)")
+    op = get_operator("sum")
+    acc = np.dtype(np.float32)
+    ks, _, _, shape = cb._scan_kernels(op, acc, acc, acc, None, True)
+    assert "lookback_clustered" in ks and cb.scan_occupancy(ks["lookback_clustered"], shape.block) >= 1
+    tile = _tile(np.float32)
+    rng = np.random.default_rng(31)
+    eps = np.finfo(np.float32).eps
+    for tiles in (15, 16, 17, cluster * 32 - 1, cluster * 32 + 1, cluster * 1024 + 9):
+        rows = 2 if tiles < 1000 else 1
+        K = tiles * tile - 5
+        host = (rng.random((rows, K)) - 0.5).astype(np.float32)
+        carry_host = (rng.random(rows) * 100).astype(np.float32)
+        x, carry = cupy.asarray(host), cupy.asarray(carry_host)
+        for inclusive in (True, False):
+            out = cupy.empty((rows, K), np.float32)
+            cb.lookback_scan(x, out, op, acc, op.identity(acc), carry, inclusive, deterministic=True)
+            got = cupy.asnumpy(out)
+            seeded = np.concatenate([carry_host[:, None], host], axis=1).astype(np.longdouble)
+            ref, mass = np.cumsum(seeded, axis=1), np.cumsum(np.abs(seeded), axis=1)
+            ref, mass = (ref[:, 1:], mass[:, 1:]) if inclusive else (ref[:, :-1], mass[:, :-1])
+            bound = eps * (K / tile + 64 + 2 * tile ** 0.5) * mass + np.finfo(np.float32).tiny
+            worst = np.max(np.abs(got.astype(np.longdouble) - ref) / bound)
+            assert worst <= 1, f"tiles={tiles} inclusive={inclusive}: error {worst:.2f} x the bound"
+            if not inclusive:
+                assert np.array_equal(bits(got[:, 0]), bits(carry_host)), "the carry itself begins each row"
+            for _ in range(3):
+                again = cupy.empty((rows, K), np.float32)
+                cb.lookback_scan(x, again, op, acc, op.identity(acc), carry, inclusive, deterministic=True)
+                assert np.array_equal(bits(cupy.asnumpy(again)), bits(got)), f"tiles={tiles}: bits changed"
