@@ -205,8 +205,8 @@ __device__ Acc look_back_fixed(const LookbackState<Acc>& st, index_t tile, index
 // trees as for tiles: look_back_fixed), hands the fold before the cluster to every block, and the cluster
 // synchronizes again. Block r's exclusive prefix is then (before the cluster) op aggregate_0 op ... op
 // aggregate_{r-1}: fixed functions of the input, the same bits on every run, element order kept. Measured
-// on an H200 (float32 2^28: 0.85 -> 0.89 x copy, docs/profiles.md): one look-back through L2 per cluster
-// instead of one per tile. Every thread of the block calls it; it returns the tile's exclusive prefix in
+// on an H200 (float32 2^28 / 2^30: 0.852 / 0.843 -> 0.886 / 0.893 x copy, docs/profiles.md): one look-back
+// through L2 per cluster instead of one per tile. Every thread of the block calls it; it returns the tile's exclusive prefix in
 // every thread, and leaves the cluster free of remote accesses (a block may exit after it).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void cluster_barrier() {
@@ -233,11 +233,12 @@ __device__ __forceinline__ Acc cluster_before_tile(const LookbackState<Acc>& st,
   __shared__ Acc peer[CLUSTER];   // peer[r]: the aggregate of the cluster's block r
   __shared__ Acc cluster_before;  // the fold of the row before the cluster
   const int t = threadIdx.x;
-  const unsigned rank = static_cast<unsigned>(tile % CLUSTER);  // a 1-d cluster's blocks: consecutive indices
+  const unsigned block = static_cast<unsigned>(tile);  // a grid's block index fits 32 bits
+  const unsigned rank = block % CLUSTER;                 // a 1-d cluster's blocks: consecutive indices
   if (t < CLUSTER) store_in_block(&peer[rank], static_cast<unsigned>(t), aggregate);
   cluster_barrier();
-  const index_t row = tile / tiles_per_row, clusters_per_row = tiles_per_row / CLUSTER;
-  const index_t cluster = tile / CLUSTER, row_first_cluster = row * clusters_per_row;
+  const index_t row = block / static_cast<unsigned>(tiles_per_row), clusters_per_row = tiles_per_row / CLUSTER;
+  const index_t cluster = block / CLUSTER, row_first_cluster = row * clusters_per_row;
   if (rank == 0 && t < kWarp) {
     Acc all = peer[0];
 #pragma unroll
@@ -323,7 +324,9 @@ __device__ __forceinline__ void lookback_tile(const T* in, Out* out, index_t K, 
   using Shape = LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>;
   constexpr int kTile = Shape::kTile, kShared = Shape::kShared, kVector = Shape::kVector;
   constexpr int kParts = 1 + REG_ROWS;
-  __shared__ __align__(16) unsigned char raw[Shape::kBytes];
+  // 128-byte aligned: with the clustered kernel's few shared words placed before it, a tile at a 48-byte
+  // offset made the asynchronous copies into it cost 7 % of the scan's bandwidth (H200, docs/profiles.md)
+  __shared__ __align__(128) unsigned char raw[Shape::kBytes];
   __shared__ Acc scratch[kParts * (BLOCK / kWarp)];
   __shared__ Acc tile_exclusive;
   Op op;
@@ -333,8 +336,11 @@ __device__ __forceinline__ void lookback_tile(const T* in, Out* out, index_t K, 
   // tiles in block order, as CUB's scans: blocks of a grid are dispatched in index order, so every
   // tile a block waits for belongs to a block already running (a ticket counter cost ~2 %: an atomic
   // round trip before the loads could start)
-  const index_t tile = blockIdx.x;
-  const index_t row = tile / tiles_per_row, tile_in_row = tile % tiles_per_row;
+  // 32-bit division: the block index and the tiles per row fit 32 bits, and a 64-bit division by a
+  // runtime value stood between the block's start and its first load (0.5 % of the scan's time, H200)
+  const unsigned block = blockIdx.x, per_row = static_cast<unsigned>(tiles_per_row);
+  const index_t tile = block;
+  const index_t row = block / per_row, tile_in_row = block - static_cast<unsigned>(row) * per_row;
   const index_t first = tile_in_row * kTile;
   const int valid = (int)(K - first < kTile ? K - first : kTile);
   const index_t base = row * K + first;

@@ -58,9 +58,9 @@ class Policy:
     scan_4byte_wide: ScanShape = ScanShape(128, 61, 2)
     # the fixed look-back of float32 scans (4-byte input, accumulator and output) in thread-block clusters
     # of this many tiles (kernels/scan.cuh, scan_lookback_clustered; sm_90 only, so 0 here and 8 in sm_90's
-    # entry below: kernels.scan_cluster). H200, float32 at 2^28, one run: 0.849 -> 0.894 x copy with
-    # clusters of 8, 0.874 with 4; float64 gained nothing (0.896 -> 0.899) and keeps one look-back per
-    # tile (docs/profiles.md)
+    # entry below: kernels.scan_cluster). H200, float32 at 2^28 / 2^30, side by side: 0.852 / 0.843 -> 0.886
+    # / 0.893 x copy with clusters of 8, 0.870 / 0.874 with 4; float64 lost 1 % and int32 -> int64 8 %
+    # against their own fixed look-back, so they keep one look-back per tile (docs/profiles.md)
     scan_cluster: int = 0
     # other mixes (int8 -> int64, float16 -> float32 in the catalogue scans, float64 -> float32 with dtype=):
     # no held layers (a narrow input's vector widens into 16-32 registers of results; or the output is
