@@ -230,23 +230,4 @@ __device__ __forceinline__ void store_volatile(T* p, const T& v) {
   *reinterpret_cast<volatile T*>(p) = v;
 }
 
-// ---- asynchronous global -> shared copies (sm_80+; a plain copy through registers before) ---------
-// Read from L2 (cp.async.cg, or ld.global.cg before sm_80): also right for data that other blocks of the
-// running grid wrote (L1 is not kept coherent between SMs within a launch).
-__device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
-#if __CUDA_ARCH__ >= 800
-  unsigned dst;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(dst) : "l"(shared_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
-#else
-  *reinterpret_cast<uint4*>(shared_dst) = __ldcg(reinterpret_cast<const uint4*>(global_src));
-#endif
-}
-// Waits for every asynchronous copy this thread has issued.
-__device__ __forceinline__ void copies_wait_all() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
 }  // namespace mr

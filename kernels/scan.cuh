@@ -262,6 +262,23 @@ __device__ __forceinline__ Acc cluster_before_tile(const LookbackState<Acc>&, in
 }
 #endif
 
+// ---- asynchronous global -> shared copies (sm_80+; a plain copy through registers before) ---------
+__device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
+#if __CUDA_ARCH__ >= 800
+  unsigned dst;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(dst) : "l"(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(shared_dst) = __ldg(reinterpret_cast<const uint4*>(global_src));
+#endif
+}
+// Waits for every asynchronous copy this thread has issued.
+__device__ __forceinline__ void copies_wait_all() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // Shared memory of one scan_lookback block, and so how many blocks an SM holds (for launch bounds).
 // A tile is BLOCK x ITEMS elements in shared memory followed by REG_ROWS layers of one 16-byte vector
 // per thread held in registers: the register file then carries part of the tile, so that more bytes

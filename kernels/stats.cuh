@@ -580,10 +580,7 @@ __device__ __forceinline__ S load_state(const S* p) {
 // one L2 load after another is part of the tail that the one launch adds after its streaming part
 // (argmax / any of float32 at 2^26: 0.910-0.911 / 0.991-0.992 -> 0.919-0.920 / 0.995-0.998 x copy, H200). Except
 // stats_whole's moments (32-byte States): four of them in flight spilled in its last block (ptxas,
-// sm_90, 64 registers) and var of float32 at 2^26 fell 0.894 -> 0.882 x copy, so they are copied into
-// shared memory first, all in flight with no register held (asynchronous copies), and merged from there
-// in the same order. kStaged: 544 States of 32 bytes at 256 threads (17 KB) take the 528 of 132 SMs x 4
-// blocks in one round, and four such blocks still fit the 99 KB of an sm_86 / sm_89 SM.
+// sm_90, 64 registers) and var of float32 at 2^26 fell 0.894 -> 0.882 x copy, so they load one at a time.
 // ``FromThisGrid`` (stats_whole's last block): the States were written by other blocks of the running
 // grid, so they are loaded from L2. The order is the same either way.
 template <class Stat, int Block, bool FromThisGrid>
@@ -592,22 +589,7 @@ __device__ __forceinline__ typename Stat::State merge_in_block(const typename St
   typedef typename Stat::State State;
   State s = Stat::start();
   if constexpr (FromThisGrid && sizeof(State) > 16) {
-    static_assert(sizeof(State) % 16 == 0, "staged States are whole 16-byte vectors");
-    constexpr int kStaged = Block * 17 / 8, kVectors = static_cast<int>(sizeof(State) / 16);
-    __shared__ __align__(16) State staged[kStaged];
-    for (index_t first = 0; first < splits; first += kStaged) {
-      const int count = static_cast<int>(splits - first < kStaged ? splits - first : kStaged);
-      for (int j = threadIdx.x; j < count * kVectors; j += Block) {
-        const uint4* from = reinterpret_cast<const uint4*>(p + (first + j / kVectors) * stride) + j % kVectors;
-        copy_16_async(reinterpret_cast<uint4*>(staged) + j, from);
-      }
-      copies_wait_all();
-      __syncthreads();
-      // thread t merges the States of index t mod Block, as below: kStaged is not a multiple of Block
-      const int lead = static_cast<int>((Block - first % Block) % Block);
-      for (int k = (threadIdx.x + lead) % Block; k < count; k += Block) s = Stat::merge(s, staged[k]);
-      __syncthreads();  // read before the next round overwrites them
-    }
+    for (index_t k = threadIdx.x; k < splits; k += Block) s = Stat::merge(s, load_from_l2(p + k * stride));
     return block_merge<Stat, Block>(s);
   }
   for (index_t k = threadIdx.x; k < splits; k += 4 * Block) {

@@ -368,22 +368,6 @@ def stats_fold(stat, parts, outputs, splits, split_stride, output_stride, grid):
     return states
 
 
-def whole_last_block(stat, parts, splits, staged=None):
-    """mr::whole_last_block: merge_in_block<Stat, BLOCK, true> over parts[0 .. splits). The moments'
-    States are staged through shared memory in rounds of ``staged`` (BLOCK * 17 / 8); in a round thread t
-    merges the round's States of index t mod BLOCK in order, then block_merge. Other States: as stats_fold."""
-    if staged is None:
-        return stats_fold(stat, parts, 1, splits, 1, splits, 1)[0]
-    threads = [stat.start() for _ in range(BLOCK)]
-    for first in range(0, splits, staged):
-        count = min(splits - first, staged)
-        lead = (BLOCK - first % BLOCK) % BLOCK
-        for t in range(BLOCK):
-            for k in range((t + lead) % BLOCK, count, BLOCK):
-                threads[t] = stat.merge(threads[t], parts[first + k])
-    return block_merge(stat, threads)
-
-
 def model_run(name, x, axes, sms, base=None, ddof=0.0):
     """cupy_stats.run with the kernels above: (States, results), outputs in C order of the kept axes.
     ``x`` is a view of the 1-D ``base`` (its 16-byte alignment is modelled from there) or None."""
@@ -727,22 +711,3 @@ def test_one_launch_grid_is_the_rows_kernels(itemsize):
             assert layout.whole and layout.rows == 1
             assert cupy_stats.whole_splits(n, itemsize, sms * cupy_stats.BLOCKS_PER_SM) == \
                 cupy_stats.row_splits(layout, itemsize, sms), (n, sms)
-
-
-@pytest.mark.parametrize("splits", [1, 255, 257, 543, 544, 545, 1100, 2000])
-def test_whole_last_block_staged_rounds_merge_in_the_folds_order(splits):
-    """stats_whole's last block stages the moments' States through shared memory in rounds of
-    BLOCK * 17 / 8: each thread merges the same States in the same order as stats_fold's block per output,
-    so both give the same bits at one round, exactly one full round, and several."""
-    stat = make_stat("var", np.float64)
-    rng = np.random.default_rng(splits)
-    parts = []
-    for _ in range(splits):
-        s = stat.start()
-        for v in rng.standard_normal(int(rng.integers(1, 5))) * 10.0 ** float(rng.integers(-3, 4)):
-            s = stat.visit(s, v)
-        parts.append(s)
-    staged = whole_last_block(stat, parts, splits, staged=BLOCK * 17 // 8)
-    assert staged == whole_last_block(stat, parts, splits)
-    if splits > BLOCK:  # a staging that merged in another order would not give the same bits
-        assert staged != whole_last_block(stat, parts[::-1], splits)
