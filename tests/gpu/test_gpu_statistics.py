@@ -575,6 +575,35 @@ def test_one_launch_whole_statistic_repeats_its_bits(dtype):
     assert int(general["argmax"]) == int(np.argmax(host))
 
 
+@pytest.mark.parametrize("grid", [1, 255, 257, 543, 544, 545, 1100, 2000])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_whole_last_block_merges_as_the_fold_at_any_grid(dtype, grid):
+    """stats_whole launched with any grid, also past the library's own (4 blocks per SM): its last block
+    gives the bits of stats_fold's block over the same parts, leaves the arrivals counter at 0, and the
+    variance is NumPy's."""
+    rng = np.random.default_rng(grid)
+    n = (1 << 22) + 3
+    host = (rng.standard_normal(n) * 5 + 2).astype(dtype)
+    x = cupy.asarray(host)
+    whole = kernels.get_standalone_kernels(cupy_stats.WHOLE_ENTRY,
+                                           {"whole": cupy_stats.whole_name("var", dtype)})["whole"]
+    fold = kernels.get_standalone_kernels(cupy_stats.ENTRY, cupy_stats.stat_names("var", dtype))["fold"]
+    sdt, rdt = cupy_stats.state_dtype("var", dtype), cupy_stats.result_dtype("var", dtype)
+    mode, block = np.int32(cupy_stats._MOMENTS["var"]), cupy_stats.BLOCK
+    parts = cupy.empty(grid * sdt.itemsize, dtype=np.uint8)
+    arrivals = cupy.zeros(1, dtype=np.uint32)
+    got, want = cupy.empty((), rdt), cupy.empty((), rdt)
+    for _ in range(2):  # the second launch starts from the counter the first left
+        whole(grid, block, (x, np.int64(n), parts, arrivals, got, np.float64(0.0), mode))
+        fold(1, block, (parts, np.int64(1), np.int64(grid), np.int64(1), np.int64(grid), cupy_backend.NULL, want,
+                        np.float64(0.0), mode))
+        assert int(arrivals.get()[0]) == 0
+        np.testing.assert_array_equal(cupy.asnumpy(got).reshape(1).view(np.uint8),
+                                      cupy.asnumpy(want).reshape(1).view(np.uint8))
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(float(got), np.var(host.astype(np.float64)), rtol=rtol)
+
+
 PROBED = 1 << 17  # at least statistics.PROBE_MIN_SIZE
 
 
