@@ -206,8 +206,9 @@ __device__ Acc look_back_fixed(const LookbackState<Acc>& st, index_t tile, index
 // synchronizes again. Block r's exclusive prefix is then (before the cluster) op aggregate_0 op ... op
 // aggregate_{r-1}: fixed functions of the input, the same bits on every run, element order kept. Measured
 // on an H200 (float32 2^28 / 2^30: 0.852 / 0.843 -> 0.886 / 0.893 x copy, docs/profiles.md): one look-back
-// through L2 per cluster instead of one per tile. Every thread of the block calls it; it returns the tile's exclusive prefix in
-// every thread, and leaves the cluster free of remote accesses (a block may exit after it).
+// through L2 per cluster instead of one per tile. Every thread of the block calls it; it returns the
+// tile's exclusive prefix in every thread, and leaves the cluster free of remote accesses (a block may
+// exit after it).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void cluster_barrier() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -400,7 +401,8 @@ __device__ __forceinline__ void lookback_tile(const T* in, Out* out, index_t K, 
 
   // the fold of everything before this tile
   if constexpr (CLUSTER > 1) {
-    const Acc before = cluster_before_tile<Acc, Op, CLUSTER>(st, tile, tiles_per_row, carry_in, aggregate, identity, op);
+    const Acc before =
+        cluster_before_tile<Acc, Op, CLUSTER>(st, tile, tiles_per_row, carry_in, aggregate, identity, op);
     if (t == 0) tile_exclusive = before;
   } else if (t < kWarp) {
     const Acc row_carry = carry_in ? carry_in[row] : identity;
@@ -484,8 +486,8 @@ template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG
 __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
     scan_lookback(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity, const Acc* carry_in,
                   unsigned long long* words, int inclusive) {
-  lookback_tile<T, Acc, Out, Op, BLOCK, ITEMS, REG_ROWS, DETERMINISTIC, 1>(in, out, K, tiles_per_row, identity, carry_in,
-                                                                         words, inclusive);
+  lookback_tile<T, Acc, Out, Op, BLOCK, ITEMS, REG_ROWS, DETERMINISTIC, 1>(in, out, K, tiles_per_row, identity,
+                                                                         carry_in, words, inclusive);
 }
 
 // The fixed look-back with tiles in thread-block clusters of CLUSTER (sm_90 and later; the launcher asks for
@@ -497,7 +499,8 @@ __global__ void __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS
 #define MR_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
 #endif
 template <class T, class Acc, class Out, class Op, int BLOCK, int ITEMS, int REG_ROWS, int CLUSTER>
-__global__ void MR_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
+__global__ void MR_CLUSTER_DIMS(CLUSTER)
+    __launch_bounds__(BLOCK, (LookbackTile<T, Acc, Out, BLOCK, ITEMS, REG_ROWS>::kBlocksPerSm))
     scan_lookback_clustered(const T* in, Out* out, index_t K, index_t tiles_per_row, Acc identity,
                             const Acc* carry_in, unsigned long long* words, int inclusive) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900

@@ -461,7 +461,6 @@ def _scan_kernels(op, T, acc, out_dtype, shape=None, deterministic=False):
     return _k.get_kernels(op, names), sms, p, shape
 
 
-
 def _scan_catalogue_kernels(op, T, acc, out_dtype):
     """The catalogue's scan group for these types, compiled on first use."""
     sms, p = _facts()
