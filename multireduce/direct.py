@@ -1166,13 +1166,10 @@ def reduced_chunks_persisted(x, plan, split_every: int, name: str, sources=None,
         return work
 
     if sources is not None:  # the chunks made where what they read is: the recipes, planned again if moved
-        for found, fresh in placement.sources_placements(sources, client):
-            planned = _recipes_by_worker(sources, found)
-            if planned is None and not fresh:
-                continue  # the placement recorded may be stale: look it up
-            if planned is None:
+        for _, where, _ in placement.sources_placements(sources, client):
+            if where is None:
                 return _declined(f"some chunk of {x.name} reads chunks no one worker holds all of")
-            recipes, where = planned
+            recipes, where = _recipes_by_worker(sources, where)
             out = _keep_where_held(client, x, one, name, work_of(where), recipes, need, sources, chunks)
             if out is not None:
                 return out
@@ -1581,14 +1578,10 @@ def _totals_here(plan, keys: list, blocks, lane_of: dict) -> _Packed:
     return _Packed((host, merged))
 
 
-def _recipes_by_worker(sources, found: dict | None):
-    """{worker: Recipe} making every chunk of ``sources`` on the worker holding what it reads (``found``:
-    held chunk key -> worker; the shared constants made on each worker that needs them), and {chunk key:
-    worker}; None where ``found`` is None (some held chunk is in no worker's memory) or a chunk reads
-    chunks held by several workers."""
-    where = None if found is None else placement.one_worker_each(sources, found)
-    if where is None:
-        return None
+def _recipes_by_worker(sources, where: dict):
+    """({worker: Recipe} making every chunk of ``sources`` on the worker ``where`` names for it, the shared
+    constants made on each worker that needs them; ``where``): ``where`` is chunk key -> the worker holding
+    every held chunk it reads (``placement.sources_placements``)."""
     chunks: dict = {}
     for k in sources.keys:
         chunks.setdefault(where[k], []).append(k)
@@ -1651,13 +1644,10 @@ def _recipe_replies(sources, fn, arguments):
     read is not there (a replica the Active Memory Manager dropped, a placement gone stale) or a worker
     of that placement left (``placement.sources_placements``)."""
     client = placement.default_client()
-    for found, fresh in placement.sources_placements(sources, client):
-        planned = _recipes_by_worker(sources, found)
-        if planned is None and not fresh:
-            continue  # the placement recorded may be stale: look it up
-        if planned is None:
+    for found, where, fresh in placement.sources_placements(sources, client):
+        if where is None:
             return _declined(f"some chunk of {sources.name} reads chunks no one worker holds all of")
-        recipes, where = planned
+        recipes, where = _recipes_by_worker(sources, where)
         try:
             replies = _run(client, sorted(recipes), fn, *arguments(recipes, where))
         except _Unanswered as error:
